@@ -1,0 +1,208 @@
+//! Named fault points and a seeded, rule-driven injector.
+//!
+//! Every place that can fail on purpose in a test is a [`FaultPoint`]. Tests arm rules such
+//! as "fail the 7th hit of any point with EIO" and sweep N = 1, 2, 3 ... until the workload
+//! completes, so every failure site is exercised in turn. Injection is opt-in per target or
+//! per mount: production code holds no injector and pays one `Option` check per site.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use parking_lot::Mutex;
+
+/// A named place where a fault can be injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultPoint {
+    /// A read on target `n` (simulated targets).
+    TargetRead(u32),
+    /// A write on target `n` (simulated targets).
+    TargetWrite(u32),
+    /// A flush on target `n` (simulated targets).
+    TargetFlush(u32),
+    /// Writing a journal record (file-system runtime).
+    JournalWrite,
+    /// Flushing the journal device after a record (file-system runtime).
+    JournalFlush,
+    /// Writing a checkpoint (file-system runtime).
+    CheckpointWrite,
+    /// Allocating data blocks (file-system runtime): `Enospc` simulates a full target.
+    Alloc,
+}
+
+impl FaultPoint {
+    /// True for points raised by the target layer itself.
+    #[must_use]
+    pub fn is_target_io(self) -> bool {
+        matches!(
+            self,
+            FaultPoint::TargetRead(_) | FaultPoint::TargetWrite(_) | FaultPoint::TargetFlush(_)
+        )
+    }
+}
+
+impl fmt::Display for FaultPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FaultPoint::TargetRead(t) => write!(f, "target-read[{t}]"),
+            FaultPoint::TargetWrite(t) => write!(f, "target-write[{t}]"),
+            FaultPoint::TargetFlush(t) => write!(f, "target-flush[{t}]"),
+            FaultPoint::JournalWrite => f.write_str("journal-write"),
+            FaultPoint::JournalFlush => f.write_str("journal-flush"),
+            FaultPoint::CheckpointWrite => f.write_str("checkpoint-write"),
+            FaultPoint::Alloc => f.write_str("alloc"),
+        }
+    }
+}
+
+/// The failure to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// EIO.
+    Eio,
+    /// ENOSPC.
+    Enospc,
+    /// EAGAIN (a lower layer's "try again", which proves nothing: I-000-4).
+    Eagain,
+}
+
+impl FaultKind {
+    /// The errno to report.
+    #[must_use]
+    pub fn errno(self) -> i32 {
+        match self {
+            FaultKind::Eio => libc::EIO,
+            FaultKind::Enospc => libc::ENOSPC,
+            FaultKind::Eagain => libc::EAGAIN,
+        }
+    }
+}
+
+/// Which hits a rule counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointMatch {
+    /// Exactly this point.
+    Exact(FaultPoint),
+    /// Any point at all.
+    Any,
+    /// Any target write.
+    AnyTargetWrite,
+}
+
+impl PointMatch {
+    fn matches(self, p: FaultPoint) -> bool {
+        match self {
+            PointMatch::Exact(q) => p == q,
+            PointMatch::Any => true,
+            PointMatch::AnyTargetWrite => matches!(p, FaultPoint::TargetWrite(_)),
+        }
+    }
+}
+
+/// How long a rule fires once triggered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persistence {
+    /// Only the `nth` matching hit fails.
+    Once,
+    /// The `nth` matching hit and every later one fail.
+    Sticky,
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    point: PointMatch,
+    nth: u64,
+    kind: FaultKind,
+    persistence: Persistence,
+    seen: u64,
+}
+
+/// Holds the armed rules and counts hits per point.
+#[derive(Debug, Default)]
+pub struct FaultInjector {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    rules: Vec<Rule>,
+    hits: HashMap<FaultPoint, u64>,
+    fired: Vec<FaultPoint>,
+}
+
+impl FaultInjector {
+    /// An injector with no rules.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fails the `nth` (1-based) hit matching `point` with `kind`.
+    pub fn arm(&self, point: PointMatch, nth: u64, kind: FaultKind, persistence: Persistence) {
+        assert!(nth >= 1, "hits are counted from 1");
+        self.inner.lock().rules.push(Rule { point, nth, kind, persistence, seen: 0 });
+    }
+
+    /// Removes every rule (hit counts are kept).
+    pub fn disarm(&self) {
+        self.inner.lock().rules.clear();
+    }
+
+    /// Records a hit of `point`; returns the fault to inject, if any rule fires.
+    pub fn check(&self, point: FaultPoint) -> Option<FaultKind> {
+        let mut inner = self.inner.lock();
+        *inner.hits.entry(point).or_default() += 1;
+        let mut fire = None;
+        for rule in inner.rules.iter_mut().filter(|r| r.point.matches(point)) {
+            rule.seen += 1;
+            let hit = match rule.persistence {
+                Persistence::Once => rule.seen == rule.nth,
+                Persistence::Sticky => rule.seen >= rule.nth,
+            };
+            if hit && fire.is_none() {
+                fire = Some(rule.kind);
+            }
+        }
+        if fire.is_some() {
+            inner.fired.push(point);
+        }
+        fire
+    }
+
+    /// Total hits of all points so far.
+    #[must_use]
+    pub fn total_hits(&self) -> u64 {
+        self.inner.lock().hits.values().sum()
+    }
+
+    /// Hits of one point so far.
+    #[must_use]
+    pub fn hits(&self, point: FaultPoint) -> u64 {
+        self.inner.lock().hits.get(&point).copied().unwrap_or(0)
+    }
+
+    /// The points at which a fault was injected, in order.
+    #[must_use]
+    pub fn fired(&self) -> Vec<FaultPoint> {
+        self.inner.lock().fired.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nth_hit_fires_once_or_sticky() {
+        let f = FaultInjector::new();
+        f.arm(PointMatch::Any, 3, FaultKind::Eio, Persistence::Once);
+        let got: Vec<_> = (0..5).map(|_| f.check(FaultPoint::JournalWrite)).collect();
+        assert_eq!(got, vec![None, None, Some(FaultKind::Eio), None, None]);
+        f.disarm();
+        f.arm(PointMatch::Exact(FaultPoint::Alloc), 2, FaultKind::Enospc, Persistence::Sticky);
+        assert_eq!(f.check(FaultPoint::Alloc), None);
+        assert_eq!(f.check(FaultPoint::JournalWrite), None);
+        assert_eq!(f.check(FaultPoint::Alloc), Some(FaultKind::Enospc));
+        assert_eq!(f.check(FaultPoint::Alloc), Some(FaultKind::Enospc));
+        assert_eq!(f.fired().len(), 3);
+    }
+}

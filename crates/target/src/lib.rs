@@ -1,0 +1,204 @@
+//! Block targets: the only place stripefs touches storage.
+//!
+//! Every byte the file system reads or writes goes through [`Target::submit`], an
+//! asynchronous, owned-buffer interface shaped after io_uring: the caller hands over an
+//! [`IoOp`] with its buffers and gets them back in an [`IoDone`] passed to a completion
+//! callback. [`Batch`] is the completion anchor that lets a caller submit many operations
+//! (to one or many targets) and wait once.
+//!
+//! Backends:
+//! - [`FileTarget`]: a regular file or block device opened with `O_DIRECT`, served by an
+//!   io_uring thread per target or, where io_uring is unavailable, a pool of threads;
+//! - [`SimTarget`]: an in-memory target with a live and a durable image, crash, torn and
+//!   reordered writes and injected faults, reproducible from one seed;
+//! - [`RecordingTarget`]: logs completed writes and flushes so that a test can rebuild the
+//!   image at any flush point.
+//!
+//! Architecture Invariant: this crate knows nothing of file systems: no blocks, extents or
+//! journal, only byte offsets on one device.
+
+mod batch;
+mod buf;
+mod error;
+pub mod fault;
+mod file;
+mod pool;
+mod recording;
+mod rng;
+mod sim;
+mod uring;
+
+use std::sync::Arc;
+
+pub use batch::Batch;
+pub use buf::{IoBuf, IO_ALIGN};
+pub use error::{OpKind, TargetError, TargetErrorKind};
+pub use fault::{FaultInjector, FaultKind, FaultPoint, Persistence, PointMatch};
+pub use file::{EngineKind, FileTarget, FileTargetOptions};
+pub use recording::{Event, Recorder, RecordingTarget, UnflushedPolicy};
+pub use rng::Rng;
+pub use sim::{CrashMode, SimStats, SimTarget};
+
+/// One operation on a target. Offsets and buffer lengths must be multiples of the target's
+/// logical sector size; buffers are [`IoBuf`]s and therefore suitably aligned.
+#[derive(Debug)]
+pub enum IoOp {
+    /// Positioned vectored read filling `bufs` in order from `offset`.
+    Read { offset: u64, bufs: Vec<IoBuf> },
+    /// Positioned vectored write of `bufs` in order from `offset`.
+    Write { offset: u64, bufs: Vec<IoBuf> },
+    /// Make every completed write durable (`fdatasync` / cache flush).
+    Flush,
+    /// The range's contents are no longer needed (may read back as anything).
+    Discard { offset: u64, len: u64 },
+}
+
+impl IoOp {
+    /// The kind of this operation, for errors and statistics.
+    #[must_use]
+    pub fn kind(&self) -> OpKind {
+        match self {
+            IoOp::Read { .. } => OpKind::Read,
+            IoOp::Write { .. } => OpKind::Write,
+            IoOp::Flush => OpKind::Flush,
+            IoOp::Discard { .. } => OpKind::Discard,
+        }
+    }
+
+    /// Byte offset the operation starts at (0 for a flush).
+    #[must_use]
+    pub fn offset(&self) -> u64 {
+        match self {
+            IoOp::Read { offset, .. } | IoOp::Write { offset, .. } => *offset,
+            IoOp::Discard { offset, .. } => *offset,
+            IoOp::Flush => 0,
+        }
+    }
+
+    /// Number of bytes transferred or affected.
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        match self {
+            IoOp::Read { bufs, .. } | IoOp::Write { bufs, .. } => {
+                bufs.iter().map(|b| b.len() as u64).sum()
+            }
+            IoOp::Discard { len, .. } => *len,
+            IoOp::Flush => 0,
+        }
+    }
+
+    /// True when the operation moves no bytes (a flush or an empty transfer).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn into_bufs(self) -> Vec<IoBuf> {
+        match self {
+            IoOp::Read { bufs, .. } | IoOp::Write { bufs, .. } => bufs,
+            IoOp::Flush | IoOp::Discard { .. } => Vec::new(),
+        }
+    }
+}
+
+/// What a completed operation hands back: its buffers (filled, for reads) and the result.
+#[derive(Debug)]
+pub struct IoDone {
+    pub bufs: Vec<IoBuf>,
+    pub result: Result<(), TargetError>,
+}
+
+/// Completion callback. Runs on the backend's completion context: it must be short and must
+/// not block on locks that a submitter may hold while waiting for back-pressure.
+pub type Completion = Box<dyn FnOnce(IoDone) + Send + 'static>;
+
+/// Static facts about a target.
+#[derive(Debug, Clone)]
+pub struct TargetInfo {
+    /// Human-readable name (a path for file targets), used in every error.
+    pub name: Arc<str>,
+    /// Usable size in bytes (a multiple of `sector_size`).
+    pub size_bytes: u64,
+    /// Smallest legal I/O unit and alignment, in bytes (512 to 4096).
+    pub sector_size: u32,
+}
+
+/// A storage device: positioned vectored reads and writes, flush, discard.
+///
+/// Implementations must accept many operations in flight at once and complete each exactly
+/// once by calling its [`Completion`]. Submission may block for back-pressure when the
+/// backend's per-target in-flight limit is reached.
+pub trait Target: Send + Sync + std::fmt::Debug {
+    /// Static facts: name, size, logical sector size.
+    fn info(&self) -> &TargetInfo;
+
+    /// Queues `op`; `done` is called exactly once with the buffers and the result.
+    fn submit(&self, op: IoOp, done: Completion);
+
+    /// Synchronous read of `len` bytes at `offset`.
+    ///
+    /// # Errors
+    /// Returns the target's error for the read.
+    fn read_sync(&self, offset: u64, len: usize) -> Result<IoBuf, TargetError> {
+        let batch = Batch::new();
+        batch.submit(self, IoOp::Read { offset, bufs: vec![IoBuf::zeroed(len)] });
+        let mut done = batch.wait();
+        let d = done.pop().expect("batch of one yields one completion");
+        d.result?;
+        Ok(d.bufs.into_iter().next().expect("read returns its buffer"))
+    }
+
+    /// Synchronous write of `buf` at `offset`.
+    ///
+    /// # Errors
+    /// Returns the target's error for the write.
+    fn write_sync(&self, offset: u64, buf: IoBuf) -> Result<(), TargetError> {
+        run_one(self, IoOp::Write { offset, bufs: vec![buf] })
+    }
+
+    /// Synchronous flush.
+    ///
+    /// # Errors
+    /// Returns the target's error for the flush.
+    fn flush_sync(&self) -> Result<(), TargetError> {
+        run_one(self, IoOp::Flush)
+    }
+}
+
+fn run_one<T: Target + ?Sized>(target: &T, op: IoOp) -> Result<(), TargetError> {
+    let batch = Batch::new();
+    batch.submit(target, op);
+    batch.wait().pop().expect("batch of one yields one completion").result
+}
+
+/// Checks the alignment and range rules every backend enforces before touching storage.
+///
+/// # Errors
+/// `Misaligned` or `OutOfRange` naming the operation.
+pub fn validate(info: &TargetInfo, op: &IoOp) -> Result<(), TargetError> {
+    let sector = u64::from(info.sector_size);
+    let err = |kind| TargetError::new(info.name.clone(), op.kind(), op.offset(), kind);
+    match op {
+        IoOp::Read { offset, bufs } | IoOp::Write { offset, bufs } => {
+            if offset % sector != 0 || bufs.iter().any(|b| b.len() as u64 % sector != 0) {
+                return Err(err(TargetErrorKind::Misaligned { sector: info.sector_size }));
+            }
+            let end = offset.checked_add(op.len());
+            if end.is_none_or(|e| e > info.size_bytes) {
+                return Err(err(TargetErrorKind::OutOfRange { size: info.size_bytes }));
+            }
+        }
+        IoOp::Discard { offset, len } => {
+            if offset.checked_add(*len).is_none_or(|e| e > info.size_bytes) {
+                return Err(err(TargetErrorKind::OutOfRange { size: info.size_bytes }));
+            }
+        }
+        IoOp::Flush => {}
+    }
+    Ok(())
+}
+
+/// Completes `op` immediately with `err` (used by backends for validation failures).
+pub(crate) fn fail_now(op: IoOp, done: Completion, err: TargetError) {
+    done(IoDone { bufs: op.into_bufs(), result: Err(err) });
+}

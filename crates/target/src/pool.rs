@@ -1,0 +1,183 @@
+//! Thread-pool engine: the portable fallback where io_uring is unavailable. Each worker
+//! takes one operation at a time and issues positioned system calls; the number of workers
+//! bounds the operations in flight, and a bounded queue gives submitters back-pressure.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::{Completion, IoDone, IoOp, OpKind, TargetError, TargetErrorKind};
+
+const MAX_WORKERS: usize = 16;
+const EAGAIN_RETRIES: u32 = 8;
+
+#[derive(Debug)]
+pub(crate) struct PoolEngine {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    work: Condvar,
+    space: Condvar,
+    fd: Arc<OwnedFd>,
+    name: Arc<str>,
+    max_queued: usize,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    ops: VecDeque<(IoOp, Completion)>,
+    shutdown: bool,
+}
+
+impl PoolEngine {
+    pub(crate) fn new(fd: Arc<OwnedFd>, name: Arc<str>, depth: usize) -> Self {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            work: Condvar::new(),
+            space: Condvar::new(),
+            fd,
+            name,
+            max_queued: depth,
+        });
+        let workers = (0..depth.min(MAX_WORKERS))
+            .map(|i| {
+                let s = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("stripefs-io{i}"))
+                    .spawn(move || worker(&s))
+                    .expect("spawn I/O worker")
+            })
+            .collect();
+        Self { shared, workers }
+    }
+
+    pub(crate) fn submit(&self, op: IoOp, done: Completion) {
+        let mut q = self.shared.queue.lock();
+        while q.ops.len() >= self.shared.max_queued {
+            self.shared.space.wait(&mut q);
+        }
+        q.ops.push_back((op, done));
+        drop(q);
+        self.shared.work.notify_one();
+    }
+}
+
+impl Drop for PoolEngine {
+    fn drop(&mut self) {
+        self.shared.queue.lock().shutdown = true;
+        self.shared.work.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn worker(s: &Shared) {
+    loop {
+        let (mut op, done) = {
+            let mut q = s.queue.lock();
+            loop {
+                if let Some(item) = q.ops.pop_front() {
+                    break item;
+                }
+                if q.shutdown {
+                    return;
+                }
+                s.work.wait(&mut q);
+            }
+        };
+        s.space.notify_one();
+        let result = execute(s.fd.as_raw_fd(), &mut op)
+            .map_err(|(at, kind)| TargetError::new(s.name.clone(), op.kind(), at, kind));
+        let bufs = match op {
+            IoOp::Read { bufs, .. } | IoOp::Write { bufs, .. } => bufs,
+            IoOp::Flush | IoOp::Discard { .. } => Vec::new(),
+        };
+        done(IoDone { bufs, result });
+    }
+}
+
+fn execute(fd: RawFd, op: &mut IoOp) -> Result<(), (u64, TargetErrorKind)> {
+    match op {
+        IoOp::Read { offset, bufs } => {
+            let mut at = *offset;
+            for b in bufs.iter_mut() {
+                let len = b.len();
+                transfer(fd, at, len, OpKind::Read, b.as_mut_ptr())?;
+                at += len as u64;
+            }
+            Ok(())
+        }
+        IoOp::Write { offset, bufs } => {
+            let mut at = *offset;
+            for b in bufs.iter_mut() {
+                let len = b.len();
+                transfer(fd, at, len, OpKind::Write, b.as_mut_ptr())?;
+                at += len as u64;
+            }
+            Ok(())
+        }
+        IoOp::Flush => {
+            // SAFETY: plain system call on an fd the engine keeps open.
+            if unsafe { libc::fdatasync(fd) } < 0 {
+                return Err((0, errno_kind(last_errno())));
+            }
+            Ok(())
+        }
+        IoOp::Discard { .. } => Ok(()),
+    }
+}
+
+fn transfer(fd: RawFd, offset: u64, len: usize, kind: OpKind, ptr: *mut u8) -> Result<(), (u64, TargetErrorKind)> {
+    let mut done = 0usize;
+    let mut again = 0;
+    while done < len {
+        let pos = (offset + done as u64) as libc::off_t;
+        // SAFETY: `ptr` is valid for `len` bytes (an IoBuf owned by the operation) and is
+        // not aliased while the worker holds the operation.
+        let n = unsafe {
+            let p = ptr.add(done);
+            match kind {
+                OpKind::Read => libc::pread(fd, p.cast(), len - done, pos),
+                _ => libc::pwrite(fd, p.cast(), len - done, pos),
+            }
+        };
+        if n < 0 {
+            let e = last_errno();
+            if e == libc::EINTR || (e == libc::EAGAIN && again < EAGAIN_RETRIES) {
+                again += 1;
+                continue;
+            }
+            return Err((offset + done as u64, errno_kind(e)));
+        }
+        if n == 0 {
+            return Err((offset, TargetErrorKind::Short { done: done as u64, want: len as u64 }));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn errno_kind(e: i32) -> TargetErrorKind {
+    if e == libc::ENOSPC {
+        TargetErrorKind::NoSpace
+    } else {
+        TargetErrorKind::Os(e)
+    }
+}
