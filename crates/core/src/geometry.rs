@@ -1,0 +1,222 @@
+//! Where everything lives on the targets, computed once by mkfs and stored in superblocks.
+//!
+//! ```text
+//! target 0: | sb | ckpt A ........ | ckpt B ........ | journal .......... | pad | data ... |
+//! target n: | sb | pad                                                       | data ......... |
+//! ```
+//! Data starts on a 1 MiB boundary on every target so that stripe units stay aligned to the
+//! host's allocation and the device's erase/RAID geometry.
+
+use crate::superblock::Superblock;
+use crate::{BlockSize, CoreError, TargetId, Uuid};
+
+/// Bytes of alignment for the start of the data area.
+pub const DATA_ALIGN_BYTES: u64 = 1 << 20;
+
+/// Space layout of one target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TargetGeometry {
+    /// Total blocks on the target.
+    pub blocks: u64,
+    /// First data block.
+    pub data_start: u64,
+}
+
+impl TargetGeometry {
+    /// Blocks available for file data.
+    #[must_use]
+    pub fn data_blocks(&self) -> u64 {
+        self.blocks - self.data_start
+    }
+}
+
+/// The whole file system's layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Geometry {
+    pub uuid: Uuid,
+    pub block_size: BlockSize,
+    pub sector_size: u32,
+    pub targets: Vec<TargetGeometry>,
+    pub stripe_unit: u32,
+    pub stripe_count: u32,
+    /// First block of checkpoint areas A and B on target 0.
+    pub ckpt_start: [u64; 2],
+    /// Blocks per checkpoint area.
+    pub ckpt_blocks: u64,
+    /// First block of the journal on target 0.
+    pub journal_start: u64,
+    /// Blocks in the journal.
+    pub journal_blocks: u64,
+    /// Journal write unit in bytes.
+    pub journal_unit: u32,
+    pub mkfs_time_sec: i64,
+}
+
+/// What mkfs was asked for.
+#[derive(Debug, Clone)]
+pub struct MkfsParams {
+    pub uuid: Uuid,
+    pub block_size: BlockSize,
+    pub sector_size: u32,
+    pub target_bytes: Vec<u64>,
+    pub stripe_unit: u32,
+    pub stripe_count: u32,
+    /// Journal size in bytes; `None` picks 1/64 of target 0 within 256 KiB..128 MiB.
+    pub journal_bytes: Option<u64>,
+    /// Checkpoint area size in bytes; `None` picks 1/32 of target 0 within 256 KiB..256 MiB.
+    pub ckpt_bytes: Option<u64>,
+    pub mkfs_time_sec: i64,
+}
+
+impl Geometry {
+    /// Lays out a new file system.
+    ///
+    /// # Errors
+    /// A sentence naming the parameter that cannot work (too small a target, a stripe unit
+    /// that is not a multiple of the block size, more stripes than targets...).
+    pub fn plan(p: &MkfsParams) -> Result<Self, CoreError> {
+        let bs = p.block_size;
+        let lim = |m: String| Err(CoreError::Limit(m));
+        if p.target_bytes.is_empty() {
+            return lim("no targets given".into());
+        }
+        if p.sector_size > bs.bytes() {
+            return lim(format!(
+                "block size {} is smaller than the targets' logical sector size {}",
+                bs.bytes(),
+                p.sector_size
+            ));
+        }
+        if p.stripe_unit == 0 || p.stripe_unit % bs.bytes() != 0 {
+            return lim(format!("stripe unit {} is not a multiple of the block size {}", p.stripe_unit, bs.bytes()));
+        }
+        let n = u32::try_from(p.target_bytes.len()).unwrap_or(u32::MAX);
+        if p.stripe_count == 0 || p.stripe_count > n {
+            return lim(format!("stripe count {} with {n} targets", p.stripe_count));
+        }
+        let t0 = p.target_bytes[0];
+        let clamp = |v: u64, lo: u64, hi: u64| v.clamp(lo, hi);
+        let journal_bytes = p.journal_bytes.unwrap_or_else(|| clamp(t0 / 64, 256 << 10, 128 << 20));
+        let ckpt_bytes = p.ckpt_bytes.unwrap_or_else(|| clamp(t0 / 32, 256 << 10, 256 << 20));
+        let journal_blocks = bs.blocks_for(journal_bytes).max(4);
+        let ckpt_blocks = bs.blocks_for(ckpt_bytes).max(2);
+        let align = bs.blocks_for(DATA_ALIGN_BYTES).max(1);
+        let meta_end = 1 + 2 * ckpt_blocks + journal_blocks;
+        let round = |b: u64| b.div_ceil(align) * align;
+        let mut targets = Vec::with_capacity(p.target_bytes.len());
+        for (i, &bytes) in p.target_bytes.iter().enumerate() {
+            let blocks = bytes / bs.bytes_u64();
+            let data_start = round(if i == 0 { meta_end } else { 1 });
+            if blocks <= data_start {
+                return lim(format!(
+                    "target {i} is too small: {bytes} bytes leave no data blocks after {} metadata blocks",
+                    data_start
+                ));
+            }
+            targets.push(TargetGeometry { blocks, data_start });
+        }
+        let unit = u32::try_from(bs.bytes().min(4096)).unwrap_or(4096).max(p.sector_size);
+        Ok(Self {
+            uuid: p.uuid,
+            block_size: bs,
+            sector_size: p.sector_size,
+            targets,
+            stripe_unit: p.stripe_unit,
+            stripe_count: p.stripe_count,
+            ckpt_start: [1, 1 + ckpt_blocks],
+            ckpt_blocks,
+            journal_start: 1 + 2 * ckpt_blocks,
+            journal_blocks,
+            journal_unit: unit,
+            mkfs_time_sec: p.mkfs_time_sec,
+        })
+    }
+
+    /// The superblock for target `index`.
+    #[must_use]
+    pub fn superblock(&self, index: TargetId) -> Superblock {
+        let t = self.targets[index.index()];
+        Superblock {
+            uuid: self.uuid,
+            target_index: index,
+            target_count: self.targets.len() as u32,
+            block_size: self.block_size.bytes(),
+            sector_size: self.sector_size,
+            target_blocks: t.blocks,
+            data_start: t.data_start,
+            stripe_unit: self.stripe_unit,
+            stripe_count: self.stripe_count,
+            features_compat: 0,
+            features_incompat: 0,
+            features_ro_compat: 0,
+            ckpt_start: self.ckpt_start,
+            ckpt_blocks: self.ckpt_blocks,
+            journal_start: self.journal_start,
+            journal_blocks: self.journal_blocks,
+            journal_unit: self.journal_unit,
+            mkfs_time_sec: self.mkfs_time_sec,
+        }
+    }
+
+    /// Rebuilds the geometry from the superblocks of all targets, sorted by index.
+    ///
+    /// # Errors
+    /// `Corrupted` when the superblocks disagree about the file system.
+    pub fn from_superblocks(sbs: &[Superblock]) -> Result<Self, CoreError> {
+        let first = sbs.first().ok_or_else(|| CoreError::Limit("no targets".into()))?;
+        for (i, sb) in sbs.iter().enumerate() {
+            let same = sb.uuid == first.uuid
+                && sb.block_size == first.block_size
+                && sb.target_count == first.target_count
+                && sb.ckpt_start == first.ckpt_start
+                && sb.journal_start == first.journal_start
+                && sb.journal_blocks == first.journal_blocks;
+            if !same || sb.target_index.index() != i {
+                return Err(CoreError::corrupted(
+                    format!("superblock of target {i}"),
+                    "disagrees with target 0 about the file system's geometry",
+                ));
+            }
+        }
+        let bs = BlockSize::new(first.block_size).map_err(|e| CoreError::corrupted("superblock", e))?;
+        Ok(Self {
+            uuid: first.uuid,
+            block_size: bs,
+            sector_size: first.sector_size,
+            targets: sbs.iter().map(|s| TargetGeometry { blocks: s.target_blocks, data_start: s.data_start }).collect(),
+            stripe_unit: first.stripe_unit,
+            stripe_count: first.stripe_count,
+            ckpt_start: first.ckpt_start,
+            ckpt_blocks: first.ckpt_blocks,
+            journal_start: first.journal_start,
+            journal_blocks: first.journal_blocks,
+            journal_unit: first.journal_unit,
+            mkfs_time_sec: first.mkfs_time_sec,
+        })
+    }
+
+    /// Number of targets.
+    #[must_use]
+    pub fn target_count(&self) -> u32 {
+        self.targets.len() as u32
+    }
+
+    /// Journal units in the journal region.
+    #[must_use]
+    pub fn journal_units(&self) -> u64 {
+        self.block_size.to_bytes(self.journal_blocks) / u64::from(self.journal_unit)
+    }
+
+    /// Byte offset on target 0 of journal unit `lsn` (logical, wraps around).
+    #[must_use]
+    pub fn journal_unit_offset(&self, lsn: u64) -> u64 {
+        let phys = lsn % self.journal_units();
+        self.block_size.to_bytes(self.journal_start) + phys * u64::from(self.journal_unit)
+    }
+
+    /// Bytes a checkpoint payload may occupy.
+    #[must_use]
+    pub fn ckpt_payload_capacity(&self) -> u64 {
+        (self.ckpt_blocks - 1) * (self.block_size.bytes_u64() - crate::checkpoint::BLOCK_HEADER_BYTES as u64)
+    }
+}

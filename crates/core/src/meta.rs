@@ -1,0 +1,170 @@
+//! The in-memory metadata model and its single mutation path.
+//!
+//! All metadata (inodes, extent maps, directories, xattrs) lives in memory as a
+//! [`MetaState`]. The running file system changes it only by appending [`Record`]s through
+//! [`MetaState::apply`]; recovery replays the journal through the same function; a
+//! checkpoint is the state re-expressed as the records that rebuild it from empty. The
+//! model's size is bounded by the checkpoint area (a documented limit of this design).
+
+use std::collections::BTreeMap;
+
+use crate::codec::Enc;
+use crate::extent::Extent;
+use crate::inode::{FileKind, Inode};
+use crate::record::Record;
+use crate::{CoreError, Ino};
+
+/// Every inode of the file system, by number.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetaState {
+    pub inodes: BTreeMap<Ino, Inode>,
+    /// Next inode number to hand out; inode numbers are never reused.
+    pub next_ino: u64,
+}
+
+impl MetaState {
+    /// An empty model (no root yet).
+    #[must_use]
+    pub fn new() -> Self {
+        Self { inodes: BTreeMap::new(), next_ino: Ino::ROOT.0 }
+    }
+
+    /// The inode `ino`, if it exists.
+    #[must_use]
+    pub fn get(&self, ino: Ino) -> Option<&Inode> {
+        self.inodes.get(&ino)
+    }
+
+    fn get_mut(&mut self, ino: Ino, rec: &Record) -> Result<&mut Inode, CoreError> {
+        self.inodes.get_mut(&ino).ok_or_else(|| {
+            CoreError::corrupted("metadata record", format!("{rec:?} refers to missing inode {ino}"))
+        })
+    }
+
+    /// Applies one record. This is the only way the model changes.
+    ///
+    /// # Errors
+    /// `Corrupted` if the record does not fit the model (missing inode, entry in a
+    /// non-directory, extent of a non-file, object index out of range...): a record that
+    /// the runtime produced always fits, so a misfit means damaged metadata.
+    pub fn apply(&mut self, rec: &Record) -> Result<(), CoreError> {
+        let bad = |detail: String| CoreError::corrupted("metadata record", detail);
+        match rec {
+            Record::InodeSet(a) => {
+                self.next_ino = self.next_ino.max(a.ino.0 + 1);
+                match self.inodes.get_mut(&a.ino) {
+                    Some(i) if i.attrs.kind != a.kind => {
+                        return Err(bad(format!("inode {} changes type", a.ino)));
+                    }
+                    Some(i) => i.attrs = a.clone(),
+                    None => {
+                        if a.kind == FileKind::Regular && a.layout.count == 0 {
+                            return Err(bad(format!("regular file {} has no stripes", a.ino)));
+                        }
+                        self.inodes.insert(a.ino, Inode::new(a.clone()));
+                    }
+                }
+            }
+            Record::InodeFree(ino) => {
+                if self.inodes.remove(ino).is_none() {
+                    return Err(bad(format!("free of missing inode {ino}")));
+                }
+            }
+            Record::ExtentSet { ino, object, block, len, phys, state, refcount } => {
+                let i = self.get_mut(*ino, rec)?;
+                let map = i.objects.get_mut(*object as usize).ok_or_else(|| bad(format!("inode {ino} has no object {object}")))?;
+                map.set(*block, Extent { len: *len, phys: *phys, state: *state, refcount: *refcount });
+            }
+            Record::ExtentClear { ino, object, block, len } => {
+                let i = self.get_mut(*ino, rec)?;
+                let map = i.objects.get_mut(*object as usize).ok_or_else(|| bad(format!("inode {ino} has no object {object}")))?;
+                map.clear(*block, *len);
+            }
+            Record::DirAdd { dir, name, ino, kind } => {
+                let d = self.get_mut(*dir, rec)?;
+                if d.attrs.kind != FileKind::Directory {
+                    return Err(bad(format!("entry added to non-directory {dir}")));
+                }
+                d.entries.insert(name.clone(), crate::inode::DirEntry { ino: *ino, kind: *kind });
+            }
+            Record::DirRemove { dir, name } => {
+                let d = self.get_mut(*dir, rec)?;
+                if d.entries.remove(name).is_none() {
+                    return Err(bad(format!("directory {dir} has no entry {:?} to remove", String::from_utf8_lossy(name))));
+                }
+            }
+            Record::XattrSet { ino, name, value } => {
+                self.get_mut(*ino, rec)?.xattrs.insert(name.clone(), value.clone());
+            }
+            Record::XattrRemove { ino, name } => {
+                if self.get_mut(*ino, rec)?.xattrs.remove(name).is_none() {
+                    return Err(bad(format!("inode {ino} has no xattr to remove")));
+                }
+            }
+            Record::SymlinkSet { ino, target } => {
+                self.get_mut(*ino, rec)?.symlink.clone_from(target);
+            }
+        }
+        Ok(())
+    }
+
+    /// The records that rebuild this state from empty, encoded.
+    #[must_use]
+    pub fn encode_snapshot(&self) -> Vec<u8> {
+        let mut e = Enc::new();
+        for inode in self.inodes.values() {
+            for rec in inode_records(inode) {
+                rec.encode(&mut e);
+            }
+        }
+        e.buf
+    }
+
+    /// Rebuilds a state from a snapshot payload.
+    ///
+    /// # Errors
+    /// `Corrupted` if a record fails to decode or apply.
+    pub fn from_snapshot(payload: &[u8], next_ino: u64) -> Result<Self, CoreError> {
+        let mut m = Self::new();
+        for rec in Record::decode_all(payload, "checkpoint payload")? {
+            m.apply(&rec)?;
+        }
+        m.next_ino = m.next_ino.max(next_ino);
+        Ok(m)
+    }
+
+    /// Total extents across all files.
+    #[must_use]
+    pub fn extent_count(&self) -> usize {
+        self.inodes.values().flat_map(|i| i.objects.iter()).map(crate::extent::ExtentMap::len).sum()
+    }
+}
+
+/// The records that recreate `inode` and everything it owns.
+fn inode_records(inode: &Inode) -> Vec<Record> {
+    let ino = inode.attrs.ino;
+    let mut out = vec![Record::InodeSet(inode.attrs.clone())];
+    if !inode.symlink.is_empty() {
+        out.push(Record::SymlinkSet { ino, target: inode.symlink.clone() });
+    }
+    for (object, map) in inode.objects.iter().enumerate() {
+        for (block, e) in map.iter() {
+            out.push(Record::ExtentSet {
+                ino,
+                object: object as u32,
+                block,
+                len: e.len,
+                phys: e.phys,
+                state: e.state,
+                refcount: e.refcount,
+            });
+        }
+    }
+    for (name, de) in &inode.entries {
+        out.push(Record::DirAdd { dir: ino, name: name.clone(), ino: de.ino, kind: de.kind });
+    }
+    for (name, value) in &inode.xattrs {
+        out.push(Record::XattrSet { ino, name: name.clone(), value: value.clone() });
+    }
+    out
+}

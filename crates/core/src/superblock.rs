@@ -1,0 +1,212 @@
+//! The superblock: the first 512 bytes of every target.
+//!
+//! ```text
+//!   0 magic "STRIPEFS"        8 version u32        12 sb_bytes u32 (=512)
+//!  16 uuid [16]              32 target_index u32   36 target_count u32
+//!  40 block_size u32         44 sector_size u32    48 target_blocks u64
+//!  56 data_start u64         64 stripe_unit u32    68 stripe_count u32
+//!  72 features compat u64    80 incompat u64       88 ro_compat u64
+//!  96 ckpt_start[0] u64     104 ckpt_start[1] u64  112 ckpt_blocks u64
+//! 120 journal_start u64     128 journal_blocks u64 136 journal_unit u32
+//! 140 mkfs_time_sec i64     148 .. 508 zero        508 crc32c u32 of bytes 0..508
+//! ```
+//! The checkpoint and journal fields are meaningful on target 0 and repeated on every
+//! target so that any one of them describes the whole geometry. The superblock is written
+//! once by mkfs and never rewritten: the moving state lives in the checkpoint headers.
+
+use crate::codec::{Dec, Enc};
+use crate::{crc32c, BlockSize, CoreError, TargetId, Uuid};
+
+/// Bytes covered by the superblock, including its checksum.
+pub const SB_BYTES: usize = 512;
+/// Magic at byte 0.
+pub const SB_MAGIC: [u8; 8] = *b"STRIPEFS";
+/// The format version this code writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Incompatible features this code understands (none defined yet).
+pub const INCOMPAT_SUPPORTED: u64 = 0;
+
+/// A decoded, verified superblock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub uuid: Uuid,
+    pub target_index: TargetId,
+    pub target_count: u32,
+    pub block_size: u32,
+    pub sector_size: u32,
+    pub target_blocks: u64,
+    pub data_start: u64,
+    pub stripe_unit: u32,
+    pub stripe_count: u32,
+    pub features_compat: u64,
+    pub features_incompat: u64,
+    pub features_ro_compat: u64,
+    pub ckpt_start: [u64; 2],
+    pub ckpt_blocks: u64,
+    pub journal_start: u64,
+    pub journal_blocks: u64,
+    pub journal_unit: u32,
+    pub mkfs_time_sec: i64,
+}
+
+impl Superblock {
+    /// Encodes into exactly [`SB_BYTES`] bytes with the checksum in place.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::new();
+        e.bytes(&SB_MAGIC);
+        e.u32(FORMAT_VERSION);
+        e.u32(SB_BYTES as u32);
+        e.bytes(&self.uuid.0);
+        e.u32(self.target_index.0);
+        e.u32(self.target_count);
+        e.u32(self.block_size);
+        e.u32(self.sector_size);
+        e.u64(self.target_blocks);
+        e.u64(self.data_start);
+        e.u32(self.stripe_unit);
+        e.u32(self.stripe_count);
+        e.u64(self.features_compat);
+        e.u64(self.features_incompat);
+        e.u64(self.features_ro_compat);
+        e.u64(self.ckpt_start[0]);
+        e.u64(self.ckpt_start[1]);
+        e.u64(self.ckpt_blocks);
+        e.u64(self.journal_start);
+        e.u64(self.journal_blocks);
+        e.u32(self.journal_unit);
+        e.i64(self.mkfs_time_sec);
+        let mut buf = e.buf;
+        buf.resize(SB_BYTES - 4, 0);
+        let crc = crc32c(&buf);
+        buf.extend_from_slice(&crc.to_le_bytes());
+        buf
+    }
+
+    /// Decodes and verifies a superblock read from the target named `name`.
+    ///
+    /// # Errors
+    /// `Corrupted` naming the target and the failed check (magic, checksum, version,
+    /// unsupported features, impossible geometry).
+    pub fn decode(buf: &[u8], name: &str) -> Result<Self, CoreError> {
+        let what = format!("superblock of target {name}");
+        if buf.len() < SB_BYTES {
+            return Err(CoreError::corrupted(what, "target is smaller than a superblock"));
+        }
+        let buf = &buf[..SB_BYTES];
+        if buf[..8] != SB_MAGIC {
+            return Err(CoreError::corrupted(what, "bad magic: not a stripefs target"));
+        }
+        let stored = u32::from_le_bytes(buf[SB_BYTES - 4..].try_into().expect("4 bytes"));
+        if crc32c(&buf[..SB_BYTES - 4]) != stored {
+            return Err(CoreError::corrupted(what, "checksum mismatch"));
+        }
+        let mut d = Dec::new(&buf[8..], &what);
+        let version = d.u32()?;
+        if version != FORMAT_VERSION {
+            return Err(d.err(format!("format version {version}, this build reads {FORMAT_VERSION}")));
+        }
+        let _sb_bytes = d.u32()?;
+        let sb = Superblock {
+            uuid: Uuid(d.array()?),
+            target_index: TargetId(d.u32()?),
+            target_count: d.u32()?,
+            block_size: d.u32()?,
+            sector_size: d.u32()?,
+            target_blocks: d.u64()?,
+            data_start: d.u64()?,
+            stripe_unit: d.u32()?,
+            stripe_count: d.u32()?,
+            features_compat: d.u64()?,
+            features_incompat: d.u64()?,
+            features_ro_compat: d.u64()?,
+            ckpt_start: [d.u64()?, d.u64()?],
+            ckpt_blocks: d.u64()?,
+            journal_start: d.u64()?,
+            journal_blocks: d.u64()?,
+            journal_unit: d.u32()?,
+            mkfs_time_sec: d.i64()?,
+        };
+        sb.validate(&what)?;
+        Ok(sb)
+    }
+
+    fn validate(&self, what: &str) -> Result<(), CoreError> {
+        let bad = |d: String| Err(CoreError::corrupted(what, d));
+        if self.features_incompat & !INCOMPAT_SUPPORTED != 0 {
+            return bad(format!("unsupported incompatible features {:#x}", self.features_incompat));
+        }
+        let bs = match BlockSize::new(self.block_size) {
+            Ok(b) => b,
+            Err(e) => return bad(e),
+        };
+        if self.target_count == 0 || self.target_index.0 >= self.target_count {
+            return bad(format!("target index {} of {} targets", self.target_index, self.target_count));
+        }
+        if self.data_start == 0 || self.data_start > self.target_blocks {
+            return bad(format!("data start {} outside {} blocks", self.data_start, self.target_blocks));
+        }
+        if self.stripe_count == 0
+            || self.stripe_unit == 0
+            || self.stripe_unit % self.block_size != 0
+        {
+            return bad(format!("default stripe {}x{} bytes", self.stripe_count, self.stripe_unit));
+        }
+        let unit_ok = self.journal_unit.is_power_of_two()
+            && self.journal_unit >= 512
+            && self.journal_unit <= self.block_size;
+        if !unit_ok || self.journal_blocks == 0 || self.ckpt_blocks < 2 {
+            return bad("journal or checkpoint geometry is impossible".into());
+        }
+        if self.sector_size > self.block_size || !self.sector_size.is_power_of_two() {
+            return bad(format!("sector size {} with block size {}", self.sector_size, bs.bytes()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> Superblock {
+        Superblock {
+            uuid: Uuid([7; 16]),
+            target_index: TargetId(1),
+            target_count: 3,
+            block_size: 4096,
+            sector_size: 512,
+            target_blocks: 1000,
+            data_start: 256,
+            stripe_unit: 65536,
+            stripe_count: 3,
+            features_compat: 0,
+            features_incompat: 0,
+            features_ro_compat: 0,
+            ckpt_start: [1, 50],
+            ckpt_blocks: 49,
+            journal_start: 99,
+            journal_blocks: 100,
+            journal_unit: 4096,
+            mkfs_time_sec: 1,
+        }
+    }
+
+    #[test]
+    fn roundtrip() {
+        let sb = sample();
+        let buf = sb.encode();
+        assert_eq!(buf.len(), SB_BYTES);
+        assert_eq!(Superblock::decode(&buf, "t").unwrap(), sb);
+    }
+
+    #[test]
+    fn every_flipped_bit_is_detected() {
+        let buf = sample().encode();
+        for byte in 0..SB_BYTES {
+            let mut b = buf.clone();
+            b[byte] ^= 0x10;
+            assert!(Superblock::decode(&b, "t").is_err(), "flip at byte {byte} went unnoticed");
+        }
+    }
+}
