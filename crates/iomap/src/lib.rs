@@ -1,0 +1,123 @@
+//! The generic I/O layer: mapping iteration.
+//!
+//! An I/O path (read, write, and later the page cache, direct I/O, writeback and zeroing)
+//! walks a file range by asking the file system for one mapping at a time. The file system
+//! answers "what is at `pos`" with an [`Iomap`]; the path does its work for a prefix of that
+//! mapping, reports how far it got, and the file system's `end` commits what was used.
+//!
+//! Architecture Invariant: this crate never names a target, a stripe, the allocator or the
+//! journal. A mapping's address is an opaque value of the file system's choosing
+//! ([`IomapOps::Addr`]) that the path hands back to the file system to do I/O.
+
+mod iter;
+
+pub use iter::{iterate, IterError};
+
+/// What a range of a file is backed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IomapKind {
+    /// No blocks: reads return zeros; a write must allocate.
+    Hole,
+    /// Space reserved in memory, not yet allocated (page-cache writes only).
+    Delalloc,
+    /// Allocated but never written: reads return zeros; written data needs conversion.
+    Unwritten,
+    /// Allocated and holding data.
+    Mapped,
+    /// Mapped to blocks shared with another file: writes must copy first.
+    Shared,
+}
+
+/// Mapping flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IomapFlags(u32);
+
+impl IomapFlags {
+    /// The blocks were allocated by this `begin`: their old contents are garbage and any
+    /// part of a block the I/O does not cover must be zeroed.
+    pub const NEW: Self = Self(1);
+    /// The mapping ends at a device boundary (stripe unit or target change): never merge
+    /// I/O across it.
+    pub const BOUNDARY: Self = Self(2);
+    /// Dirty page cache lies over the range (zeroing must not skip it).
+    pub const DIRTY: Self = Self(4);
+    /// Empty set.
+    pub const NONE: Self = Self(0);
+
+    /// True when every flag of `other` is set.
+    #[must_use]
+    pub fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Union.
+    #[must_use]
+    pub fn with(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+}
+
+/// What the caller intends to do with a mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IomapOp {
+    /// Read: holes stay holes.
+    Read,
+    /// Write: the file system allocates as needed and may return `NEW` mappings.
+    Write,
+    /// Report only (fiemap, seek): nothing is allocated.
+    Report,
+}
+
+/// One mapping of a file range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Iomap<A> {
+    /// File byte offset where the mapping starts (at or before the requested `pos`).
+    pub offset: u64,
+    /// Bytes covered.
+    pub length: u64,
+    pub kind: IomapKind,
+    pub flags: IomapFlags,
+    /// Device address of byte `offset` (meaningless for holes and delalloc).
+    pub addr: A,
+    /// Validity cookie: the file's mapping sequence when this was produced; a path that
+    /// drops locks checks it with [`IomapOps::still_valid`] before trusting the mapping.
+    pub seq: u64,
+}
+
+impl<A> Iomap<A> {
+    /// One past the last byte covered.
+    #[must_use]
+    pub fn end(&self) -> u64 {
+        self.offset + self.length
+    }
+
+    /// True if `pos` lies inside the mapping.
+    #[must_use]
+    pub fn covers(&self, pos: u64) -> bool {
+        pos >= self.offset && pos < self.end()
+    }
+}
+
+/// The file system's side of the contract.
+pub trait IomapOps {
+    /// Opaque device address carried by mappings.
+    type Addr: Copy + std::fmt::Debug;
+    /// The file system's error type.
+    type Error;
+
+    /// Maps `[pos, pos + len)`: the result must cover `pos` and may be shorter than asked.
+    ///
+    /// # Errors
+    /// The file system's error (out of space, I/O error, corruption...).
+    fn begin(&self, pos: u64, len: u64, op: IomapOp) -> Result<Iomap<Self::Addr>, Self::Error>;
+
+    /// Commits the use of `[pos, pos + used)` of `map` (`used` may be 0 after an error).
+    /// Called exactly once for every successful `begin`.
+    ///
+    /// # Errors
+    /// The file system's error.
+    fn end(&self, map: &Iomap<Self::Addr>, pos: u64, used: u64, op: IomapOp) -> Result<(), Self::Error>;
+
+    /// True if `map` still describes the file (its `seq` is current).
+    fn still_valid(&self, map: &Iomap<Self::Addr>) -> bool;
+}
