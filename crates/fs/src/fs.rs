@@ -1,0 +1,389 @@
+//! `Fs`: creating, mounting and unmounting a file system, and whole-file-system calls.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use stripefs_core::alloc::Allocator;
+use stripefs_core::checkpoint::CheckpointHeader;
+use stripefs_core::geometry::{Geometry, MkfsParams};
+use stripefs_core::inode::{FileKind, InodeAttrs, Timespec};
+use stripefs_core::layout::StripeLayout;
+use stripefs_core::meta::MetaState;
+use stripefs_core::record::Record;
+use stripefs_core::{BlockSize, CoreError, Ino, TargetId, Uuid};
+use stripefs_target::{IoBuf, Target};
+
+use crate::error::{FsError, Result};
+use crate::inner::{FsInner, MetaCore, Txn};
+use crate::journal::{write_checkpoint, CommitMode, Journal, JournalPosition};
+use crate::options::{MkfsOptions, MountOptions};
+use crate::recovery;
+use crate::types::{FsStatus, StatFs, TargetStatus};
+
+/// A mounted stripefs file system. Cloning is cheap and shares the mount.
+#[derive(Debug, Clone)]
+pub struct Fs {
+    pub(crate) inner: Arc<FsInner>,
+}
+
+/// What mount found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MountReport {
+    /// Journal transactions replayed.
+    pub replayed_txns: u64,
+    /// Records in them.
+    pub replayed_records: u64,
+    /// Unlinked-but-open inodes freed (orphans left by a crash).
+    pub orphans_freed: u64,
+}
+
+impl Fs {
+    /// Creates a new file system on `targets` (in target-index order) and returns its
+    /// geometry.
+    ///
+    /// # Errors
+    /// `Invalid` for parameters that cannot work (with the reason); target I/O errors.
+    pub fn mkfs(targets: &[Arc<dyn Target>], opts: &MkfsOptions) -> Result<Geometry> {
+        let sector = targets.iter().map(|t| t.info().sector_size).max().unwrap_or(512);
+        let block_size = BlockSize::new(opts.block_size).map_err(FsError::Invalid)?;
+        let n = u32::try_from(targets.len()).map_err(|_| FsError::invalid("too many targets"))?;
+        let params = MkfsParams {
+            uuid: random_uuid(),
+            block_size,
+            sector_size: sector,
+            target_bytes: targets.iter().map(|t| t.info().size_bytes).collect(),
+            stripe_unit: opts.stripe_unit,
+            stripe_count: opts.stripe_count.unwrap_or(n),
+            journal_bytes: opts.journal_bytes,
+            ckpt_bytes: opts.ckpt_bytes,
+            mkfs_time_sec: Timespec::now().sec,
+        };
+        let geo = Geometry::plan(&params).map_err(|e| FsError::Invalid(e.to_string()))?;
+        let sb_len = 512u64.next_multiple_of(u64::from(sector)) as usize;
+        for (i, t) in targets.iter().enumerate() {
+            let mut buf = IoBuf::zeroed(sb_len);
+            let sb = geo.superblock(TargetId(i as u32)).encode();
+            buf[..sb.len()].copy_from_slice(&sb);
+            t.write_sync(0, buf)?;
+        }
+        let t0 = targets[0].as_ref();
+        let bs = geo.block_size;
+        // A stale header from an earlier file system must not be mistaken for area 1's.
+        t0.write_sync(bs.to_bytes(geo.ckpt_start[1]), IoBuf::zeroed(bs.bytes() as usize))?;
+        let mut state = MetaState::new();
+        state.apply(&Record::InodeSet(root_attrs()))?;
+        let hdr = CheckpointHeader {
+            area: 0,
+            own_block: 0,
+            generation: 1,
+            payload_blocks: 0,
+            payload_bytes: 0,
+            payload_crc: 0,
+            journal_tail: 0,
+            journal_seq: 1,
+            next_ino: state.next_ino,
+            time_sec: params.mkfs_time_sec,
+        };
+        write_checkpoint(t0, &geo, hdr, &state.encode_snapshot())?;
+        for t in targets {
+            t.flush_sync()?;
+        }
+        Ok(geo)
+    }
+
+    /// Mounts the file system on `targets` (any order): loads the newest checkpoint,
+    /// replays the journal, frees orphans, and writes a fresh checkpoint if it recovered
+    /// anything.
+    ///
+    /// # Errors
+    /// A clear error naming the target or structure when superblocks, checkpoint or
+    /// journal fail verification, or targets are missing, duplicated or foreign.
+    pub fn mount(targets: Vec<Arc<dyn Target>>, opts: MountOptions) -> Result<(Fs, MountReport)> {
+        let l = recovery::load(targets)?;
+        let alloc = build_allocator(&l.state, &l.geo)?;
+        let committed = l.next_seq - 1;
+        let pos = JournalPosition { head: l.head, tail: l.ckpt.journal_tail, generation: l.ckpt.generation, area: l.ckpt.area };
+        let journal = Journal::new(pos, committed, l.snapshot_len);
+        let meta = MetaCore {
+            state: l.state,
+            alloc,
+            txn: Txn::new(l.next_seq),
+            open: HashMap::new(),
+            meta_seq: HashMap::new(),
+            data_seq: HashMap::new(),
+            rotor: 0,
+            map_gen: HashMap::new(),
+        };
+        let inner = Arc::new(FsInner::new(l.geo, l.targets, meta, journal, opts.faults.clone()));
+        let fs = Fs { inner };
+        let orphans = fs.free_orphans()?;
+        if l.replayed_txns > 0 || orphans > 0 {
+            fs.inner.journal.commit(&fs.inner, 0, CommitMode::Checkpoint)?;
+        }
+        if let Some(every) = opts.commit_interval {
+            fs.start_background(every);
+        }
+        let report = MountReport { replayed_txns: l.replayed_txns, replayed_records: l.replayed_records, orphans_freed: orphans };
+        Ok((fs, report))
+    }
+
+    fn free_orphans(&self) -> Result<u64> {
+        let mut m = self.inner.meta.lock();
+        let orphans: Vec<Ino> = m.state.inodes.values().filter(|i| i.attrs.nlink == 0).map(|i| i.attrs.ino).collect();
+        for &ino in &orphans {
+            self.free_inode(&mut m, ino)?;
+        }
+        Ok(orphans.len() as u64)
+    }
+
+    fn start_background(&self, every: std::time::Duration) {
+        let weak: Weak<FsInner> = Arc::downgrade(&self.inner);
+        let bg = Arc::clone(&self.inner.bg);
+        let spawned = std::thread::Builder::new().name("stripefs-commit".into()).spawn(move || loop {
+            {
+                let mut stop = bg.stop.lock();
+                if !*stop {
+                    bg.wake.wait_for(&mut stop, every);
+                }
+                if *stop {
+                    return;
+                }
+            }
+            let Some(inner) = weak.upgrade() else { return };
+            if !inner.is_poisoned() {
+                let running = inner.meta.lock().txn.seq;
+                // A failure poisons the file system and is reported by the next call.
+                let _ = inner.journal.commit(&inner, running, CommitMode::Append);
+            }
+        });
+        match spawned {
+            Ok(h) => *self.inner.bg_thread.lock() = Some(h),
+            Err(e) => tracing::warn!(error = %e, "no background commit thread; commits happen on fsync only"),
+        }
+    }
+
+    fn stop_background(&self) {
+        *self.inner.bg.stop.lock() = true;
+        self.inner.bg.wake.notify_all();
+        if let Some(h) = self.inner.bg_thread.lock().take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Commits everything, writes a checkpoint (so the next mount replays nothing) and
+    /// stops background work. The `Fs` (and its clones) must not be used afterwards.
+    ///
+    /// # Errors
+    /// The commit's error; the file system may then need recovery at the next mount.
+    pub fn unmount(&self) -> Result<()> {
+        self.stop_background();
+        if self.inner.unmounted.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.inner.check()?;
+        self.inner.journal.commit(&self.inner, 0, CommitMode::Checkpoint)?;
+        for t in &self.inner.targets {
+            t.flush_sync()?;
+        }
+        Ok(())
+    }
+
+    /// Makes every completed change durable (`syncfs`).
+    ///
+    /// # Errors
+    /// I/O errors (after which the file system is poisoned) or `Poisoned`.
+    pub fn sync(&self) -> Result<()> {
+        let running = self.inner.meta.lock().txn.seq;
+        self.inner.journal.commit(&self.inner, running, CommitMode::Append)
+    }
+
+    /// Writes a checkpoint now (empties the journal).
+    ///
+    /// # Errors
+    /// As [`Fs::sync`].
+    pub fn checkpoint(&self) -> Result<()> {
+        self.inner.journal.commit(&self.inner, 0, CommitMode::Checkpoint)
+    }
+
+    /// The file system's geometry.
+    #[must_use]
+    pub fn geometry(&self) -> &Geometry {
+        &self.inner.geo
+    }
+
+    /// The targets in index order.
+    #[must_use]
+    pub fn targets(&self) -> &[Arc<dyn Target>] {
+        &self.inner.targets
+    }
+
+    /// True once a failed flush or metadata write shut the file system down.
+    #[must_use]
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.is_poisoned()
+    }
+
+    /// `statfs`.
+    ///
+    /// # Errors
+    /// `Poisoned`.
+    pub fn statfs(&self) -> Result<StatFs> {
+        self.inner.check()?;
+        let m = self.inner.meta.lock();
+        let n = self.inner.geo.target_count();
+        let blocks = (0..n).map(|t| m.alloc.data_blocks(TargetId(t))).sum();
+        let blocks_free = (0..n).map(|t| m.alloc.free_blocks(TargetId(t))).sum();
+        let files = m.state.inodes.len() as u64;
+        let room = self.inner.geo.ckpt_payload_capacity().saturating_sub(self.metadata_bound(&m));
+        Ok(StatFs { block_size: self.inner.geo.block_size.bytes(), blocks, blocks_free, files, files_free: room / 160, name_max: 255 })
+    }
+
+    /// Counters for `inspect` and tests.
+    #[must_use]
+    pub fn status(&self) -> FsStatus {
+        let m = self.inner.meta.lock();
+        let targets = self
+            .inner
+            .targets
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let id = TargetId(i as u32);
+                TargetStatus {
+                    name: t.info().name.to_string(),
+                    data_blocks: m.alloc.data_blocks(id),
+                    free_blocks: m.alloc.free_blocks(id),
+                    free_ranges: m.alloc.free_ranges(id),
+                }
+            })
+            .collect();
+        FsStatus {
+            uuid: self.inner.geo.uuid.to_string(),
+            targets,
+            journal: self.inner.journal.position(),
+            journal_units: self.inner.geo.journal_units(),
+            committed_seq: self.inner.journal.committed(),
+            running_seq: m.txn.seq,
+            running_records: m.txn.records.len(),
+            inodes: m.state.inodes.len() as u64,
+            extents: m.state.extent_count() as u64,
+            metadata_bytes_bound: self.metadata_bound(&m),
+            metadata_capacity: self.inner.geo.ckpt_payload_capacity(),
+            busy_blocks: m.alloc.busy_blocks(),
+            poisoned: self.inner.is_poisoned(),
+        }
+    }
+
+    /// Upper bound on the checkpoint size if one were written now.
+    pub(crate) fn metadata_bound(&self, m: &MetaCore) -> u64 {
+        let j = &self.inner.journal;
+        j.snapshot_len.load(Ordering::Relaxed) + j.bytes_since.load(Ordering::Relaxed) + m.txn.bytes as u64
+    }
+
+    /// Admission control for metadata growth: refuses `bytes` more unless the checkpoint
+    /// area can hold them, checkpointing first to measure exactly when the bound is loose.
+    pub(crate) fn reserve_metadata(&self, bytes: u64) -> Result<()> {
+        let cap = self.inner.geo.ckpt_payload_capacity() / 10 * 9;
+        let fits = |fs: &Fs| fs.metadata_bound(&fs.inner.meta.lock()) + bytes <= cap;
+        if fits(self) {
+            return Ok(());
+        }
+        self.checkpoint()?;
+        if fits(self) {
+            return Ok(());
+        }
+        Err(FsError::NoSpace(format!("the metadata area is full ({cap} bytes usable); mkfs with a larger --ckpt-size")))
+    }
+
+    /// Default layout for a new regular file.
+    pub(crate) fn default_layout(&self, m: &mut MetaCore) -> StripeLayout {
+        let g = &self.inner.geo;
+        let first = m.rotor % g.target_count();
+        m.rotor = m.rotor.wrapping_add(1);
+        StripeLayout { count: g.stripe_count, unit_bytes: g.stripe_unit, first_target: first }
+    }
+
+    /// Frees `ino` and its blocks (blocks become reusable when this transaction commits).
+    pub(crate) fn free_inode(&self, m: &mut MetaCore, ino: Ino) -> Result<()> {
+        let inode = m.state.get(ino).ok_or(FsError::Stale(ino.0))?.clone();
+        let seq = m.txn.seq;
+        let mut recs = Vec::new();
+        for (object, map) in inode.objects.iter().enumerate() {
+            let target = inode.attrs.layout.target_of(object as u32, self.inner.geo.target_count());
+            for (block, e) in map.iter() {
+                recs.push(Record::ExtentClear { ino, object: object as u32, block, len: e.len });
+                m.alloc.free_after(target, e.phys, e.len, seq);
+            }
+        }
+        recs.push(Record::InodeFree(ino));
+        self.inner.log_all(m, recs)?;
+        m.open.remove(&ino);
+        self.inner.io_locks.lock().remove(&ino);
+        Ok(())
+    }
+}
+
+impl Drop for FsInner {
+    fn drop(&mut self) {
+        if !self.unmounted.load(Ordering::Acquire) && !self.is_poisoned() {
+            // Best effort: an Fs dropped without unmount commits what it can. Errors are
+            // logged (destructors never fail); the next mount recovers from the journal.
+            if let Err(e) = self.journal.commit(self, 0, CommitMode::Checkpoint) {
+                tracing::warn!(error = %e, "stripefs dropped without unmount; commit failed");
+            }
+        }
+    }
+}
+
+fn build_allocator(state: &MetaState, geo: &Geometry) -> Result<Allocator> {
+    let mut alloc = Allocator::new(geo);
+    for inode in state.inodes.values() {
+        for (object, map) in inode.objects.iter().enumerate() {
+            if object as u32 >= inode.attrs.layout.count || inode.attrs.layout.count > geo.target_count() {
+                return Err(CoreError::corrupted(format!("inode {}", inode.attrs.ino), "stripe layout does not fit the targets").into());
+            }
+            let target = inode.attrs.layout.target_of(object as u32, geo.target_count());
+            for (block, e) in map.iter() {
+                alloc.mark_used(target, e.phys, e.len).map_err(|err| {
+                    CoreError::corrupted(format!("inode {} object {object} block {block}", inode.attrs.ino), err.to_string())
+                })?;
+            }
+        }
+    }
+    Ok(alloc)
+}
+
+fn root_attrs() -> InodeAttrs {
+    let now = Timespec::now();
+    InodeAttrs {
+        ino: Ino::ROOT,
+        kind: FileKind::Directory,
+        perm: 0o755,
+        uid: 0,
+        gid: 0,
+        nlink: 2,
+        size: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        rdev: 0,
+        parent: Ino::ROOT,
+        layout: StripeLayout { count: 0, unit_bytes: 0, first_target: 0 },
+        flags: 0,
+    }
+}
+
+fn random_uuid() -> Uuid {
+    let mut b = [0u8; 16];
+    let ok = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b)).is_ok();
+    if !ok {
+        let t = Timespec::now();
+        let mut r = stripefs_target::Rng::new(t.sec as u64 ^ u64::from(t.nsec) ^ u64::from(std::process::id()));
+        r.fill(&mut b);
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    Uuid(b)
+}

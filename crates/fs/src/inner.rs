@@ -1,0 +1,209 @@
+//! The shared state of a mounted file system and the rules for changing it.
+//!
+//! Lock order: per-inode I/O lock, then the journal's commit lock, then the metadata lock.
+//! The metadata lock is never held across I/O (the btrfs NOCOW lesson, I-001-2): paths look
+//! up or allocate under it, drop it, do their I/O, and take it again to record the result.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use stripefs_core::alloc::Allocator;
+use stripefs_core::geometry::Geometry;
+use stripefs_core::meta::MetaState;
+use stripefs_core::record::Record;
+use stripefs_core::Ino;
+use stripefs_target::{Batch, FaultInjector, FaultPoint, IoOp, Target, TargetError, TargetErrorKind, OpKind};
+
+use crate::error::{FsError, Result};
+use crate::journal::Journal;
+
+/// The running transaction: records applied in memory, not yet in the journal.
+#[derive(Debug, Default)]
+pub(crate) struct Txn {
+    pub seq: u64,
+    pub records: Vec<Record>,
+    pub bytes: usize,
+    /// Index of the first `InodeSet` per inode, which later ones overwrite in place: a
+    /// transaction is atomic, so only its final attributes matter, and rewriting in place
+    /// keeps the record before anything that needs the inode to exist.
+    inode_set_at: HashMap<Ino, usize>,
+}
+
+impl Txn {
+    pub fn new(seq: u64) -> Self {
+        Self { seq, ..Self::default() }
+    }
+}
+
+/// Everything protected by the metadata lock.
+#[derive(Debug)]
+pub(crate) struct MetaCore {
+    pub state: MetaState,
+    pub alloc: Allocator,
+    pub txn: Txn,
+    /// Open handles per inode (unlinked inodes live while this is non-zero).
+    pub open: HashMap<Ino, u32>,
+    /// Last transaction that changed each inode (fsync needs it durable).
+    pub meta_seq: HashMap<Ino, u64>,
+    /// Last transaction that changed what fdatasync must persist (size, extents).
+    pub data_seq: HashMap<Ino, u64>,
+    /// Next first-target for new files, so that files spread over the targets.
+    pub rotor: u32,
+    /// Mapping generation per inode, bumped by every extent change: the validity cookie
+    /// carried by mappings (`Iomap::seq`).
+    pub map_gen: HashMap<Ino, u64>,
+}
+
+impl MetaCore {
+    /// Applies `rec` to the model and appends it to the running transaction.
+    ///
+    /// # Errors
+    /// `Corrupted` if the model rejects the record (damaged metadata or a bug); the caller
+    /// poisons the file system.
+    pub fn log(&mut self, rec: Record) -> Result<(), stripefs_core::CoreError> {
+        self.state.apply(&rec)?;
+        let ino = rec.subject();
+        self.meta_seq.insert(ino, self.txn.seq);
+        if let Record::InodeSet(a) = &rec {
+            if let Some(&at) = self.txn.inode_set_at.get(&a.ino) {
+                self.txn.records[at] = rec;
+                return Ok(());
+            }
+            self.txn.inode_set_at.insert(a.ino, self.txn.records.len());
+        }
+        if matches!(rec, Record::ExtentSet { .. } | Record::ExtentClear { .. } | Record::InodeFree(_)) {
+            self.data_seq.insert(ino, self.txn.seq);
+            *self.map_gen.entry(ino).or_default() += 1;
+        }
+        self.txn.bytes += rec.encoded_len();
+        self.txn.records.push(rec);
+        Ok(())
+    }
+
+    /// Marks `ino`'s size as changed in the running transaction (fdatasync must commit).
+    pub fn mark_data(&mut self, ino: Ino) {
+        self.data_seq.insert(ino, self.txn.seq);
+    }
+}
+
+/// Background commit thread control.
+#[derive(Debug, Default)]
+pub(crate) struct BgControl {
+    pub stop: Mutex<bool>,
+    pub wake: Condvar,
+}
+
+/// The shared state of a mounted file system.
+#[derive(Debug)]
+pub(crate) struct FsInner {
+    pub geo: Geometry,
+    pub targets: Vec<Arc<dyn Target>>,
+    pub meta: Mutex<MetaCore>,
+    pub journal: Journal,
+    pub io_locks: Mutex<HashMap<Ino, Arc<RwLock<()>>>>,
+    /// Targets with completed writes not yet covered by a flush.
+    pub dirty: Vec<AtomicBool>,
+    poisoned: AtomicBool,
+    poison_reason: Mutex<Option<String>>,
+    pub faults: Option<Arc<FaultInjector>>,
+    pub bg: Arc<BgControl>,
+    pub bg_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    pub unmounted: AtomicBool,
+}
+
+impl FsInner {
+    pub fn new(geo: Geometry, targets: Vec<Arc<dyn Target>>, meta: MetaCore, journal: Journal, faults: Option<Arc<FaultInjector>>) -> Self {
+        let dirty = targets.iter().map(|_| AtomicBool::new(false)).collect();
+        Self {
+            geo,
+            targets,
+            meta: Mutex::new(meta),
+            journal,
+            io_locks: Mutex::new(HashMap::new()),
+            dirty,
+            poisoned: AtomicBool::new(false),
+            poison_reason: Mutex::new(None),
+            faults,
+            bg: Arc::new(BgControl::default()),
+            bg_thread: Mutex::new(None),
+            unmounted: AtomicBool::new(false),
+        }
+    }
+
+    /// Fails if the file system has been poisoned.
+    pub fn check(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            let why = self.poison_reason.lock().clone().unwrap_or_default();
+            return Err(FsError::Poisoned(why));
+        }
+        Ok(())
+    }
+
+    /// Shuts the file system down: every later call fails until it is mounted again.
+    pub fn poison(&self, why: &str) {
+        let mut r = self.poison_reason.lock();
+        if r.is_none() {
+            tracing::error!(reason = why, "stripefs: shutting down after a failed metadata or flush operation");
+            *r = Some(why.to_string());
+        }
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// True once poisoned.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// Applies and logs records under the metadata lock; a rejected record poisons.
+    pub fn log_all(&self, m: &mut MetaCore, recs: Vec<Record>) -> Result<()> {
+        for r in recs {
+            if let Err(e) = m.log(r) {
+                self.poison(&e.to_string());
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The I/O lock of `ino` (created on first use).
+    pub fn io_lock(&self, ino: Ino) -> Arc<RwLock<()>> {
+        Arc::clone(self.io_locks.lock().entry(ino).or_default())
+    }
+
+    /// Records that `target` has completed writes needing a flush.
+    pub fn mark_dirty(&self, target: usize) {
+        self.dirty[target].store(true, Ordering::Release);
+    }
+
+    /// Flushes every target with unflushed completed writes, all at once.
+    ///
+    /// # Errors
+    /// The first flush error (the caller decides whether it poisons).
+    pub fn flush_dirty(&self) -> Result<()> {
+        let batch = Batch::new();
+        for (i, t) in self.targets.iter().enumerate() {
+            if self.dirty[i].swap(false, Ordering::AcqRel) {
+                batch.submit(t.as_ref(), IoOp::Flush);
+            }
+        }
+        for d in batch.wait() {
+            d.result?;
+        }
+        Ok(())
+    }
+
+    /// Consults the fault injector at a runtime fault point.
+    pub fn fault(&self, point: FaultPoint) -> Result<()> {
+        let Some(f) = &self.faults else { return Ok(()) };
+        match f.check(point) {
+            None => Ok(()),
+            Some(k) => {
+                let kind = if k.errno() == libc::ENOSPC { TargetErrorKind::NoSpace } else { TargetErrorKind::Os(k.errno()) };
+                let name = self.targets[0].info().name.clone();
+                Err(TargetError::new(name, OpKind::Write, 0, kind).into())
+            }
+        }
+    }
+}

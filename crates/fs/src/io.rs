@@ -1,0 +1,345 @@
+//! File data I/O without a page cache: read, write, truncate, preallocate, sync.
+//!
+//! Both paths walk the range through the mapping contract, submit one I/O per mapping to
+//! its target, and wait once for the whole request ("submit every stripe, then wait once").
+//! Writes never expose stale blocks: new and unwritten blocks are written whole, zero-filled
+//! around the data, and become visible (extent recorded written, size grown) only after
+//! every piece completed; the journal commit then flushes the data before the record.
+//! A write that fails in any piece returns the error, records nothing, and frees what it
+//! allocated: the range's content is then undefined, as for write(2).
+
+use stripefs_core::extent::ExtentState;
+use stripefs_core::inode::Timespec;
+use stripefs_core::record::Record;
+use stripefs_core::{CoreError, Ino, TargetId};
+use stripefs_iomap::{iterate, Iomap, IomapFlags, IomapKind, IomapOp, IterError};
+use stripefs_target::{Batch, IoBuf, IoDone, IoOp};
+
+use crate::error::{FsError, Result};
+use crate::fs::Fs;
+use crate::journal::CommitMode;
+use crate::mapping::{DevAddr, FileMapper};
+use crate::namespace::inode;
+use crate::types::FallocMode;
+
+/// Largest file size (bytes): offsets stay far from u64 overflow in every unit.
+pub const MAX_FILE_BYTES: u64 = 1 << 60;
+
+/// A written range to record once its I/O completed.
+#[derive(Debug, Clone, Copy)]
+struct IoEnd {
+    object: u32,
+    obj_block: u64,
+    blocks: u64,
+    phys: u64,
+    /// True when the blocks were new or unwritten and must be recorded written.
+    convert: bool,
+    target: TargetId,
+}
+
+fn iter_err(e: IterError<FsError>) -> FsError {
+    match e {
+        IterError::Failed { error, .. } => error,
+        IterError::Contract(msg) => CoreError::corrupted("mapping contract", msg).into(),
+    }
+}
+
+fn first_error(done: &[IoDone]) -> Result<()> {
+    for d in done {
+        d.result.clone()?;
+    }
+    Ok(())
+}
+
+impl Fs {
+    /// Reads up to `buf.len()` bytes at `off`; returns the bytes read (0 at or past EOF).
+    ///
+    /// # Errors
+    /// `IsDir`, `Invalid` (not a file), `Stale`, target I/O errors, `Poisoned`.
+    pub fn read_at(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.inner.check()?;
+        let lock = self.inner.io_lock(ino);
+        let _shared = lock.read();
+        let mapper = FileMapper::new(self, ino)?;
+        let size = inode(&self.inner.meta.lock(), ino)?.attrs.size;
+        if off >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(size - off) as usize;
+        let batch = Batch::new();
+        let mut copies = Vec::new();
+        iterate(&mapper, off, n as u64, IomapOp::Read, |map, pos, len| {
+            let dst = (pos - off) as usize..(pos - off + len) as usize;
+            match map.kind {
+                IomapKind::Mapped => {
+                    let (slot, skip) = self.submit_read(&batch, map, pos, len);
+                    copies.push((slot, skip, dst));
+                }
+                IomapKind::Hole | IomapKind::Unwritten | IomapKind::Delalloc | IomapKind::Shared => buf[dst].fill(0),
+            }
+            Ok(len)
+        })
+        .map_err(iter_err)?;
+        let done = batch.wait();
+        first_error(&done)?;
+        for (slot, skip, dst) in copies {
+            let src = &done[slot].bufs[0];
+            buf[dst.clone()].copy_from_slice(&src[skip..skip + dst.len()]);
+        }
+        Ok(n)
+    }
+
+    fn submit_read(&self, batch: &Batch, map: &Iomap<DevAddr>, pos: u64, len: u64) -> (usize, usize) {
+        let bs = self.inner.geo.block_size;
+        let first = bs.round_down(pos);
+        let last = bs.round_up(pos + len);
+        let offset = bs.to_bytes(map.addr.phys) + (first - map.offset);
+        let target = self.inner.targets[map.addr.target.index()].as_ref();
+        let slot = batch.submit(target, IoOp::Read { offset, bufs: vec![IoBuf::zeroed((last - first) as usize)] });
+        (slot, (pos - first) as usize)
+    }
+
+    /// Writes `data` at `off`; returns `data.len()` (all or error).
+    ///
+    /// # Errors
+    /// `FileTooBig`, `NoSpace`, `IsDir`, `Invalid`, `Stale`, target I/O errors, `Poisoned`.
+    pub fn write_at(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        self.inner.check()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = off.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_BYTES).ok_or(FsError::FileTooBig)?;
+        let unit = u64::from(self.inner.geo.stripe_unit);
+        self.reserve_metadata(64 * (2 + data.len() as u64 / unit))?;
+        let lock = self.inner.io_lock(ino);
+        let _excl = lock.write();
+        let mapper = FileMapper::new(self, ino)?;
+        let batch = Batch::new();
+        let mut ioends = Vec::new();
+        let walked = iterate(&mapper, off, data.len() as u64, IomapOp::Write, |map, pos, len| {
+            let src = &data[(pos - off) as usize..(pos - off + len) as usize];
+            ioends.push(self.submit_write(&batch, map, pos, src)?);
+            Ok(len)
+        });
+        // Wait even after an error: no I/O of this call may outlive it (I-003-1).
+        let done = batch.wait();
+        if let Err(e) = walked.map_err(iter_err).and_then(|_| first_error(&done)) {
+            mapper.release_new();
+            return Err(e);
+        }
+        self.complete_write(ino, end, &ioends)?;
+        Ok(data.len())
+    }
+
+    /// Builds and submits the whole-block write for one mapping piece.
+    fn submit_write(&self, batch: &Batch, map: &Iomap<DevAddr>, pos: u64, data: &[u8]) -> Result<IoEnd> {
+        let bs = self.inner.geo.block_size;
+        let first = bs.round_down(pos);
+        let last = bs.round_up(pos + data.len() as u64);
+        let skip_blocks = bs.block_of(first - map.offset);
+        let offset = bs.to_bytes(map.addr.phys + skip_blocks);
+        let target = self.inner.targets[map.addr.target.index()].as_ref();
+        let mut buf = IoBuf::zeroed((last - first) as usize);
+        let head = (pos - first) as usize;
+        let written = map.kind == IomapKind::Mapped && !map.flags.contains(IomapFlags::NEW);
+        if written {
+            // Read-modify-write of partial blocks; new and unwritten blocks stay zero-filled.
+            let blk = bs.bytes() as usize;
+            if head != 0 {
+                buf[..blk].copy_from_slice(&target.read_sync(offset, blk)?);
+            }
+            let tail_at = buf.len() - blk;
+            if (pos + data.len() as u64) % bs.bytes_u64() != 0 && (tail_at != 0 || head == 0) {
+                buf[tail_at..].copy_from_slice(&target.read_sync(offset + tail_at as u64, blk)?);
+            }
+        }
+        buf[head..head + data.len()].copy_from_slice(data);
+        batch.submit(target, IoOp::Write { offset, bufs: vec![buf] });
+        Ok(IoEnd {
+            object: map.addr.object,
+            obj_block: map.addr.obj_block + skip_blocks,
+            blocks: bs.block_of(last - first),
+            phys: map.addr.phys + skip_blocks,
+            convert: !written,
+            target: map.addr.target,
+        })
+    }
+
+    /// Makes a completed write visible: extents recorded written, size and times updated.
+    fn complete_write(&self, ino: Ino, end: u64, ioends: &[IoEnd]) -> Result<()> {
+        for e in ioends {
+            self.inner.mark_dirty(e.target.index());
+        }
+        let mut m = self.inner.meta.lock();
+        let mut recs: Vec<Record> = ioends
+            .iter()
+            .filter(|e| e.convert)
+            .map(|e| Record::ExtentSet {
+                ino,
+                object: e.object,
+                block: e.obj_block,
+                len: e.blocks,
+                phys: e.phys,
+                state: ExtentState::Written,
+                refcount: 1,
+            })
+            .collect();
+        let mut a = inode(&m, ino)?.attrs.clone();
+        let now = Timespec::now();
+        a.mtime = now;
+        a.ctime = now;
+        if end > a.size {
+            a.size = end;
+            m.mark_data(ino);
+        }
+        recs.push(Record::InodeSet(a));
+        self.inner.log_all(&mut m, recs)
+    }
+
+    /// Sets the file size: truncating frees blocks past the new end and zeroes the rest of
+    /// the new last block on disk; extending leaves a hole.
+    ///
+    /// # Errors
+    /// `FileTooBig`, `IsDir`, `Invalid`, `Stale`, target I/O errors, `Poisoned`.
+    pub fn set_len(&self, ino: Ino, size: u64) -> Result<()> {
+        self.inner.check()?;
+        if size > MAX_FILE_BYTES {
+            return Err(FsError::FileTooBig);
+        }
+        let lock = self.inner.io_lock(ino);
+        let _excl = lock.write();
+        let mapper = FileMapper::new(self, ino)?;
+        let old = inode(&self.inner.meta.lock(), ino)?.attrs.size;
+        if size < old {
+            self.zero_block_tail(&mapper, size)?;
+        }
+        let mut m = self.inner.meta.lock();
+        let i = inode(&m, ino)?.clone();
+        let mut recs = Vec::new();
+        if size < old {
+            let bs = self.inner.geo.block_size;
+            let seq = m.txn.seq;
+            for (object, map) in i.objects.iter().enumerate() {
+                let keep = bs.blocks_for(i.attrs.layout.object_len(object as u32, size));
+                let target = i.attrs.layout.target_of(object as u32, self.inner.geo.target_count());
+                for (block, e) in map.range(keep, u64::MAX - keep) {
+                    let from = block.max(keep);
+                    let len = block + e.len - from;
+                    recs.push(Record::ExtentClear { ino, object: object as u32, block: from, len });
+                    m.alloc.free_after(target, e.phys + (from - block), len, seq);
+                }
+            }
+        }
+        let mut a = i.attrs;
+        let now = Timespec::now();
+        a.size = size;
+        a.mtime = now;
+        a.ctime = now;
+        recs.push(Record::InodeSet(a));
+        m.mark_data(ino);
+        self.inner.log_all(&mut m, recs)
+    }
+
+    /// Zeroes `[size, end of its block)` on disk if that block holds written data, keeping
+    /// the invariant that bytes past EOF in the EOF block read as zero.
+    fn zero_block_tail(&self, mapper: &FileMapper<'_>, size: u64) -> Result<()> {
+        let bs = self.inner.geo.block_size;
+        if bs.offset_in_block(size) == 0 {
+            return Ok(());
+        }
+        let map = mapper.begin_report(size)?;
+        if map.kind != IomapKind::Mapped {
+            return Ok(());
+        }
+        let first = bs.round_down(size);
+        let offset = bs.to_bytes(map.addr.phys) + (first - map.offset);
+        let target = self.inner.targets[map.addr.target.index()].as_ref();
+        let mut block = target.read_sync(offset, bs.bytes() as usize)?;
+        block[bs.offset_in_block(size) as usize..].fill(0);
+        target.write_sync(offset, block)?;
+        self.inner.mark_dirty(map.addr.target.index());
+        Ok(())
+    }
+
+    /// Preallocates (`Allocate`, `KeepSize`): holes in the range get unwritten extents,
+    /// which read as zeros. Other modes are not implemented yet and return `NotSupported`.
+    ///
+    /// # Errors
+    /// `NotSupported`, `Invalid` (zero length), `NoSpace`, `FileTooBig`, `Stale`.
+    pub fn fallocate(&self, ino: Ino, mode: FallocMode, off: u64, len: u64) -> Result<()> {
+        self.inner.check()?;
+        if !matches!(mode, FallocMode::Allocate | FallocMode::KeepSize) {
+            return Err(FsError::NotSupported(format!("fallocate mode {mode:?} is not implemented")));
+        }
+        if len == 0 {
+            return Err(FsError::invalid("fallocate length 0"));
+        }
+        let end = off.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES).ok_or(FsError::FileTooBig)?;
+        let unit = u64::from(self.inner.geo.stripe_unit);
+        self.reserve_metadata(64 * (2 + len / unit))?;
+        let lock = self.inner.io_lock(ino);
+        let _excl = lock.write();
+        let mapper = FileMapper::new(self, ino)?;
+        let mut fresh = Vec::new();
+        let walked = iterate(&mapper, off, len, IomapOp::Write, |map, _pos, n| {
+            if map.flags.contains(IomapFlags::NEW) {
+                fresh.push((map.addr, map.length));
+            }
+            Ok(n)
+        });
+        if let Err(e) = walked {
+            mapper.release_new();
+            return Err(iter_err(e));
+        }
+        let bs = self.inner.geo.block_size;
+        let mut m = self.inner.meta.lock();
+        let mut recs: Vec<Record> = fresh
+            .iter()
+            .map(|(a, bytes)| Record::ExtentSet {
+                ino,
+                object: a.object,
+                block: a.obj_block,
+                len: bs.block_of(*bytes),
+                phys: a.phys,
+                state: ExtentState::Unwritten,
+                refcount: 1,
+            })
+            .collect();
+        let mut a = inode(&m, ino)?.attrs.clone();
+        a.ctime = Timespec::now();
+        if mode == FallocMode::Allocate && end > a.size {
+            a.size = end;
+            m.mark_data(ino);
+        }
+        recs.push(Record::InodeSet(a));
+        self.inner.log_all(&mut m, recs)
+    }
+
+    /// Makes the file's data and metadata durable (`fsync`), or its data and the metadata
+    /// needed to read it (`fdatasync`): one data flush plus, if needed, one journal commit.
+    ///
+    /// # Errors
+    /// I/O errors (the file system is then poisoned) or `Poisoned`.
+    pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
+        self.inner.check()?;
+        let need = {
+            let m = self.inner.meta.lock();
+            inode(&m, ino)?;
+            if datasync { m.data_seq.get(&ino).copied() } else { m.meta_seq.get(&ino).copied() }
+        };
+        match need {
+            Some(seq) if seq > self.inner.journal.committed() => self.inner.journal.commit(&self.inner, seq, CommitMode::Append),
+            _ => self.inner.flush_dirty().inspect_err(|e| self.inner.poison(&format!("data flush failed: {e}"))),
+        }
+    }
+}
+
+impl FileMapper<'_> {
+    /// The mapping at `pos` without allocating.
+    pub(crate) fn begin_report(&self, pos: u64) -> Result<Iomap<DevAddr>> {
+        use stripefs_iomap::IomapOps;
+        let map = self.begin(pos, 1, IomapOp::Report)?;
+        self.end(&map, pos, 0, IomapOp::Report)?;
+        Ok(map)
+    }
+}

@@ -1,0 +1,48 @@
+//! stripefs: a file system striped over several targets, as a library.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use stripefs::{CreateParams, Fs, MkfsOptions, MountOptions, Ino};
+//! use stripefs_target::{SimTarget, Target};
+//!
+//! let targets: Vec<Arc<dyn Target>> =
+//!     (0..3).map(|i| Arc::new(SimTarget::new(&format!("t{i}"), 64 << 20, 512)) as Arc<dyn Target>).collect();
+//! Fs::mkfs(&targets, &MkfsOptions::default())?;
+//! let (fs, _) = Fs::mount(targets, MountOptions::default())?;
+//! let f = fs.create(Ino::ROOT, "hello".as_ref(), CreateParams::with_perm(0o644))?;
+//! fs.write_at(f.ino, 0, b"striped")?;
+//! fs.fsync(f.ino, false)?;
+//! fs.unmount()?;
+//! # Ok::<(), stripefs::FsError>(())
+//! ```
+//!
+//! Layers (see ARCHITECTURE.md): `stripefs-target` does all I/O, `stripefs-core` owns the
+//! format and algorithms, `stripefs-iomap` the mapping contract; this crate ties them into a
+//! mounted file system: recovery, journal commit, namespace, and the file I/O paths.
+
+mod error;
+mod file;
+mod fs;
+pub mod fsck;
+mod inner;
+mod io;
+mod journal;
+mod mapping;
+mod namespace;
+mod options;
+mod path;
+mod recovery;
+mod types;
+
+pub use error::{FsError, Result};
+pub use file::File;
+pub use fs::{Fs, MountReport};
+pub use io::MAX_FILE_BYTES;
+pub use journal::JournalPosition;
+pub use namespace::{XattrMode, LINK_MAX};
+pub use options::{MkfsOptions, MountOptions};
+pub use path::Follow;
+pub use stripefs_core::inode::{FileKind, Timespec};
+pub use stripefs_core::layout::StripeLayout;
+pub use stripefs_core::Ino;
+pub use types::{Attr, CreateParams, DirEntryInfo, FallocMode, FsStatus, RenameMode, SetAttr, StatFs, TargetStatus, TimeSet};

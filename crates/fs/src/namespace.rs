@@ -1,0 +1,590 @@
+//! Namespace operations: lookup, create, link, unlink, rename, readdir, attributes,
+//! extended attributes, and open/release accounting for unlinked-but-open files.
+//!
+//! Every operation validates under the metadata lock, then logs all of its records in one
+//! go, so each operation lands in a single transaction and is atomic across a crash
+//! (rename included).
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use stripefs_core::inode::{FileKind, Inode, InodeAttrs, Timespec, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_TOTAL_MAX, XATTR_VALUE_MAX};
+use stripefs_core::layout::StripeLayout;
+use stripefs_core::record::Record;
+use stripefs_core::Ino;
+
+use crate::error::{FsError, Result};
+use crate::fs::Fs;
+use crate::inner::MetaCore;
+use crate::types::{Attr, CreateParams, DirEntryInfo, RenameMode, SetAttr, TimeSet};
+
+/// Most hard links to one inode (and subdirectories of one directory).
+pub const LINK_MAX: u32 = 65000;
+
+/// How `setxattr` treats an existing attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XattrMode {
+    /// Create or replace.
+    #[default]
+    Any,
+    /// Fail with `Exists` if it exists (`XATTR_CREATE`).
+    Create,
+    /// Fail with `NoData` if it does not exist (`XATTR_REPLACE`).
+    Replace,
+}
+
+fn check_name(name: &OsStr) -> Result<&[u8]> {
+    let b = name.as_bytes();
+    if b.len() > NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    if b.is_empty() || b.contains(&b'/') || b.contains(&0) {
+        return Err(FsError::invalid(format!("bad file name {name:?}")));
+    }
+    if b == b"." || b == b".." {
+        return Err(FsError::Exists);
+    }
+    Ok(b)
+}
+
+pub(crate) fn inode<'a>(m: &'a MetaCore, ino: Ino) -> Result<&'a Inode> {
+    m.state.get(ino).ok_or(FsError::Stale(ino.0))
+}
+
+fn dir<'a>(m: &'a MetaCore, ino: Ino) -> Result<&'a Inode> {
+    let d = inode(m, ino)?;
+    if d.attrs.kind != FileKind::Directory {
+        return Err(FsError::NotDir);
+    }
+    Ok(d)
+}
+
+/// Parent attributes after an entry change: new times, link count adjusted by `dlink`.
+fn touched_dir(d: &Inode, now: Timespec, dlink: i32) -> Record {
+    let mut a = d.attrs.clone();
+    a.mtime = now;
+    a.ctime = now;
+    a.nlink = a.nlink.saturating_add_signed(dlink);
+    Record::InodeSet(a)
+}
+
+impl Fs {
+    fn block_size(&self) -> u32 {
+        self.inner.geo.block_size.bytes()
+    }
+
+    /// Attributes of `ino`.
+    ///
+    /// # Errors
+    /// `Stale` if the inode does not exist; `Poisoned`.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        self.inner.check()?;
+        let m = self.inner.meta.lock();
+        Ok(Attr::of(inode(&m, ino)?, self.block_size()))
+    }
+
+    /// Looks `name` up in directory `parent` (`.` and `..` included).
+    ///
+    /// # Errors
+    /// `NotFound`, `NotDir`, `NameTooLong`, `Stale`, `Poisoned`.
+    pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
+        self.inner.check()?;
+        let m = self.inner.meta.lock();
+        let d = dir(&m, parent)?;
+        let target = match name.as_bytes() {
+            b"." => parent,
+            b".." => d.attrs.parent,
+            b if b.len() > NAME_MAX => return Err(FsError::NameTooLong),
+            b => d.entries.get(b).ok_or(FsError::NotFound)?.ino,
+        };
+        Ok(Attr::of(inode(&m, target)?, self.block_size()))
+    }
+
+    /// Creates a regular file.
+    ///
+    /// # Errors
+    /// `Exists`, `NotDir`, `NameTooLong`, `Invalid` (bad layout), `NoSpace` (metadata area).
+    pub fn create(&self, parent: Ino, name: &OsStr, p: CreateParams) -> Result<Attr> {
+        self.make(parent, name, FileKind::Regular, p, None)
+    }
+
+    /// Creates a directory.
+    ///
+    /// # Errors
+    /// As [`Fs::create`], plus `TooManyLinks`.
+    pub fn mkdir(&self, parent: Ino, name: &OsStr, p: CreateParams) -> Result<Attr> {
+        self.make(parent, name, FileKind::Directory, p, None)
+    }
+
+    /// Creates a special file (FIFO, socket, character or block device) or a regular file.
+    ///
+    /// # Errors
+    /// As [`Fs::create`]; `Invalid` for directories and symlinks (use their own calls).
+    pub fn mknod(&self, parent: Ino, name: &OsStr, kind: FileKind, p: CreateParams) -> Result<Attr> {
+        if matches!(kind, FileKind::Directory | FileKind::Symlink) {
+            return Err(FsError::invalid("mknod cannot create directories or symlinks"));
+        }
+        self.make(parent, name, kind, p, None)
+    }
+
+    /// Creates a symbolic link to `target`.
+    ///
+    /// # Errors
+    /// As [`Fs::create`]; `NameTooLong` for targets over 4095 bytes; `NotFound` for empty.
+    pub fn symlink(&self, parent: Ino, name: &OsStr, target: &OsStr, p: CreateParams) -> Result<Attr> {
+        let t = target.as_bytes();
+        if t.is_empty() {
+            return Err(FsError::NotFound);
+        }
+        if t.len() > SYMLINK_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        self.make(parent, name, FileKind::Symlink, p, Some(t))
+    }
+
+    fn make(&self, parent: Ino, name: &OsStr, kind: FileKind, p: CreateParams, link: Option<&[u8]>) -> Result<Attr> {
+        self.inner.check()?;
+        let name = check_name(name)?;
+        self.reserve_metadata(256 + 2 * name.len() as u64 + link.map_or(0, |l| l.len() as u64))?;
+        let mut m = self.inner.meta.lock();
+        let d = dir(&m, parent)?;
+        if d.entries.contains_key(name) {
+            return Err(FsError::Exists);
+        }
+        if kind == FileKind::Directory && d.attrs.nlink >= LINK_MAX {
+            return Err(FsError::TooManyLinks);
+        }
+        let layout = match kind {
+            FileKind::Regular => match p.layout {
+                Some(l) => self.check_layout(l)?,
+                None => self.default_layout(&mut m),
+            },
+            _ => StripeLayout { count: 0, unit_bytes: 0, first_target: 0 },
+        };
+        let now = Timespec::now();
+        let ino = Ino(m.state.next_ino);
+        let is_dir = kind == FileKind::Directory;
+        let attrs = InodeAttrs {
+            ino,
+            kind,
+            perm: (p.perm & 0o7777),
+            uid: p.uid,
+            gid: p.gid,
+            nlink: if is_dir { 2 } else { 1 },
+            size: link.map_or(0, |l| l.len() as u64),
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            rdev: p.rdev,
+            parent: if is_dir { parent } else { Ino(0) },
+            layout,
+            flags: 0,
+        };
+        let d = dir(&m, parent)?;
+        let mut recs = vec![Record::InodeSet(attrs)];
+        if let Some(t) = link {
+            recs.push(Record::SymlinkSet { ino, target: t.to_vec() });
+        }
+        recs.push(Record::DirAdd { dir: parent, name: name.to_vec(), ino, kind });
+        recs.push(touched_dir(d, now, i32::from(is_dir)));
+        self.inner.log_all(&mut m, recs)?;
+        Ok(Attr::of(inode(&m, ino)?, self.block_size()))
+    }
+
+    fn check_layout(&self, l: StripeLayout) -> Result<StripeLayout> {
+        let g = &self.inner.geo;
+        let ok = l.count >= 1
+            && l.count <= g.target_count()
+            && l.unit_bytes > 0
+            && l.unit_bytes % g.block_size.bytes() == 0
+            && l.first_target < g.target_count();
+        if !ok {
+            return Err(FsError::invalid(format!(
+                "stripe layout {}x{} from target {} does not fit {} targets of {}-byte blocks",
+                l.count,
+                l.unit_bytes,
+                l.first_target,
+                g.target_count(),
+                g.block_size.bytes()
+            )));
+        }
+        Ok(l)
+    }
+
+    /// Target of symlink `ino`.
+    ///
+    /// # Errors
+    /// `Invalid` if `ino` is not a symlink; `Stale`.
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        self.inner.check()?;
+        let m = self.inner.meta.lock();
+        let i = inode(&m, ino)?;
+        if i.attrs.kind != FileKind::Symlink {
+            return Err(FsError::invalid("not a symbolic link"));
+        }
+        Ok(i.symlink.clone())
+    }
+
+    /// Adds a hard link to `ino` as `newname` in `newparent`.
+    ///
+    /// # Errors
+    /// `NotPermitted` for directories; `Exists`; `TooManyLinks`; `NotDir`.
+    pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr> {
+        self.inner.check()?;
+        let name = check_name(newname)?;
+        self.reserve_metadata(128 + name.len() as u64)?;
+        let mut m = self.inner.meta.lock();
+        let i = inode(&m, ino)?;
+        if i.attrs.kind == FileKind::Directory {
+            return Err(FsError::NotPermitted("hard links to directories".into()));
+        }
+        if i.attrs.nlink >= LINK_MAX {
+            return Err(FsError::TooManyLinks);
+        }
+        if i.attrs.nlink == 0 {
+            return Err(FsError::NotFound);
+        }
+        let d = dir(&m, newparent)?;
+        if d.entries.contains_key(name) {
+            return Err(FsError::Exists);
+        }
+        let now = Timespec::now();
+        let mut a = i.attrs.clone();
+        a.nlink += 1;
+        a.ctime = now;
+        let recs = vec![
+            Record::DirAdd { dir: newparent, name: name.to_vec(), ino, kind: a.kind },
+            Record::InodeSet(a),
+            touched_dir(d, now, 0),
+        ];
+        self.inner.log_all(&mut m, recs)?;
+        Ok(Attr::of(inode(&m, ino)?, self.block_size()))
+    }
+
+    /// Removes a non-directory entry; the inode goes when its last link and last open
+    /// handle are gone.
+    ///
+    /// # Errors
+    /// `NotFound`, `IsDir`, `NotDir`.
+    pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<()> {
+        self.inner.check()?;
+        let mut m = self.inner.meta.lock();
+        let name = name.as_bytes();
+        let d = dir(&m, parent)?;
+        let e = *d.entries.get(name).ok_or(FsError::NotFound)?;
+        if e.kind == FileKind::Directory {
+            return Err(FsError::IsDir);
+        }
+        let now = Timespec::now();
+        let recs = vec![Record::DirRemove { dir: parent, name: name.to_vec() }, touched_dir(d, now, 0)];
+        self.inner.log_all(&mut m, recs)?;
+        self.drop_link(&mut m, e.ino, now)
+    }
+
+    /// Decrements `ino`'s link count; frees it if no link and no open handle remain.
+    fn drop_link(&self, m: &mut MetaCore, ino: Ino, now: Timespec) -> Result<()> {
+        let mut a = inode(m, ino)?.attrs.clone();
+        a.nlink = a.nlink.saturating_sub(if a.kind == FileKind::Directory { a.nlink } else { 1 });
+        a.ctime = now;
+        let gone = a.nlink == 0;
+        self.inner.log_all(m, vec![Record::InodeSet(a)])?;
+        if gone && m.open.get(&ino).copied().unwrap_or(0) == 0 {
+            self.free_inode(m, ino)?;
+        }
+        Ok(())
+    }
+
+    /// Removes an empty directory.
+    ///
+    /// # Errors
+    /// `NotFound`, `NotDir`, `NotEmpty`, `Invalid` for `.`.
+    pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<()> {
+        self.inner.check()?;
+        match name.as_bytes() {
+            b"." => return Err(FsError::invalid("cannot remove '.'")),
+            b".." => return Err(FsError::NotEmpty),
+            _ => {}
+        }
+        let mut m = self.inner.meta.lock();
+        let name = name.as_bytes();
+        let d = dir(&m, parent)?;
+        let e = *d.entries.get(name).ok_or(FsError::NotFound)?;
+        if e.kind != FileKind::Directory {
+            return Err(FsError::NotDir);
+        }
+        if !dir(&m, e.ino)?.entries.is_empty() {
+            return Err(FsError::NotEmpty);
+        }
+        let now = Timespec::now();
+        let recs = vec![Record::DirRemove { dir: parent, name: name.to_vec() }, touched_dir(d, now, -1)];
+        self.inner.log_all(&mut m, recs)?;
+        self.drop_link(&mut m, e.ino, now)
+    }
+
+    /// Renames `parent/name` to `newparent/newname` atomically.
+    ///
+    /// # Errors
+    /// `NotFound`; `Exists` (no-replace or exchange rules); `IsDir`/`NotDir` for type
+    /// mismatches; `NotEmpty` when replacing a non-empty directory; `Invalid` when moving a
+    /// directory under itself.
+    pub fn rename(&self, parent: Ino, name: &OsStr, newparent: Ino, newname: &OsStr, mode: RenameMode) -> Result<()> {
+        self.inner.check()?;
+        let new = check_name(newname)?;
+        let old = name.as_bytes();
+        if old.is_empty() || old == b"." || old == b".." {
+            return Err(FsError::invalid("cannot rename '.' or '..'"));
+        }
+        self.reserve_metadata(256 + new.len() as u64)?;
+        let mut m = self.inner.meta.lock();
+        let src = *dir(&m, parent)?.entries.get(old).ok_or(FsError::NotFound)?;
+        let dst = dir(&m, newparent)?.entries.get(new).copied();
+        if src.kind == FileKind::Directory && self.is_ancestor(&m, src.ino, newparent)? {
+            return Err(FsError::invalid("cannot move a directory into itself"));
+        }
+        let now = Timespec::now();
+        match (mode, dst) {
+            (RenameMode::NoReplace, Some(_)) => Err(FsError::Exists),
+            (RenameMode::Exchange, None) => Err(FsError::NotFound),
+            (RenameMode::Exchange, Some(d)) => self.exchange(&mut m, (parent, old, src), (newparent, new, d), now),
+            (_, Some(d)) if d.ino == src.ino => Ok(()),
+            (_, Some(d)) => {
+                self.check_replace(&m, src.kind, d)?;
+                self.move_entry(&mut m, (parent, old, src), (newparent, new), now)?;
+                self.drop_link(&mut m, d.ino, now)?;
+                if d.kind == FileKind::Directory {
+                    let nd = dir(&m, newparent)?;
+                    let rec = touched_dir(nd, now, -1);
+                    self.inner.log_all(&mut m, vec![rec])?;
+                }
+                Ok(())
+            }
+            (_, None) => self.move_entry(&mut m, (parent, old, src), (newparent, new), now),
+        }
+    }
+
+    fn check_replace(&self, m: &MetaCore, src_kind: FileKind, d: stripefs_core::inode::DirEntry) -> Result<()> {
+        match (src_kind == FileKind::Directory, d.kind == FileKind::Directory) {
+            (true, false) => Err(FsError::NotDir),
+            (false, true) => Err(FsError::IsDir),
+            (true, true) if !dir(m, d.ino)?.entries.is_empty() => Err(FsError::NotEmpty),
+            _ => Ok(()),
+        }
+    }
+
+    /// True if `a` is `b` or one of `b`'s ancestors.
+    fn is_ancestor(&self, m: &MetaCore, a: Ino, mut b: Ino) -> Result<bool> {
+        for _ in 0..100_000 {
+            if a == b {
+                return Ok(true);
+            }
+            if b == Ino::ROOT {
+                return Ok(false);
+            }
+            b = inode(m, b)?.attrs.parent;
+        }
+        Err(FsError::Corrupted(stripefs_core::CoreError::corrupted("directory tree", "parent chain does not reach the root")))
+    }
+
+    fn move_entry(&self, m: &mut MetaCore, from: (Ino, &[u8], stripefs_core::inode::DirEntry), to: (Ino, &[u8]), now: Timespec) -> Result<()> {
+        let (sp, sname, e) = from;
+        let (dp, dname) = to;
+        let is_dir = e.kind == FileKind::Directory;
+        let mut recs = vec![
+            Record::DirAdd { dir: dp, name: dname.to_vec(), ino: e.ino, kind: e.kind },
+            Record::DirRemove { dir: sp, name: sname.to_vec() },
+        ];
+        let moved_dir = is_dir && sp != dp;
+        recs.push(touched_dir(dir(m, sp)?, now, if moved_dir { -1 } else { 0 }));
+        if sp != dp {
+            recs.push(touched_dir(dir(m, dp)?, now, i32::from(moved_dir)));
+        }
+        let mut a = inode(m, e.ino)?.attrs.clone();
+        a.ctime = now;
+        if is_dir {
+            a.parent = dp;
+        }
+        recs.push(Record::InodeSet(a));
+        self.inner.log_all(m, recs)
+    }
+
+    fn exchange(&self, m: &mut MetaCore, a: (Ino, &[u8], stripefs_core::inode::DirEntry), b: (Ino, &[u8], stripefs_core::inode::DirEntry), now: Timespec) -> Result<()> {
+        let ((ap, an, ae), (bp, bn, be)) = (a, b);
+        if ae.kind == FileKind::Directory && self.is_ancestor(m, ae.ino, bp)? || be.kind == FileKind::Directory && self.is_ancestor(m, be.ino, ap)? {
+            return Err(FsError::invalid("cannot exchange a directory with its descendant"));
+        }
+        let mut recs = vec![
+            Record::DirAdd { dir: ap, name: an.to_vec(), ino: be.ino, kind: be.kind },
+            Record::DirAdd { dir: bp, name: bn.to_vec(), ino: ae.ino, kind: ae.kind },
+        ];
+        let dirs_a = i32::from(ae.kind == FileKind::Directory);
+        let dirs_b = i32::from(be.kind == FileKind::Directory);
+        if ap == bp {
+            recs.push(touched_dir(dir(m, ap)?, now, 0));
+        } else {
+            recs.push(touched_dir(dir(m, ap)?, now, dirs_b - dirs_a));
+            recs.push(touched_dir(dir(m, bp)?, now, dirs_a - dirs_b));
+        }
+        for (e, newp) in [(ae, bp), (be, ap)] {
+            let mut at = inode(m, e.ino)?.attrs.clone();
+            at.ctime = now;
+            if at.kind == FileKind::Directory {
+                at.parent = newp;
+            }
+            recs.push(Record::InodeSet(at));
+        }
+        self.inner.log_all(m, recs)
+    }
+
+    /// Entries of directory `ino` in name order (without `.` and `..`).
+    ///
+    /// # Errors
+    /// `NotDir`, `Stale`.
+    pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntryInfo>> {
+        self.inner.check()?;
+        let m = self.inner.meta.lock();
+        let d = dir(&m, ino)?;
+        Ok(d.entries.iter().map(|(n, e)| DirEntryInfo { name: n.clone(), ino: e.ino, kind: e.kind }).collect())
+    }
+
+    /// Changes attributes. A size change truncates or extends (see [`Fs::set_len`]).
+    ///
+    /// # Errors
+    /// As [`Fs::set_len`] for size changes; `Stale`.
+    pub fn setattr(&self, ino: Ino, s: &SetAttr) -> Result<Attr> {
+        self.inner.check()?;
+        if let Some(size) = s.size {
+            self.set_len(ino, size)?;
+        }
+        let now = Timespec::now();
+        let mut m = self.inner.meta.lock();
+        let mut a = inode(&m, ino)?.attrs.clone();
+        if let Some(mode) = s.mode {
+            a.perm = (mode & 0o7777) as u16;
+        }
+        if let Some(uid) = s.uid {
+            a.uid = uid;
+        }
+        if let Some(gid) = s.gid {
+            a.gid = gid;
+        }
+        let pick = |t: TimeSet| match t {
+            TimeSet::Now => now,
+            TimeSet::At(t) => t,
+        };
+        if let Some(t) = s.atime {
+            a.atime = pick(t);
+        }
+        if let Some(t) = s.mtime {
+            a.mtime = pick(t);
+        }
+        a.ctime = s.ctime.unwrap_or(now);
+        self.inner.log_all(&mut m, vec![Record::InodeSet(a)])?;
+        Ok(Attr::of(inode(&m, ino)?, self.block_size()))
+    }
+
+    /// Value of extended attribute `name`.
+    ///
+    /// # Errors
+    /// `NoData` if absent; `Stale`.
+    pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>> {
+        self.inner.check()?;
+        let m = self.inner.meta.lock();
+        inode(&m, ino)?.xattrs.get(name.as_bytes()).cloned().ok_or(FsError::NoData)
+    }
+
+    /// Sets extended attribute `name`.
+    ///
+    /// # Errors
+    /// `Exists`/`NoData` per `mode`; `Range` for names over 255 bytes; `TooBig` for
+    /// values over 64 KiB; `NoSpace` past 256 KiB of attributes on one inode.
+    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], mode: XattrMode) -> Result<()> {
+        self.inner.check()?;
+        let n = name.as_bytes();
+        if n.is_empty() {
+            return Err(FsError::invalid("empty extended attribute name"));
+        }
+        if n.len() > XATTR_NAME_MAX {
+            return Err(FsError::Range);
+        }
+        if value.len() > XATTR_VALUE_MAX {
+            return Err(FsError::TooBig);
+        }
+        self.reserve_metadata(64 + (n.len() + value.len()) as u64)?;
+        let mut m = self.inner.meta.lock();
+        let i = inode(&m, ino)?;
+        let old = i.xattrs.get(n).map(Vec::len);
+        match (mode, old) {
+            (XattrMode::Create, Some(_)) => return Err(FsError::Exists),
+            (XattrMode::Replace, None) => return Err(FsError::NoData),
+            _ => {}
+        }
+        let total = i.xattr_bytes() - old.map_or(0, |l| l + n.len()) + n.len() + value.len();
+        if total > XATTR_TOTAL_MAX {
+            return Err(FsError::NoSpace(format!("extended attributes of inode {ino} would exceed {XATTR_TOTAL_MAX} bytes")));
+        }
+        let mut a = i.attrs.clone();
+        a.ctime = Timespec::now();
+        let recs = vec![Record::XattrSet { ino, name: n.to_vec(), value: value.to_vec() }, Record::InodeSet(a)];
+        self.inner.log_all(&mut m, recs)
+    }
+
+    /// Names of all extended attributes.
+    ///
+    /// # Errors
+    /// `Stale`.
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        self.inner.check()?;
+        let m = self.inner.meta.lock();
+        Ok(inode(&m, ino)?.xattrs.keys().cloned().collect())
+    }
+
+    /// Removes extended attribute `name`.
+    ///
+    /// # Errors
+    /// `NoData` if absent; `Stale`.
+    pub fn removexattr(&self, ino: Ino, name: &OsStr) -> Result<()> {
+        self.inner.check()?;
+        let mut m = self.inner.meta.lock();
+        let i = inode(&m, ino)?;
+        if !i.xattrs.contains_key(name.as_bytes()) {
+            return Err(FsError::NoData);
+        }
+        let mut a = i.attrs.clone();
+        a.ctime = Timespec::now();
+        let recs = vec![Record::XattrRemove { ino, name: name.as_bytes().to_vec() }, Record::InodeSet(a)];
+        self.inner.log_all(&mut m, recs)
+    }
+
+    /// Counts an open handle on `ino` (an unlinked inode lives until its last release).
+    ///
+    /// # Errors
+    /// `Stale` if the inode is gone.
+    pub fn open(&self, ino: Ino) -> Result<()> {
+        self.inner.check()?;
+        let mut m = self.inner.meta.lock();
+        inode(&m, ino)?;
+        *m.open.entry(ino).or_default() += 1;
+        Ok(())
+    }
+
+    /// Drops an open handle; frees an unlinked inode at its last release.
+    ///
+    /// # Errors
+    /// `Poisoned` (the handle is released regardless).
+    pub fn release(&self, ino: Ino) -> Result<()> {
+        let mut m = self.inner.meta.lock();
+        let Some(n) = m.open.get_mut(&ino) else { return Ok(()) };
+        *n -= 1;
+        if *n > 0 {
+            return Ok(());
+        }
+        m.open.remove(&ino);
+        let orphan = m.state.get(ino).is_some_and(|i| i.attrs.nlink == 0);
+        if orphan {
+            self.inner.check()?;
+            self.free_inode(&mut m, ino)?;
+        }
+        Ok(())
+    }
+}

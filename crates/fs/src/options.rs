@@ -1,0 +1,44 @@
+//! Options for creating and mounting a file system.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use stripefs_target::FaultInjector;
+
+/// What `mkfs` builds.
+#[derive(Debug, Clone)]
+pub struct MkfsOptions {
+    /// Block size in bytes (power of two, 1 KiB to 64 KiB).
+    pub block_size: u32,
+    /// Default stripe unit in bytes (a multiple of the block size).
+    pub stripe_unit: u32,
+    /// Default stripe count (`None`: all targets).
+    pub stripe_count: Option<u32>,
+    /// Journal size in bytes (`None`: 1/64 of target 0, 256 KiB to 128 MiB).
+    pub journal_bytes: Option<u64>,
+    /// Size of each of the two checkpoint areas (`None`: 1/32 of target 0, 256 KiB to
+    /// 256 MiB). It bounds the metadata the file system can hold.
+    pub ckpt_bytes: Option<u64>,
+}
+
+impl Default for MkfsOptions {
+    fn default() -> Self {
+        Self { block_size: 4096, stripe_unit: 1 << 20, stripe_count: None, journal_bytes: None, ckpt_bytes: None }
+    }
+}
+
+/// How a mounted file system behaves.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// Commit the running transaction this often even without `fsync` (`None`: only on
+    /// `fsync`, journal pressure and unmount; deterministic tests use `None`).
+    pub commit_interval: Option<Duration>,
+    /// Fault injector for the runtime's named fault points (tests only).
+    pub faults: Option<Arc<FaultInjector>>,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        Self { commit_interval: Some(Duration::from_secs(5)), faults: None }
+    }
+}

@@ -1,0 +1,190 @@
+//! Mount-time loading: superblocks, the newest valid checkpoint, and journal replay.
+//!
+//! Replay is pure: it reads, verifies and applies records in memory, writing nothing, so it
+//! is idempotent and a crash during it changes nothing. The caller (mount) then writes a
+//! fresh checkpoint; a crash before that checkpoint's header is durable simply replays again.
+//! fsck uses the same loader read-only.
+
+use std::sync::Arc;
+
+use stripefs_core::checkpoint::{self, CheckpointHeader};
+use stripefs_core::geometry::Geometry;
+use stripefs_core::journal::{decode_header, verify_payload};
+use stripefs_core::meta::MetaState;
+use stripefs_core::record::Record;
+use stripefs_core::superblock::{Superblock, SB_BYTES};
+use stripefs_core::CoreError;
+use stripefs_target::Target;
+
+use crate::error::{FsError, Result};
+
+/// What loading found.
+#[derive(Debug)]
+pub(crate) struct Loaded {
+    pub geo: Geometry,
+    /// Targets sorted by their superblock index.
+    pub targets: Vec<Arc<dyn Target>>,
+    pub state: MetaState,
+    pub ckpt: CheckpointHeader,
+    /// Journal position after the last replayed transaction.
+    pub head: u64,
+    /// Sequence number of the next transaction.
+    pub next_seq: u64,
+    pub replayed_txns: u64,
+    pub replayed_records: u64,
+    pub snapshot_len: u64,
+}
+
+/// Reads and cross-checks the superblocks; returns the targets in index order.
+///
+/// # Errors
+/// A clear message when a target is not stripefs, damaged, truncated, of another file
+/// system, duplicated or missing.
+pub(crate) fn read_superblocks(targets: Vec<Arc<dyn Target>>) -> Result<(Vec<Arc<dyn Target>>, Vec<Superblock>)> {
+    if targets.is_empty() {
+        return Err(FsError::invalid("no targets given"));
+    }
+    let mut found: Vec<(Superblock, Arc<dyn Target>)> = Vec::with_capacity(targets.len());
+    for t in targets {
+        let info = t.info();
+        let len = (SB_BYTES as u64).next_multiple_of(u64::from(info.sector_size));
+        if info.size_bytes < len {
+            return Err(CoreError::corrupted(format!("target {}", info.name), "too small to hold a superblock").into());
+        }
+        let buf = t.read_sync(0, len as usize)?;
+        let sb = Superblock::decode(&buf, &info.name)?;
+        let want = sb.target_blocks * u64::from(sb.block_size);
+        if info.size_bytes < want {
+            return Err(CoreError::corrupted(
+                format!("target {}", info.name),
+                format!("it is {} bytes but its superblock says {want}: truncated, or the wrong device", info.size_bytes),
+            )
+            .into());
+        }
+        found.push((sb, t));
+    }
+    let (uuid, count) = (found[0].0.uuid, found[0].0.target_count as usize);
+    for (sb, t) in &found[1..] {
+        if sb.uuid != uuid {
+            return Err(FsError::invalid(format!(
+                "target {} belongs to file system {uuid} but target {} to {}: targets of different file systems",
+                found[0].1.info().name,
+                t.info().name,
+                sb.uuid
+            )));
+        }
+    }
+    found.sort_by_key(|(sb, _)| sb.target_index);
+    for w in found.windows(2) {
+        if w[0].0.target_index == w[1].0.target_index {
+            return Err(FsError::invalid(format!(
+                "target index {} given twice: {} and {}",
+                w[0].0.target_index, w[0].1.info().name, w[1].1.info().name
+            )));
+        }
+    }
+    if found.len() != count {
+        let have: Vec<u32> = found.iter().map(|(sb, _)| sb.target_index.0).collect();
+        let missing: Vec<String> = (0..count as u32).filter(|i| !have.contains(i)).map(|i| i.to_string()).collect();
+        return Err(FsError::invalid(format!(
+            "file system {uuid} has {count} targets but {} were given (missing target index {})",
+            found.len(),
+            if missing.is_empty() { "none".to_string() } else { missing.join(", ") }
+        )));
+    }
+    let (sbs, ts) = found.into_iter().unzip();
+    Ok((ts, sbs))
+}
+
+/// Loads the whole file system: superblocks, checkpoint, journal replay.
+///
+/// # Errors
+/// As [`read_superblocks`]; `Corrupted` for damaged checkpoints or journal records.
+pub(crate) fn load(targets: Vec<Arc<dyn Target>>) -> Result<Loaded> {
+    let (targets, sbs) = read_superblocks(targets)?;
+    let geo = Geometry::from_superblocks(&sbs)?;
+    let t0 = targets[0].as_ref();
+    let ckpt = newest_checkpoint(t0, &geo)?;
+    let bs = geo.block_size;
+    let len = bs.to_bytes(ckpt.payload_blocks) as usize;
+    let blocks = t0.read_sync(bs.to_bytes(ckpt.own_block + 1), len)?;
+    let payload = checkpoint::decode_payload(&ckpt, geo.uuid, bs.bytes(), &blocks)?;
+    let mut state = MetaState::from_snapshot(&payload, ckpt.next_ino)?;
+    let (head, next_seq, txns, records) = replay(t0, &geo, &ckpt, &mut state)?;
+    Ok(Loaded {
+        geo,
+        targets,
+        state,
+        ckpt,
+        head,
+        next_seq,
+        replayed_txns: txns,
+        replayed_records: records,
+        snapshot_len: payload.len() as u64,
+    })
+}
+
+fn newest_checkpoint(t0: &dyn Target, geo: &Geometry) -> Result<CheckpointHeader> {
+    let bs = geo.block_size;
+    let mut best: Option<CheckpointHeader> = None;
+    for start in geo.ckpt_start {
+        let buf = t0.read_sync(bs.to_bytes(start), bs.bytes() as usize)?;
+        if let Some(h) = checkpoint::decode_header(&buf, geo.uuid, start, geo.ckpt_blocks - 1)? {
+            if best.is_none_or(|b| h.generation > b.generation) {
+                best = Some(h);
+            }
+        }
+    }
+    best.ok_or_else(|| {
+        CoreError::corrupted(
+            "checkpoint headers",
+            "neither checkpoint area holds a valid header (mkfs did not finish, or both are damaged)",
+        )
+        .into()
+    })
+}
+
+/// Reads `n` journal units from logical position `lsn`, wrapping around the region.
+fn read_units(t0: &dyn Target, geo: &Geometry, lsn: u64, n: u64) -> Result<Vec<u8>> {
+    let unit = u64::from(geo.journal_unit);
+    let cap = geo.journal_units();
+    let first = n.min(cap - lsn % cap);
+    let mut out = t0.read_sync(geo.journal_unit_offset(lsn), (first * unit) as usize)?.to_vec();
+    if first < n {
+        let rest = t0.read_sync(geo.journal_unit_offset(lsn + first), ((n - first) * unit) as usize)?;
+        out.extend_from_slice(&rest);
+    }
+    Ok(out)
+}
+
+/// Replays transactions after `ckpt`; returns (head, next seq, transactions, records).
+fn replay(t0: &dyn Target, geo: &Geometry, ckpt: &CheckpointHeader, state: &mut MetaState) -> Result<(u64, u64, u64, u64)> {
+    let cap = geo.journal_units();
+    let (mut lsn, mut seq) = (ckpt.journal_tail, ckpt.journal_seq);
+    let (mut txns, mut records) = (0u64, 0u64);
+    while lsn - ckpt.journal_tail < cap {
+        let room = cap - (lsn - ckpt.journal_tail);
+        let first = read_units(t0, geo, lsn, 1)?;
+        let Ok(hdr) = decode_header(&first, geo.uuid, lsn, seq, room) else { break };
+        let whole = read_units(t0, geo, lsn, u64::from(hdr.units))?;
+        let what = format!("journal transaction {seq} at journal unit {lsn}");
+        let Some(payload) = verify_payload(&hdr, &whole) else {
+            let next = lsn + u64::from(hdr.units);
+            let successor = next - ckpt.journal_tail < cap
+                && decode_header(&read_units(t0, geo, next, 1)?, geo.uuid, next, seq + 1, cap).is_ok();
+            if successor {
+                return Err(CoreError::corrupted(what, "payload checksum mismatch, yet later transactions exist").into());
+            }
+            break; // A torn final transaction: it was never acknowledged.
+        };
+        let recs = Record::decode_all(payload, &what)?;
+        for r in &recs {
+            state.apply(r).map_err(|e| CoreError::corrupted(what.clone(), e.to_string()))?;
+        }
+        records += recs.len() as u64;
+        txns += 1;
+        lsn += u64::from(hdr.units);
+        seq += 1;
+    }
+    Ok((lsn, seq, txns, records))
+}

@@ -1,0 +1,179 @@
+//! Public value types of the library API.
+
+use stripefs_core::inode::{FileKind, Inode, Timespec};
+use stripefs_core::layout::StripeLayout;
+use stripefs_core::Ino;
+
+/// `stat` of an inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// `st_mode`: type and permission bits.
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// Allocated space in 512-byte units (`st_blocks`).
+    pub blocks: u64,
+    /// Preferred I/O size (`st_blksize`): the stripe unit for files, the block size
+    /// otherwise.
+    pub blksize: u32,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub crtime: Timespec,
+    pub rdev: u64,
+    /// Striping of a regular file.
+    pub layout: Option<StripeLayout>,
+}
+
+impl Attr {
+    pub(crate) fn of(inode: &Inode, block_size: u32) -> Self {
+        let a = &inode.attrs;
+        let is_file = a.kind == FileKind::Regular;
+        Self {
+            ino: a.ino,
+            kind: a.kind,
+            mode: a.mode(),
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            size: a.size,
+            blocks: inode.allocated_blocks() * u64::from(block_size) / 512,
+            blksize: if is_file { a.layout.unit_bytes } else { block_size },
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
+            crtime: a.crtime,
+            rdev: a.rdev,
+            layout: is_file.then_some(a.layout),
+        }
+    }
+}
+
+/// A time to set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeSet {
+    /// The current time.
+    Now,
+    /// This time.
+    At(Timespec),
+}
+
+/// Attribute changes for [`crate::Fs::setattr`]; `None` leaves a field alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// Permission bits (type bits are ignored).
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// New size (regular files): truncates or extends.
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+    pub ctime: Option<Timespec>,
+}
+
+/// Who creates an inode and with what permissions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateParams {
+    /// Permission bits.
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+    /// Striping for a new regular file (`None`: the file system default).
+    pub layout: Option<StripeLayout>,
+    /// Device number for character and block devices.
+    pub rdev: u64,
+}
+
+impl CreateParams {
+    /// Permissions `perm`, owned by root.
+    #[must_use]
+    pub fn with_perm(perm: u16) -> Self {
+        Self { perm, uid: 0, gid: 0, layout: None, rdev: 0 }
+    }
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntryInfo {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+/// `statfs` of the file system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatFs {
+    pub block_size: u32,
+    /// Data blocks across all targets.
+    pub blocks: u64,
+    /// Free data blocks (blocks freed by uncommitted transactions excluded).
+    pub blocks_free: u64,
+    /// Inodes in use.
+    pub files: u64,
+    /// Inodes that still fit in the metadata area (an estimate).
+    pub files_free: u64,
+    pub name_max: u32,
+}
+
+/// Flags for [`crate::Fs::rename`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RenameMode {
+    /// Replace the destination if it exists (POSIX rename).
+    #[default]
+    Replace,
+    /// Fail with `Exists` if the destination exists (`RENAME_NOREPLACE`).
+    NoReplace,
+    /// Swap source and destination, both must exist (`RENAME_EXCHANGE`).
+    Exchange,
+}
+
+/// `fallocate` modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallocMode {
+    /// Allocate unwritten extents and extend the size (mode 0).
+    Allocate,
+    /// Allocate without changing the size (`FALLOC_FL_KEEP_SIZE`).
+    KeepSize,
+    /// Deallocate a range (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`).
+    PunchHole,
+    /// Zero a range (`FALLOC_FL_ZERO_RANGE`, optionally keeping the size).
+    ZeroRange { keep_size: bool },
+    /// `FALLOC_FL_COLLAPSE_RANGE`.
+    CollapseRange,
+    /// `FALLOC_FL_INSERT_RANGE`.
+    InsertRange,
+    /// `FALLOC_FL_UNSHARE_RANGE`.
+    UnshareRange,
+}
+
+/// Counters describing a mounted file system (for `inspect` and tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsStatus {
+    pub uuid: String,
+    pub targets: Vec<TargetStatus>,
+    pub journal: crate::journal::JournalPosition,
+    pub journal_units: u64,
+    pub committed_seq: u64,
+    pub running_seq: u64,
+    pub running_records: usize,
+    pub inodes: u64,
+    pub extents: u64,
+    pub metadata_bytes_bound: u64,
+    pub metadata_capacity: u64,
+    pub busy_blocks: u64,
+    pub poisoned: bool,
+}
+
+/// One target's space.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetStatus {
+    pub name: String,
+    pub data_blocks: u64,
+    pub free_blocks: u64,
+    pub free_ranges: usize,
+}
