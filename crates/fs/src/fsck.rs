@@ -71,3 +71,63 @@ pub fn fsck(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) 
         data_blocks,
     })
 }
+
+/// A read-only look at a file system's on-disk state, for `stripefs inspect`.
+#[derive(Debug, Clone)]
+pub struct Inspection {
+    pub superblocks: Vec<stripefs_core::superblock::Superblock>,
+    pub target_names: Vec<String>,
+    /// Both checkpoint headers (`None`: empty or torn).
+    pub checkpoints: [Option<stripefs_core::checkpoint::CheckpointHeader>; 2],
+    /// The one in charge.
+    pub active: stripefs_core::checkpoint::CheckpointHeader,
+    /// Journal transactions after the active checkpoint.
+    pub journal_txns: u64,
+    pub journal_records: u64,
+    /// Journal units in use and in all.
+    pub journal_used_units: u64,
+    pub journal_units: u64,
+    pub inodes: u64,
+    pub extents: u64,
+    /// Per target: (data blocks, free blocks, free ranges).
+    pub space: Vec<(u64, u64, usize)>,
+    pub block_size: u32,
+}
+
+/// Reads everything `inspect` shows, writing nothing.
+///
+/// # Errors
+/// As [`fsck`].
+pub fn inspect(targets: Vec<Arc<dyn Target>>) -> Result<Inspection> {
+    let l = recovery::load(targets)?;
+    let t0 = l.targets[0].as_ref();
+    let geo = &l.geo;
+    let bs = geo.block_size;
+    let mut checkpoints = [None, None];
+    for (i, start) in geo.ckpt_start.iter().enumerate() {
+        let buf = t0.read_sync(bs.to_bytes(*start), bs.bytes() as usize)?;
+        checkpoints[i] = stripefs_core::checkpoint::decode_header(&buf, geo.uuid, *start, geo.ckpt_blocks - 1).ok().flatten();
+    }
+    let (_, sbs) = recovery::read_superblocks(l.targets.clone())?;
+    let r = check::check(&l.state, geo);
+    let space = (0..geo.target_count())
+        .map(|t| {
+            let id = stripefs_core::TargetId(t);
+            (r.allocator.data_blocks(id), r.allocator.free_blocks(id), r.allocator.free_ranges(id))
+        })
+        .collect();
+    Ok(Inspection {
+        superblocks: sbs,
+        target_names: l.targets.iter().map(|t| t.info().name.to_string()).collect(),
+        checkpoints,
+        active: l.ckpt,
+        journal_txns: l.replayed_txns,
+        journal_records: l.replayed_records,
+        journal_used_units: l.head - l.ckpt.journal_tail,
+        journal_units: geo.journal_units(),
+        inodes: r.inodes,
+        extents: r.extents,
+        space,
+        block_size: bs.bytes(),
+    })
+}

@@ -343,3 +343,62 @@ impl FileMapper<'_> {
         Ok(map)
     }
 }
+
+/// One mapped range of a file, for `bmap`/`fiemap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappedRange {
+    /// File byte offset.
+    pub file_off: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Target holding the range.
+    pub target: u32,
+    /// Byte offset on the target.
+    pub target_off: u64,
+    /// False for unwritten (preallocated) ranges.
+    pub written: bool,
+}
+
+impl Fs {
+    /// The file's allocated ranges in file order (adjacent ranges contiguous on the same
+    /// target and in the same state merged).
+    ///
+    /// # Errors
+    /// `Stale`; `IsDir`/`Invalid` for non-files.
+    pub fn extents(&self, ino: Ino) -> Result<Vec<MappedRange>> {
+        self.inner.check()?;
+        FileMapper::new(self, ino)?;
+        let m = self.inner.meta.lock();
+        let i = inode(&m, ino)?;
+        let bs = self.inner.geo.block_size;
+        let l = i.attrs.layout;
+        let unit = u64::from(l.unit_bytes);
+        let mut out = Vec::new();
+        for (object, map) in i.objects.iter().enumerate() {
+            let target = l.target_of(object as u32, self.inner.geo.target_count()).0;
+            for (block, e) in map.iter() {
+                let (mut obj_off, end) = (bs.to_bytes(block), bs.to_bytes(block + e.len));
+                while obj_off < end {
+                    let len = (unit - obj_off % unit).min(end - obj_off);
+                    out.push(MappedRange {
+                        file_off: l.file_off(object as u32, obj_off),
+                        len,
+                        target,
+                        target_off: bs.to_bytes(e.phys) + (obj_off - bs.to_bytes(block)),
+                        written: e.state == ExtentState::Written,
+                    });
+                    obj_off += len;
+                }
+            }
+        }
+        out.sort_by_key(|r| r.file_off);
+        let mut merged: Vec<MappedRange> = Vec::with_capacity(out.len());
+        for r in out {
+            match merged.last_mut() {
+                Some(p) if p.file_off + p.len == r.file_off && p.target == r.target && p.target_off + p.len == r.target_off && p.written == r.written => p.len += r.len,
+                _ => merged.push(r),
+            }
+        }
+        Ok(merged)
+    }
+}

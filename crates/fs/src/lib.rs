@@ -37,7 +37,7 @@ mod types;
 pub use error::{FsError, Result};
 pub use file::File;
 pub use fs::{Fs, MountReport};
-pub use io::MAX_FILE_BYTES;
+pub use io::{MappedRange, MAX_FILE_BYTES};
 pub use journal::JournalPosition;
 pub use namespace::{XattrMode, LINK_MAX};
 pub use options::{MkfsOptions, MountOptions};

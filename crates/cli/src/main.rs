@@ -1,0 +1,48 @@
+//! `stripefs`: create, check, inspect and drive stripefs file systems.
+
+mod fsck;
+mod inspect;
+mod io;
+mod mkfs;
+mod progress;
+mod size;
+mod targets;
+
+use clap::{Parser, Subcommand};
+
+/// A file system striped over several targets (files or block devices).
+#[derive(Debug, Parser)]
+#[command(name = "stripefs", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    Mkfs(mkfs::MkfsArgs),
+    Fsck(fsck::FsckArgs),
+    Io(io::IoArgs),
+    Inspect(inspect::InspectArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("STRIPEFS_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let res = match &cli.cmd {
+        Cmd::Mkfs(a) => mkfs::run(a),
+        Cmd::Fsck(a) => fsck::run(a),
+        Cmd::Io(a) => io::run(a),
+        Cmd::Inspect(a) => inspect::run(a),
+    };
+    match res {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("stripefs: {e}");
+            std::process::exit(1);
+        }
+    }
+}

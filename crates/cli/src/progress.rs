@@ -1,0 +1,32 @@
+//! Progress bars on a terminal, silence elsewhere.
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// A byte-counting bar when stderr is a terminal; hidden otherwise.
+#[must_use]
+pub fn bytes_bar(total: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    let style = ProgressStyle::with_template("{msg:>12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// A spinner with a message when stderr is a terminal; hidden otherwise.
+#[must_use]
+pub fn spinner(what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let s = ProgressBar::new_spinner();
+    s.set_message(what.to_string());
+    s.enable_steady_tick(std::time::Duration::from_millis(120));
+    s
+}
