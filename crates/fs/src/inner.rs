@@ -63,9 +63,13 @@ impl MetaCore {
     /// `Corrupted` if the model rejects the record (damaged metadata or a bug); the caller
     /// poisons the file system.
     pub fn log(&mut self, rec: Record) -> Result<(), stripefs_core::CoreError> {
+        let needed_for_data = self.needed_to_reach_data(&rec);
         self.state.apply(&rec)?;
         let ino = rec.subject();
         self.meta_seq.insert(ino, self.txn.seq);
+        if let Some(i) = needed_for_data {
+            self.data_seq.insert(i, self.txn.seq);
+        }
         if let Record::InodeSet(a) = &rec {
             if let Some(&at) = self.txn.inode_set_at.get(&a.ino) {
                 self.txn.records[at] = rec;
@@ -80,6 +84,20 @@ impl MetaCore {
         self.txn.bytes += rec.encoded_len();
         self.txn.records.push(rec);
         Ok(())
+    }
+
+    /// The inode whose data `rec` is needed to reach, if any: fdatasync must commit it. That
+    /// is the inode's creation, a change of its size or link count, and a new name for it;
+    /// permission, owner and time updates are not (the fdatasync contract).
+    fn needed_to_reach_data(&self, rec: &Record) -> Option<Ino> {
+        match rec {
+            Record::InodeSet(a) => match self.state.get(a.ino) {
+                None => Some(a.ino),
+                Some(old) => (old.attrs.size != a.size || old.attrs.nlink != a.nlink || old.attrs.parent != a.parent).then_some(a.ino),
+            },
+            Record::DirAdd { ino, .. } => Some(*ino),
+            _ => None,
+        }
     }
 
     /// Marks `ino`'s size as changed in the running transaction (fdatasync must commit).

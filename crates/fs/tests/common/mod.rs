@@ -6,9 +6,13 @@ use std::sync::Arc;
 use stripefs::{Fs, MkfsOptions, MountOptions};
 use stripefs_target::{SimTarget, Target};
 
-/// `n` simulated targets of `bytes` each with 512-byte sectors.
+/// Byte that fills fresh simulated disks: `pattern` never produces it (its bytes are odd),
+/// so a never-written block that becomes visible shows up as a mismatch, not as zeros.
+pub const GARBAGE: u8 = 0xEE;
+
+/// `n` simulated targets of `bytes` each with 512-byte sectors, filled with [`GARBAGE`].
 pub fn sims(n: usize, bytes: u64) -> Vec<Arc<SimTarget>> {
-    (0..n).map(|i| Arc::new(SimTarget::new(&format!("sim{i}"), bytes, 512))).collect()
+    (0..n).map(|i| Arc::new(SimTarget::from_image(&format!("sim{i}"), vec![GARBAGE; bytes as usize], 512))).collect()
 }
 
 /// The simulated targets as trait objects.
