@@ -26,8 +26,13 @@ pub fn run(a: &FsckArgs) -> Result<i32, String> {
     let targets = open_all(&a.targets)?;
     let spin = spinner("checking");
     let mut stage = |s: FsckStage| match s {
-        FsckStage::Loaded { inodes, journal_txns } => {
-            spin.set_message(format!("checking {inodes} inodes ({journal_txns} journal transactions replayed in memory)"));
+        FsckStage::Loaded {
+            inodes,
+            journal_txns,
+        } => {
+            spin.set_message(format!(
+                "checking {inodes} inodes ({journal_txns} journal transactions replayed in memory)"
+            ));
         }
         FsckStage::Checked => spin.finish_and_clear(),
     };
@@ -56,7 +61,11 @@ pub fn run(a: &FsckArgs) -> Result<i32, String> {
         report.extents,
         report.data_blocks_used,
         report.data_blocks,
-        if report.is_clean() { "clean".to_string() } else { format!("{} problems", report.problems.len()) }
+        if report.is_clean() {
+            "clean".to_string()
+        } else {
+            format!("{} problems", report.problems.len())
+        }
     );
     Ok(if report.is_clean() { 0 } else { EXIT_PROBLEMS })
 }

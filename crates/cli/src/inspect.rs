@@ -21,10 +21,25 @@ pub fn run(a: &InspectArgs) -> Result<i32, String> {
     let bs = u64::from(i.block_size);
     for (sb, name) in i.superblocks.iter().zip(&i.target_names) {
         println!("superblock of target {} ({name}):", sb.target_index);
-        println!("  uuid {}  format v{}  targets {}", sb.uuid, stripefs_core::superblock::FORMAT_VERSION, sb.target_count);
-        println!("  block size {}  sector size {}  blocks {}  data from block {}", sb.block_size, sb.sector_size, sb.target_blocks, sb.data_start);
-        println!("  default stripe {} x {}", sb.stripe_count, human(u64::from(sb.stripe_unit)));
-        println!("  features compat {:#x} incompat {:#x} ro_compat {:#x}", sb.features_compat, sb.features_incompat, sb.features_ro_compat);
+        println!(
+            "  uuid {}  format v{}  targets {}",
+            sb.uuid,
+            stripefs_core::superblock::FORMAT_VERSION,
+            sb.target_count
+        );
+        println!(
+            "  block size {}  sector size {}  blocks {}  data from block {}",
+            sb.block_size, sb.sector_size, sb.target_blocks, sb.data_start
+        );
+        println!(
+            "  default stripe {} x {}",
+            sb.stripe_count,
+            human(u64::from(sb.stripe_unit))
+        );
+        println!(
+            "  features compat {:#x} incompat {:#x} ro_compat {:#x}",
+            sb.features_compat, sb.features_incompat, sb.features_ro_compat
+        );
     }
     for (n, c) in i.checkpoints.iter().enumerate() {
         match c {

@@ -9,7 +9,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use stripefs::{Attr, CreateParams, FallocMode, File, FileKind, Follow, Fs, MountOptions, RenameMode};
+use stripefs::{
+    Attr, CreateParams, FallocMode, File, FileKind, Follow, Fs, MountOptions, RenameMode,
+};
 
 use crate::size::{human, parse_size};
 use crate::targets::open_all;
@@ -57,9 +59,13 @@ struct Runner {
 /// Runs the commands; returns 0 if all succeeded, 1 otherwise.
 pub fn run(a: &IoArgs) -> Result<i32, String> {
     let targets = open_all(&a.targets)?;
-    let (fs, report) = Fs::mount(targets, MountOptions::default()).map_err(|e| format!("mount failed: {e}"))?;
+    let (fs, report) =
+        Fs::mount(targets, MountOptions::default()).map_err(|e| format!("mount failed: {e}"))?;
     if report.replayed_txns > 0 || report.orphans_freed > 0 {
-        eprintln!("recovered: {} journal transactions replayed, {} orphans freed", report.replayed_txns, report.orphans_freed);
+        eprintln!(
+            "recovered: {} journal transactions replayed, {} orphans freed",
+            report.replayed_txns, report.orphans_freed
+        );
     }
     let mut r = Runner { fs, cur: None };
     let mut status = 0;
@@ -113,7 +119,9 @@ impl Runner {
             "pwrite" => self.pwrite(args),
             "pread" => self.pread(args),
             "truncate" => {
-                let [len] = args else { return Err("expected LENGTH".into()) };
+                let [len] = args else {
+                    return Err("expected LENGTH".into());
+                };
                 self.file()?.set_len(parse_size(len)?).map_err(e)
             }
             "falloc" => self.falloc(args),
@@ -123,7 +131,9 @@ impl Runner {
             "stat" => self.stat(),
             "bmap" | "fiemap" => self.bmap(),
             "statfs" => self.statfs(),
-            "mkdir" => self.on_parent(args, |fs, p, n| fs.mkdir(p, n, CreateParams::with_perm(0o755)).map(drop)),
+            "mkdir" => self.on_parent(args, |fs, p, n| {
+                fs.mkdir(p, n, CreateParams::with_perm(0o755)).map(drop)
+            }),
             "rmdir" => self.on_parent(args, |fs, p, n| fs.rmdir(p, n)),
             "unlink" => self.on_parent(args, |fs, p, n| fs.unlink(p, n)),
             "rename" => self.rename(args),
@@ -137,7 +147,10 @@ impl Runner {
     }
 
     fn file(&self) -> Result<&File, String> {
-        self.cur.as_ref().map(|c| &c.file).ok_or_else(|| "no file is open (use 'open PATH')".to_string())
+        self.cur
+            .as_ref()
+            .map(|c| &c.file)
+            .ok_or_else(|| "no file is open (use 'open PATH')".to_string())
     }
 
     fn open(&mut self, args: &[&str]) -> Result<(), String> {
@@ -145,13 +158,18 @@ impl Runner {
         let create = flag(&mut a, "-f");
         let trunc = flag(&mut a, "-t");
         let direct = flag(&mut a, "-d");
-        let [path] = a[..] else { return Err("usage: open [-f] [-t] [-d] PATH".into()) };
+        let [path] = a[..] else {
+            return Err("usage: open [-f] [-t] [-d] PATH".into());
+        };
         let p = Path::new(path);
         let ino = match self.fs.resolve(p, Follow::Yes) {
             Ok(ino) => ino,
             Err(stripefs::FsError::NotFound) if create => {
                 let (parent, name) = self.fs.resolve_parent(p).map_err(|e| e.to_string())?;
-                self.fs.create(parent, name, CreateParams::with_perm(0o644)).map_err(|e| e.to_string())?.ino
+                self.fs
+                    .create(parent, name, CreateParams::with_perm(0o644))
+                    .map_err(|e| e.to_string())?
+                    .ino
             }
             Err(e) => return Err(format!("{path}: {e}")),
         };
@@ -159,14 +177,25 @@ impl Runner {
         if trunc {
             file.set_len(0).map_err(|e| e.to_string())?;
         }
-        self.cur = Some(Current { path: path.to_string(), file, direct });
+        self.cur = Some(Current {
+            path: path.to_string(),
+            file,
+            direct,
+        });
         Ok(())
     }
 
     fn pwrite(&mut self, args: &[&str]) -> Result<(), String> {
         let mut a: Vec<String> = args.iter().map(|s| (*s).to_string()).collect();
-        let bs = opt_value(&mut a, "-b")?.map(|v| parse_size(&v)).transpose()?.unwrap_or(DEFAULT_BUF).max(1);
-        let seed = opt_value(&mut a, "-S")?.map(|v| parse_size(&v)).transpose()?.unwrap_or(0xcd);
+        let bs = opt_value(&mut a, "-b")?
+            .map(|v| parse_size(&v))
+            .transpose()?
+            .unwrap_or(DEFAULT_BUF)
+            .max(1);
+        let seed = opt_value(&mut a, "-S")?
+            .map(|v| parse_size(&v))
+            .transpose()?
+            .unwrap_or(0xcd);
         let (off, len) = two_sizes(&a)?;
         let buf = vec![seed as u8; bs.min(len.max(1)) as usize];
         let f = self.file()?;
@@ -174,7 +203,8 @@ impl Runner {
         let (mut done, mut ops) = (0u64, 0u64);
         while done < len {
             let n = (len - done).min(bs) as usize;
-            f.write_at(off + done, &buf[..n]).map_err(|e| e.to_string())?;
+            f.write_at(off + done, &buf[..n])
+                .map_err(|e| e.to_string())?;
             done += n as u64;
             ops += 1;
         }
@@ -186,7 +216,11 @@ impl Runner {
         let mut a: Vec<String> = args.iter().map(|s| (*s).to_string()).collect();
         let verbose = a.iter().any(|x| x == "-v");
         a.retain(|x| x != "-v");
-        let bs = opt_value(&mut a, "-b")?.map(|v| parse_size(&v)).transpose()?.unwrap_or(DEFAULT_BUF).max(1);
+        let bs = opt_value(&mut a, "-b")?
+            .map(|v| parse_size(&v))
+            .transpose()?
+            .unwrap_or(DEFAULT_BUF)
+            .max(1);
         let (off, len) = two_sizes(&a)?;
         let mut buf = vec![0u8; bs.min(len.max(1)) as usize];
         let f = self.file()?;
@@ -194,7 +228,9 @@ impl Runner {
         let (mut done, mut ops) = (0u64, 0u64);
         while done < len {
             let want = (len - done).min(bs) as usize;
-            let n = f.read_at(off + done, &mut buf[..want]).map_err(|e| e.to_string())?;
+            let n = f
+                .read_at(off + done, &mut buf[..want])
+                .map_err(|e| e.to_string())?;
             ops += 1;
             if verbose {
                 dump(off + done, &buf[..n]);
@@ -213,21 +249,36 @@ impl Runner {
         let keep = flag(&mut a, "-k");
         let a: Vec<String> = a.iter().map(|s| (*s).to_string()).collect();
         let (off, len) = two_sizes(&a)?;
-        let mode = if keep { FallocMode::KeepSize } else { FallocMode::Allocate };
-        self.file()?.fallocate(mode, off, len).map_err(|e| e.to_string())
+        let mode = if keep {
+            FallocMode::KeepSize
+        } else {
+            FallocMode::Allocate
+        };
+        self.file()?
+            .fallocate(mode, off, len)
+            .map_err(|e| e.to_string())
     }
 
     fn stat(&self) -> Result<(), String> {
-        let c = self.cur.as_ref().ok_or("no file is open (use 'open PATH')")?;
+        let c = self
+            .cur
+            .as_ref()
+            .ok_or("no file is open (use 'open PATH')")?;
         let a = c.file.stat().map_err(|e| e.to_string())?;
         println!("fd.path = \"{}\"", c.path);
-        println!("fd.flags = non-sync,{},read-write", if c.direct { "direct" } else { "non-direct" });
+        println!(
+            "fd.flags = non-sync,{},read-write",
+            if c.direct { "direct" } else { "non-direct" }
+        );
         print_attr(&a);
         Ok(())
     }
 
     fn bmap(&self) -> Result<(), String> {
-        let c = self.cur.as_ref().ok_or("no file is open (use 'open PATH')")?;
+        let c = self
+            .cur
+            .as_ref()
+            .ok_or("no file is open (use 'open PATH')")?;
         let size = c.file.stat().map_err(|e| e.to_string())?.size;
         let ranges = self.fs.extents(c.file.ino()).map_err(|e| e.to_string())?;
         println!("{}:", c.path);
@@ -242,7 +293,12 @@ impl Runner {
                 line(&mut n, at, r.file_off - at, "hole".into());
             }
             let state = if r.written { "" } else { " unwritten" };
-            let what = format!("target {} [{}..{}]{state}", r.target, r.target_off / 512, (r.target_off + r.len) / 512 - 1);
+            let what = format!(
+                "target {} [{}..{}]{state}",
+                r.target,
+                r.target_off / 512,
+                (r.target_off + r.len) / 512 - 1
+            );
             line(&mut n, r.file_off, r.len, what);
             at = r.file_off + r.len;
         }
@@ -262,22 +318,44 @@ impl Runner {
         Ok(())
     }
 
-    fn on_parent(&self, args: &[&str], op: impl Fn(&Fs, stripefs::Ino, &std::ffi::OsStr) -> stripefs::Result<()>) -> Result<(), String> {
-        let [path] = args else { return Err("expected PATH".into()) };
-        let (parent, name) = self.fs.resolve_parent(Path::new(path)).map_err(|e| format!("{path}: {e}"))?;
+    fn on_parent(
+        &self,
+        args: &[&str],
+        op: impl Fn(&Fs, stripefs::Ino, &std::ffi::OsStr) -> stripefs::Result<()>,
+    ) -> Result<(), String> {
+        let [path] = args else {
+            return Err("expected PATH".into());
+        };
+        let (parent, name) = self
+            .fs
+            .resolve_parent(Path::new(path))
+            .map_err(|e| format!("{path}: {e}"))?;
         op(&self.fs, parent, name).map_err(|e| format!("{path}: {e}"))
     }
 
     fn rename(&self, args: &[&str]) -> Result<(), String> {
-        let [from, to] = args else { return Err("expected OLD NEW".into()) };
-        let (sp, sn) = self.fs.resolve_parent(Path::new(from)).map_err(|e| format!("{from}: {e}"))?;
-        let (dp, dn) = self.fs.resolve_parent(Path::new(to)).map_err(|e| format!("{to}: {e}"))?;
-        self.fs.rename(sp, sn, dp, dn, RenameMode::Replace).map_err(|e| e.to_string())
+        let [from, to] = args else {
+            return Err("expected OLD NEW".into());
+        };
+        let (sp, sn) = self
+            .fs
+            .resolve_parent(Path::new(from))
+            .map_err(|e| format!("{from}: {e}"))?;
+        let (dp, dn) = self
+            .fs
+            .resolve_parent(Path::new(to))
+            .map_err(|e| format!("{to}: {e}"))?;
+        self.fs
+            .rename(sp, sn, dp, dn, RenameMode::Replace)
+            .map_err(|e| e.to_string())
     }
 
     fn ls(&self, args: &[&str]) -> Result<(), String> {
         let path = args.first().copied().unwrap_or("/");
-        let ino = self.fs.resolve(Path::new(path), Follow::Yes).map_err(|e| format!("{path}: {e}"))?;
+        let ino = self
+            .fs
+            .resolve(Path::new(path), Follow::Yes)
+            .map_err(|e| format!("{path}: {e}"))?;
         for e in self.fs.readdir(ino).map_err(|e| e.to_string())? {
             let a = self.fs.getattr(e.ino).map_err(|e| e.to_string())?;
             let kind = match e.kind {
@@ -286,7 +364,12 @@ impl Runner {
                 FileKind::Regular => '-',
                 _ => 's',
             };
-            println!("{kind} {:>8} {:>12} {}", e.ino.0, a.size, String::from_utf8_lossy(std::ffi::OsStr::from_bytes(&e.name).as_bytes()));
+            println!(
+                "{kind} {:>8} {:>12} {}",
+                e.ino.0,
+                a.size,
+                String::from_utf8_lossy(std::ffi::OsStr::from_bytes(&e.name).as_bytes())
+            );
         }
         Ok(())
     }
@@ -319,13 +402,30 @@ fn report(verb: &str, done: u64, want: u64, off: u64, ops: u64, secs: f64) {
     println!("{verb} {done}/{want} bytes at offset {off}");
     let secs_nz = secs.max(1e-9);
     let rate = human((done as f64 / secs_nz) as u64);
-    println!("{}, {ops} ops; {secs:.4} sec ({rate}/sec and {:.4} ops/sec)", human(done), ops as f64 / secs_nz);
+    println!(
+        "{}, {ops} ops; {secs:.4} sec ({rate}/sec and {:.4} ops/sec)",
+        human(done),
+        ops as f64 / secs_nz
+    );
 }
 
 fn dump(base: u64, data: &[u8]) {
     for (i, chunk) in data.chunks(16).enumerate() {
         let hex: Vec<String> = chunk.iter().map(|b| format!("{b:02x}")).collect();
-        let text: String = chunk.iter().map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' }).collect();
-        println!("{:08x}:  {:<47}  {text}", base + (i * 16) as u64, hex.join(" "));
+        let text: String = chunk
+            .iter()
+            .map(|&b| {
+                if b.is_ascii_graphic() || b == b' ' {
+                    b as char
+                } else {
+                    '.'
+                }
+            })
+            .collect();
+        println!(
+            "{:08x}:  {:<47}  {text}",
+            base + (i * 16) as u64,
+            hex.join(" ")
+        );
     }
 }

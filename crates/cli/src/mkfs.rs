@@ -53,13 +53,17 @@ pub struct MkfsArgs {
 /// Runs mkfs; returns the process exit status.
 pub fn run(a: &MkfsArgs) -> Result<i32, String> {
     let block_size = u32::try_from(a.block_size).map_err(|_| "block size too large".to_string())?;
-    let stripe_unit = u32::try_from(a.stripe_unit).map_err(|_| "stripe unit must be below 4 GiB".to_string())?;
+    let stripe_unit =
+        u32::try_from(a.stripe_unit).map_err(|_| "stripe unit must be below 4 GiB".to_string())?;
     let mut targets = Vec::new();
     let mut to_zero = Vec::new();
     for p in &a.targets {
         let existed = p.exists();
         if !existed && a.size.is_none() {
-            return Err(format!("target {} does not exist; give --size to create it as a file", p.display()));
+            return Err(format!(
+                "target {} does not exist; give --size to create it as a file",
+                p.display()
+            ));
         }
         let t = open_one(p, if existed { None } else { a.size })?;
         let regular = std::fs::metadata(p).map(|m| m.is_file()).unwrap_or(false);
@@ -103,7 +107,13 @@ fn prezero(targets: &[Arc<dyn Target>]) -> Result<(), String> {
                     Some(b) if b.len() as u64 == len => b,
                     _ => IoBuf::zeroed(len as usize),
                 };
-                batch.submit(t.as_ref(), IoOp::Write { offset: next[i], bufs: vec![buf] });
+                batch.submit(
+                    t.as_ref(),
+                    IoOp::Write {
+                        offset: next[i],
+                        bufs: vec![buf],
+                    },
+                );
                 next[i] += len;
             }
         }
@@ -127,8 +137,17 @@ fn prezero(targets: &[Arc<dyn Target>]) -> Result<(), String> {
 
 fn print_summary(geo: &stripefs_core::geometry::Geometry, targets: &[Arc<dyn Target>]) {
     let bs = geo.block_size;
-    println!("meta-data: uuid={} targets={} bsize={} sectsz={}", geo.uuid, geo.target_count(), bs.bytes(), geo.sector_size);
-    println!("stripe:    unit={} count={}", geo.stripe_unit, geo.stripe_count);
+    println!(
+        "meta-data: uuid={} targets={} bsize={} sectsz={}",
+        geo.uuid,
+        geo.target_count(),
+        bs.bytes(),
+        geo.sector_size
+    );
+    println!(
+        "stripe:    unit={} count={}",
+        geo.stripe_unit, geo.stripe_count
+    );
     println!(
         "log:       journal={} ({} units of {}) checkpoint areas=2x{}",
         human(bs.to_bytes(geo.journal_blocks)),

@@ -10,13 +10,19 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let (num, mult) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let m: u64 = match c.to_ascii_lowercase() {
-                'b' if i > 0 && t[..i].ends_with(|d: char| d.is_ascii_alphabetic()) => return parse_size(&t[..i]),
+                'b' if i > 0 && t[..i].ends_with(|d: char| d.is_ascii_alphabetic()) => {
+                    return parse_size(&t[..i])
+                }
                 'k' => 1 << 10,
                 'm' => 1 << 20,
                 'g' => 1 << 30,
                 't' => 1 << 40,
                 'p' => 1 << 50,
-                _ => return Err(format!("bad size {s:?}: unknown suffix '{c}' (use k, m, g, t or p)")),
+                _ => {
+                    return Err(format!(
+                        "bad size {s:?}: unknown suffix '{c}' (use k, m, g, t or p)"
+                    ))
+                }
             };
             (&t[..i], m)
         }
@@ -25,9 +31,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let n: u64 = if let Some(hex) = num.strip_prefix("0x") {
         u64::from_str_radix(hex, 16).map_err(|_| format!("bad size {s:?}"))?
     } else {
-        num.parse().map_err(|_| format!("bad size {s:?}: expected a number with an optional k/m/g/t/p suffix"))?
+        num.parse().map_err(|_| {
+            format!("bad size {s:?}: expected a number with an optional k/m/g/t/p suffix")
+        })?
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} overflows"))
 }
 
 /// Formats bytes the way xfs_io does ("4 KiB", "1.500 MiB").

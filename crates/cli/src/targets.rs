@@ -18,7 +18,11 @@ pub fn open_all(paths: &[PathBuf]) -> Result<Vec<Arc<dyn Target>>, String> {
 /// # Errors
 /// A sentence naming the target.
 pub fn open_one(p: &Path, create_size: Option<u64>) -> Result<Arc<dyn Target>, String> {
-    let opts = FileTargetOptions { create_size, ..FileTargetOptions::default() };
-    let t = FileTarget::open(p, opts).map_err(|e| format!("cannot open target {}: {}", p.display(), e.kind))?;
+    let opts = FileTargetOptions {
+        create_size,
+        ..FileTargetOptions::default()
+    };
+    let t = FileTarget::open(p, opts)
+        .map_err(|e| format!("cannot open target {}: {}", p.display(), e.kind))?;
     Ok(Arc::new(t))
 }

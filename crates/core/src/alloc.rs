@@ -51,10 +51,18 @@ impl Allocator {
             .map(|t| {
                 let mut free = BTreeMap::new();
                 free.insert(t.data_start, t.data_blocks());
-                TargetSpace { free, free_blocks: t.data_blocks(), data_start: t.data_start, blocks: t.blocks }
+                TargetSpace {
+                    free,
+                    free_blocks: t.data_blocks(),
+                    data_start: t.data_start,
+                    blocks: t.blocks,
+                }
             })
             .collect();
-        Self { targets, busy: Vec::new() }
+        Self {
+            targets,
+            busy: Vec::new(),
+        }
     }
 
     /// Marks `[start, start + len)` on `target` in use (building from extent maps).
@@ -64,16 +72,30 @@ impl Allocator {
     /// claim the same block).
     pub fn mark_used(&mut self, target: TargetId, start: u64, len: u64) -> Result<(), CoreError> {
         let what = || format!("extent at target {target} block {start} (+{len})");
-        let t = self.targets.get_mut(target.index()).ok_or_else(|| CoreError::corrupted(what(), "no such target"))?;
-        let end = start.checked_add(len).ok_or_else(|| CoreError::corrupted(what(), "length overflows"))?;
+        let t = self
+            .targets
+            .get_mut(target.index())
+            .ok_or_else(|| CoreError::corrupted(what(), "no such target"))?;
+        let end = start
+            .checked_add(len)
+            .ok_or_else(|| CoreError::corrupted(what(), "length overflows"))?;
         if start < t.data_start || end > t.blocks {
-            return Err(CoreError::corrupted(what(), format!("outside the data area {}..{}", t.data_start, t.blocks)));
+            return Err(CoreError::corrupted(
+                what(),
+                format!("outside the data area {}..{}", t.data_start, t.blocks),
+            ));
         }
         let Some((&fs, &fl)) = t.free.range(..=start).next_back() else {
-            return Err(CoreError::corrupted(what(), "overlaps blocks already in use"));
+            return Err(CoreError::corrupted(
+                what(),
+                "overlaps blocks already in use",
+            ));
         };
         if fs + fl < end {
-            return Err(CoreError::corrupted(what(), "overlaps blocks already in use"));
+            return Err(CoreError::corrupted(
+                what(),
+                "overlaps blocks already in use",
+            ));
         }
         t.free.remove(&fs);
         if fs < start {
@@ -111,11 +133,17 @@ impl Allocator {
     /// Returns a range to the free map at once (it was never visible on disk).
     pub fn free_now(&mut self, target: TargetId, start: u64, len: u64) {
         let t = &mut self.targets[target.index()];
-        assert!(start >= t.data_start && start + len <= t.blocks, "freeing outside the data area");
+        assert!(
+            start >= t.data_start && start + len <= t.blocks,
+            "freeing outside the data area"
+        );
         let mut s = start;
         let mut l = len;
         if let Some((&ps, &pl)) = t.free.range(..start).next_back() {
-            assert!(ps + pl <= start, "double free at target {target} block {start}");
+            assert!(
+                ps + pl <= start,
+                "double free at target {target} block {start}"
+            );
             if ps + pl == start {
                 t.free.remove(&ps);
                 s = ps;
@@ -123,7 +151,10 @@ impl Allocator {
             }
         }
         if let Some((&ns, &nl)) = t.free.range(start..).next() {
-            assert!(start + len <= ns, "double free at target {target} block {start}");
+            assert!(
+                start + len <= ns,
+                "double free at target {target} block {start}"
+            );
             if start + len == ns {
                 t.free.remove(&ns);
                 l += nl;
@@ -135,12 +166,18 @@ impl Allocator {
 
     /// Frees a range once transaction `seq` is durable (see [`Self::release_busy`]).
     pub fn free_after(&mut self, target: TargetId, start: u64, len: u64, seq: u64) {
-        self.busy.push(Busy { target, start, len, seq });
+        self.busy.push(Busy {
+            target,
+            start,
+            len,
+            seq,
+        });
     }
 
     /// Makes busy ranges of transactions up to `committed_seq` allocatable.
     pub fn release_busy(&mut self, committed_seq: u64) {
-        let (ready, keep): (Vec<Busy>, Vec<Busy>) = self.busy.iter().partition(|b| b.seq <= committed_seq);
+        let (ready, keep): (Vec<Busy>, Vec<Busy>) =
+            self.busy.iter().partition(|b| b.seq <= committed_seq);
         self.busy = keep;
         for b in ready {
             self.free_now(b.target, b.start, b.len);

@@ -37,7 +37,10 @@ impl CheckReport {
 /// Checks every invariant of `meta` against `geo`.
 #[must_use]
 pub fn check(meta: &MetaState, geo: &Geometry) -> CheckReport {
-    let mut r = CheckReport { allocator: Allocator::new(geo), ..CheckReport::default() };
+    let mut r = CheckReport {
+        allocator: Allocator::new(geo),
+        ..CheckReport::default()
+    };
     match meta.get(Ino::ROOT) {
         Some(root) if root.attrs.kind == FileKind::Directory => {}
         Some(_) => r.problems.push("root inode 1 is not a directory".into()),
@@ -50,7 +53,10 @@ pub fn check(meta: &MetaState, geo: &Geometry) -> CheckReport {
         check_layout(inode, geo, &mut r.problems);
         check_extents(inode, geo, &mut r);
         if inode.attrs.ino.0 >= meta.next_ino {
-            r.problems.push(format!("inode {} is not below the next inode number {}", inode.attrs.ino, meta.next_ino));
+            r.problems.push(format!(
+                "inode {} is not below the next inode number {}",
+                inode.attrs.ino, meta.next_ino
+            ));
         }
     }
     check_reachable(meta, &mut r.problems);
@@ -68,17 +74,33 @@ struct Refs {
 
 fn check_entries(meta: &MetaState, problems: &mut Vec<String>) -> BTreeMap<Ino, Refs> {
     let mut refs: BTreeMap<Ino, Refs> = BTreeMap::new();
-    for dir in meta.inodes.values().filter(|i| i.attrs.kind == FileKind::Directory) {
+    for dir in meta
+        .inodes
+        .values()
+        .filter(|i| i.attrs.kind == FileKind::Directory)
+    {
         let d = dir.attrs.ino;
         for (name, e) in &dir.entries {
             let shown = String::from_utf8_lossy(name);
-            if name.is_empty() || name.len() > NAME_MAX || name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
+            if name.is_empty()
+                || name.len() > NAME_MAX
+                || name.contains(&b'/')
+                || name.contains(&0)
+                || name == b"."
+                || name == b".."
+            {
                 problems.push(format!("directory {d} has an invalid entry name {shown:?}"));
             }
             match meta.get(e.ino) {
-                None => problems.push(format!("directory {d} entry {shown:?} points to missing inode {}", e.ino)),
+                None => problems.push(format!(
+                    "directory {d} entry {shown:?} points to missing inode {}",
+                    e.ino
+                )),
                 Some(t) if t.attrs.kind != e.kind => {
-                    problems.push(format!("directory {d} entry {shown:?} says {:?} but inode {} is {:?}", e.kind, e.ino, t.attrs.kind));
+                    problems.push(format!(
+                        "directory {d} entry {shown:?} says {:?} but inode {} is {:?}",
+                        e.kind, e.ino, t.attrs.kind
+                    ));
                 }
                 Some(_) => {}
             }
@@ -98,25 +120,40 @@ fn check_links(inode: &Inode, refs: &BTreeMap<Ino, Refs>, problems: &mut Vec<Str
     let r = refs.get(&a.ino);
     let count = r.map_or(0, |r| r.count);
     if a.nlink == 0 {
-        problems.push(format!("inode {} has link count 0 (an orphan that recovery did not free)", a.ino));
+        problems.push(format!(
+            "inode {} has link count 0 (an orphan that recovery did not free)",
+            a.ino
+        ));
         return;
     }
     if a.kind == FileKind::Directory {
         let want = 2 + r.map_or(0, |r| r.subdirs);
         if a.nlink != want {
-            problems.push(format!("directory {} has link count {}, expected {want}", a.ino, a.nlink));
+            problems.push(format!(
+                "directory {} has link count {}, expected {want}",
+                a.ino, a.nlink
+            ));
         }
         let expected_refs = u32::from(a.ino != Ino::ROOT);
         if count != expected_refs {
-            problems.push(format!("directory {} is referenced by {count} entries, expected {expected_refs}", a.ino));
+            problems.push(format!(
+                "directory {} is referenced by {count} entries, expected {expected_refs}",
+                a.ino
+            ));
         }
         if let Some(p) = r.and_then(|r| r.parents.first()) {
             if *p != a.parent {
-                problems.push(format!("directory {} says its parent is {} but it lives in {p}", a.ino, a.parent));
+                problems.push(format!(
+                    "directory {} says its parent is {} but it lives in {p}",
+                    a.ino, a.parent
+                ));
             }
         }
     } else if a.nlink != count {
-        problems.push(format!("inode {} has link count {}, but {count} entries reference it", a.ino, a.nlink));
+        problems.push(format!(
+            "inode {} has link count {}, but {count} entries reference it",
+            a.ino, a.nlink
+        ));
     }
     if a.kind == FileKind::Symlink && inode.symlink.is_empty() {
         problems.push(format!("symlink {} has an empty target", a.ino));
@@ -135,11 +172,14 @@ fn check_layout(inode: &Inode, geo: &Geometry, problems: &mut Vec<String>) {
     let ok = l.count >= 1
         && l.count <= geo.target_count()
         && l.unit_bytes > 0
-        && l.unit_bytes % geo.block_size.bytes() == 0
+        && l.unit_bytes.is_multiple_of(geo.block_size.bytes())
         && l.first_target < geo.target_count()
         && inode.objects.len() == l.count as usize;
     if !ok {
-        problems.push(format!("inode {} has an invalid stripe layout {l:?}", a.ino));
+        problems.push(format!(
+            "inode {} has an invalid stripe layout {l:?}",
+            a.ino
+        ));
     }
 }
 
@@ -147,17 +187,22 @@ fn check_extents(inode: &Inode, geo: &Geometry, r: &mut CheckReport) {
     let a = &inode.attrs;
     for (obj, map) in inode.objects.iter().enumerate() {
         if let Some(p) = map.check() {
-            r.problems.push(format!("inode {} object {obj}: {p}", a.ino));
+            r.problems
+                .push(format!("inode {} object {obj}: {p}", a.ino));
         }
         let target = a.layout.target_of(obj as u32, geo.target_count());
         for (block, e) in map.iter() {
             r.extents += 1;
             r.data_blocks_used += e.len;
             if e.refcount != 1 {
-                r.problems.push(format!("inode {} object {obj} block {block}: refcount {} but sharing is not enabled", a.ino, e.refcount));
+                r.problems.push(format!(
+                    "inode {} object {obj} block {block}: refcount {} but sharing is not enabled",
+                    a.ino, e.refcount
+                ));
             }
             if let Err(err) = r.allocator.mark_used(target, e.phys, e.len) {
-                r.problems.push(format!("inode {} object {obj} block {block}: {err}", a.ino));
+                r.problems
+                    .push(format!("inode {} object {obj} block {block}: {err}", a.ino));
             }
         }
     }

@@ -62,13 +62,21 @@ pub fn block_capacity(block_size: u32) -> usize {
 /// Encodes the payload blocks of a checkpoint whose area starts at `area_start`.
 /// Returns the blocks (concatenated) and the header to write after them.
 #[must_use]
-pub fn encode(uuid: Uuid, block_size: u32, area_start: u64, mut hdr: CheckpointHeader, payload: &[u8]) -> (Vec<u8>, Vec<u8>) {
+pub fn encode(
+    uuid: Uuid,
+    block_size: u32,
+    area_start: u64,
+    mut hdr: CheckpointHeader,
+    payload: &[u8],
+) -> (Vec<u8>, Vec<u8>) {
     let bs = block_size as usize;
     let cap = block_capacity(block_size);
     let nblocks = payload.len().div_ceil(cap).max(1);
     let mut blocks = vec![0u8; nblocks * bs];
     for (i, block) in blocks.chunks_mut(bs).enumerate() {
-        let chunk = payload.get(i * cap..((i + 1) * cap).min(payload.len())).unwrap_or(&[]);
+        let chunk = payload
+            .get(i * cap..((i + 1) * cap).min(payload.len()))
+            .unwrap_or(&[]);
         put64(block, 0, BLK_MAGIC);
         put32(block, 12, chunk.len() as u32);
         block[16..32].copy_from_slice(&uuid.0);
@@ -106,8 +114,16 @@ pub fn encode(uuid: Uuid, block_size: u32, area_start: u64, mut hdr: CheckpointH
 ///
 /// # Errors
 /// `Corrupted` when a checksummed header describes another block or file system.
-pub fn decode_header(buf: &[u8], uuid: Uuid, own_block: u64, max_blocks: u64) -> Result<Option<CheckpointHeader>, CoreError> {
-    if buf.len() < HEADER_BYTES || get64(buf, 0) != HDR_MAGIC || crc32c(&buf[12..HEADER_BYTES]) != get32(buf, 8) {
+pub fn decode_header(
+    buf: &[u8],
+    uuid: Uuid,
+    own_block: u64,
+    max_blocks: u64,
+) -> Result<Option<CheckpointHeader>, CoreError> {
+    if buf.len() < HEADER_BYTES
+        || get64(buf, 0) != HDR_MAGIC
+        || crc32c(&buf[12..HEADER_BYTES]) != get32(buf, 8)
+    {
         return Ok(None);
     }
     let what = format!("checkpoint header at target 0 block {own_block}");
@@ -127,10 +143,19 @@ pub fn decode_header(buf: &[u8], uuid: Uuid, own_block: u64, max_blocks: u64) ->
         time_sec: get64(buf, 96) as i64,
     };
     if h.own_block != own_block {
-        return Err(CoreError::corrupted(what, format!("misdirected: header says block {}", h.own_block)));
+        return Err(CoreError::corrupted(
+            what,
+            format!("misdirected: header says block {}", h.own_block),
+        ));
     }
     if h.payload_blocks == 0 || h.payload_blocks > max_blocks {
-        return Err(CoreError::corrupted(what, format!("{} payload blocks in an area of {max_blocks}", h.payload_blocks)));
+        return Err(CoreError::corrupted(
+            what,
+            format!(
+                "{} payload blocks in an area of {max_blocks}",
+                h.payload_blocks
+            ),
+        ));
     }
     Ok(Some(h))
 }
@@ -140,12 +165,24 @@ pub fn decode_header(buf: &[u8], uuid: Uuid, own_block: u64, max_blocks: u64) ->
 ///
 /// # Errors
 /// `Corrupted` naming the first bad block and what failed.
-pub fn decode_payload(hdr: &CheckpointHeader, uuid: Uuid, block_size: u32, blocks: &[u8]) -> Result<Vec<u8>, CoreError> {
+pub fn decode_payload(
+    hdr: &CheckpointHeader,
+    uuid: Uuid,
+    block_size: u32,
+    blocks: &[u8],
+) -> Result<Vec<u8>, CoreError> {
     let bs = block_size as usize;
     let mut payload = Vec::with_capacity(hdr.payload_bytes as usize);
-    for (i, block) in blocks.chunks(bs).take(hdr.payload_blocks as usize).enumerate() {
+    for (i, block) in blocks
+        .chunks(bs)
+        .take(hdr.payload_blocks as usize)
+        .enumerate()
+    {
         let addr = hdr.own_block + 1 + i as u64;
-        let what = format!("checkpoint block {i} (target 0 block {addr}, generation {})", hdr.generation);
+        let what = format!(
+            "checkpoint block {i} (target 0 block {addr}, generation {})",
+            hdr.generation
+        );
         let bad = |d: &str| Err(CoreError::corrupted(what.clone(), d.to_string()));
         if block.len() != bs || get64(block, 0) != BLK_MAGIC {
             return bad("bad magic");
@@ -153,7 +190,11 @@ pub fn decode_payload(hdr: &CheckpointHeader, uuid: Uuid, block_size: u32, block
         if crc32c(&block[12..]) != get32(block, 8) {
             return bad("checksum mismatch (inode, extent or directory records damaged)");
         }
-        if block[16..32] != uuid.0 || get64(block, 32) != addr || get64(block, 40) != hdr.generation || get64(block, 48) != i as u64 {
+        if block[16..32] != uuid.0
+            || get64(block, 32) != addr
+            || get64(block, 40) != hdr.generation
+            || get64(block, 48) != i as u64
+        {
             return bad("block belongs elsewhere (uuid, address, generation or index mismatch)");
         }
         let used = get32(block, 12) as usize;
@@ -163,8 +204,14 @@ pub fn decode_payload(hdr: &CheckpointHeader, uuid: Uuid, block_size: u32, block
         payload.extend_from_slice(&block[BLOCK_HEADER_BYTES..BLOCK_HEADER_BYTES + used]);
     }
     if payload.len() as u64 != hdr.payload_bytes || crc32c(&payload) != hdr.payload_crc {
-        let what = format!("checkpoint generation {} at target 0 block {}", hdr.generation, hdr.own_block);
-        return Err(CoreError::corrupted(what, "payload does not match its header"));
+        let what = format!(
+            "checkpoint generation {} at target 0 block {}",
+            hdr.generation, hdr.own_block
+        );
+        return Err(CoreError::corrupted(
+            what,
+            "payload does not match its header",
+        ));
     }
     Ok(payload)
 }
@@ -199,7 +246,10 @@ mod tests {
         let mut bad = blocks.clone();
         bad[3 * 1024 + 500] ^= 4;
         let e = decode_payload(&d, u, 1024, &bad).unwrap_err().to_string();
-        assert!(e.contains("checkpoint block 3") && e.contains("checksum"), "{e}");
+        assert!(
+            e.contains("checkpoint block 3") && e.contains("checksum"),
+            "{e}"
+        );
         let mut torn = h.clone();
         torn[50] ^= 1;
         assert_eq!(decode_header(&torn, u, 40, 100).unwrap(), None);

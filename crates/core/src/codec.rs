@@ -69,9 +69,16 @@ impl<'a> Dec<'a> {
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], CoreError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            CoreError::corrupted(self.what, format!("truncated: need {n} bytes at offset {}", self.pos))
-        })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| {
+                CoreError::corrupted(
+                    self.what,
+                    format!("truncated: need {n} bytes at offset {}", self.pos),
+                )
+            })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -80,16 +87,24 @@ impl<'a> Dec<'a> {
         Ok(self.take(1)?[0])
     }
     pub fn u16(&mut self) -> Result<u16, CoreError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     pub fn u32(&mut self) -> Result<u32, CoreError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     pub fn u64(&mut self) -> Result<u64, CoreError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     pub fn i64(&mut self) -> Result<i64, CoreError> {
-        Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(i64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], CoreError> {
         self.take(n)
@@ -101,7 +116,10 @@ impl<'a> Dec<'a> {
     pub fn blob(&mut self, max: usize) -> Result<&'a [u8], CoreError> {
         let n = self.u32()? as usize;
         if n > max {
-            return Err(CoreError::corrupted(self.what, format!("length {n} exceeds limit {max}")));
+            return Err(CoreError::corrupted(
+                self.what,
+                format!("length {n} exceeds limit {max}"),
+            ));
         }
         self.take(n)
     }

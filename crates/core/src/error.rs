@@ -14,6 +14,9 @@ pub enum CoreError {
 impl CoreError {
     /// Builds a corruption error.
     pub fn corrupted(what: impl Into<String>, detail: impl Into<String>) -> Self {
-        CoreError::Corrupted { what: what.into(), detail: detail.into() }
+        CoreError::Corrupted {
+            what: what.into(),
+            detail: detail.into(),
+        }
     }
 }

@@ -89,7 +89,9 @@ impl ExtentMap {
                 return Lookup::Mapped { start, ext: *ext };
             }
         }
-        Lookup::Hole { next: self.map.range(block..).next().map(|(&s, _)| s) }
+        Lookup::Hole {
+            next: self.map.range(block..).next().map(|(&s, _)| s),
+        }
     }
 
     /// Maps `[start, start + len)` to `phys..` with `state`, replacing whatever was mapped
@@ -110,19 +112,42 @@ impl ExtentMap {
         // An extent starting before `start` may reach into the range: split it.
         if let Some((&s, &e)) = self.map.range(..start).next_back() {
             if s + e.len > start {
-                self.map.insert(s, Extent { len: start - s, ..e });
+                self.map.insert(
+                    s,
+                    Extent {
+                        len: start - s,
+                        ..e
+                    },
+                );
                 let tail_phys = e.phys + (start - s);
-                self.map.insert(start, Extent { len: e.len - (start - s), phys: tail_phys, ..e });
+                self.map.insert(
+                    start,
+                    Extent {
+                        len: e.len - (start - s),
+                        phys: tail_phys,
+                        ..e
+                    },
+                );
             }
         }
         let keys: Vec<u64> = self.map.range(start..end).map(|(&k, _)| k).collect();
         for k in keys {
             let e = self.map.remove(&k).expect("key just listed");
             let stop = (k + e.len).min(end);
-            out.push(PhysRange { phys: e.phys, len: stop - k });
+            out.push(PhysRange {
+                phys: e.phys,
+                len: stop - k,
+            });
             if k + e.len > end {
                 let cut = end - k;
-                self.map.insert(end, Extent { len: e.len - cut, phys: e.phys + cut, ..e });
+                self.map.insert(
+                    end,
+                    Extent {
+                        len: e.len - cut,
+                        phys: e.phys + cut,
+                        ..e
+                    },
+                );
             }
         }
         out
@@ -152,7 +177,10 @@ impl ExtentMap {
         if let Some((&ps, &pe)) = self.map.range(..start).next_back() {
             if mergeable(ps, &pe, s, &e) {
                 self.map.remove(&s);
-                e = Extent { len: pe.len + e.len, ..pe };
+                e = Extent {
+                    len: pe.len + e.len,
+                    ..pe
+                };
                 s = ps;
                 self.map.insert(s, e);
             }
@@ -161,7 +189,13 @@ impl ExtentMap {
         if let Some(&ne) = self.map.get(&next_key) {
             if mergeable(s, &e, next_key, &ne) {
                 self.map.remove(&next_key);
-                self.map.insert(s, Extent { len: e.len + ne.len, ..e });
+                self.map.insert(
+                    s,
+                    Extent {
+                        len: e.len + ne.len,
+                        ..e
+                    },
+                );
             }
         }
     }
@@ -207,7 +241,9 @@ impl ExtentMap {
                 return Some(format!("extent at object block {s} has length 0"));
             }
             if i > 0 && s < prev_end {
-                return Some(format!("extent at object block {s} overlaps the previous one"));
+                return Some(format!(
+                    "extent at object block {s} overlaps the previous one"
+                ));
             }
             prev_end = s.checked_add(e.len)?;
         }
@@ -221,7 +257,12 @@ mod tests {
     use ExtentState::{Unwritten, Written};
 
     fn ext(len: u64, phys: u64, state: ExtentState) -> Extent {
-        Extent { len, phys, state, refcount: 1 }
+        Extent {
+            len,
+            phys,
+            state,
+            refcount: 1,
+        }
     }
 
     #[test]
@@ -233,7 +274,18 @@ mod tests {
         let freed = m.clear(2, 3);
         assert_eq!(freed, vec![PhysRange { phys: 102, len: 3 }]);
         assert_eq!(m.len(), 2);
-        assert_eq!(m.lookup(6), Lookup::Mapped { start: 5, ext: Extent { len: 3, phys: 105, state: Written, refcount: 1 } });
+        assert_eq!(
+            m.lookup(6),
+            Lookup::Mapped {
+                start: 5,
+                ext: Extent {
+                    len: 3,
+                    phys: 105,
+                    state: Written,
+                    refcount: 1
+                }
+            }
+        );
         assert_eq!(m.lookup(3), Lookup::Hole { next: Some(5) });
         assert!(m.check().is_none());
     }
@@ -256,7 +308,13 @@ mod tests {
         m.set(0, ext(10, 1000, Written));
         m.set(20, ext(5, 2000, Written));
         let f = m.truncate_from(5);
-        assert_eq!(f, vec![PhysRange { phys: 1005, len: 5 }, PhysRange { phys: 2000, len: 5 }]);
+        assert_eq!(
+            f,
+            vec![
+                PhysRange { phys: 1005, len: 5 },
+                PhysRange { phys: 2000, len: 5 }
+            ]
+        );
         assert_eq!(m.mapped_blocks(), 5);
     }
 }

@@ -87,8 +87,12 @@ impl Geometry {
                 p.sector_size
             ));
         }
-        if p.stripe_unit == 0 || p.stripe_unit % bs.bytes() != 0 {
-            return lim(format!("stripe unit {} is not a multiple of the block size {}", p.stripe_unit, bs.bytes()));
+        if p.stripe_unit == 0 || !p.stripe_unit.is_multiple_of(bs.bytes()) {
+            return lim(format!(
+                "stripe unit {} is not a multiple of the block size {}",
+                p.stripe_unit,
+                bs.bytes()
+            ));
         }
         let n = u32::try_from(p.target_bytes.len()).unwrap_or(u32::MAX);
         if p.stripe_count == 0 || p.stripe_count > n {
@@ -96,8 +100,12 @@ impl Geometry {
         }
         let t0 = p.target_bytes[0];
         let clamp = |v: u64, lo: u64, hi: u64| v.clamp(lo, hi);
-        let journal_bytes = p.journal_bytes.unwrap_or_else(|| clamp(t0 / 64, 256 << 10, 128 << 20));
-        let ckpt_bytes = p.ckpt_bytes.unwrap_or_else(|| clamp(t0 / 32, 256 << 10, 256 << 20));
+        let journal_bytes = p
+            .journal_bytes
+            .unwrap_or_else(|| clamp(t0 / 64, 256 << 10, 128 << 20));
+        let ckpt_bytes = p
+            .ckpt_bytes
+            .unwrap_or_else(|| clamp(t0 / 32, 256 << 10, 256 << 20));
         let journal_blocks = bs.blocks_for(journal_bytes).max(4);
         let ckpt_blocks = bs.blocks_for(ckpt_bytes).max(2);
         let align = bs.blocks_for(DATA_ALIGN_BYTES).max(1);
@@ -115,7 +123,7 @@ impl Geometry {
             }
             targets.push(TargetGeometry { blocks, data_start });
         }
-        let unit = u32::try_from(bs.bytes().min(4096)).unwrap_or(4096).max(p.sector_size);
+        let unit = bs.bytes().min(4096).max(p.sector_size);
         Ok(Self {
             uuid: p.uuid,
             block_size: bs,
@@ -163,7 +171,9 @@ impl Geometry {
     /// # Errors
     /// `Corrupted` when the superblocks disagree about the file system.
     pub fn from_superblocks(sbs: &[Superblock]) -> Result<Self, CoreError> {
-        let first = sbs.first().ok_or_else(|| CoreError::Limit("no targets".into()))?;
+        let first = sbs
+            .first()
+            .ok_or_else(|| CoreError::Limit("no targets".into()))?;
         for (i, sb) in sbs.iter().enumerate() {
             let same = sb.uuid == first.uuid
                 && sb.block_size == first.block_size
@@ -178,12 +188,19 @@ impl Geometry {
                 ));
             }
         }
-        let bs = BlockSize::new(first.block_size).map_err(|e| CoreError::corrupted("superblock", e))?;
+        let bs =
+            BlockSize::new(first.block_size).map_err(|e| CoreError::corrupted("superblock", e))?;
         Ok(Self {
             uuid: first.uuid,
             block_size: bs,
             sector_size: first.sector_size,
-            targets: sbs.iter().map(|s| TargetGeometry { blocks: s.target_blocks, data_start: s.data_start }).collect(),
+            targets: sbs
+                .iter()
+                .map(|s| TargetGeometry {
+                    blocks: s.target_blocks,
+                    data_start: s.data_start,
+                })
+                .collect(),
             stripe_unit: first.stripe_unit,
             stripe_count: first.stripe_count,
             ckpt_start: first.ckpt_start,
@@ -217,6 +234,7 @@ impl Geometry {
     /// Bytes a checkpoint payload may occupy.
     #[must_use]
     pub fn ckpt_payload_capacity(&self) -> u64 {
-        (self.ckpt_blocks - 1) * (self.block_size.bytes_u64() - crate::checkpoint::BLOCK_HEADER_BYTES as u64)
+        (self.ckpt_blocks - 1)
+            * (self.block_size.bytes_u64() - crate::checkpoint::BLOCK_HEADER_BYTES as u64)
     }
 }

@@ -89,7 +89,10 @@ impl Timespec {
         let d = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        Self { sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() }
+        Self {
+            sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nsec: d.subsec_nanos(),
+        }
     }
 }
 
@@ -157,7 +160,13 @@ impl Inode {
         } else {
             Vec::new()
         };
-        Self { attrs, objects, entries: BTreeMap::new(), symlink: Vec::new(), xattrs: BTreeMap::new() }
+        Self {
+            attrs,
+            objects,
+            entries: BTreeMap::new(),
+            symlink: Vec::new(),
+            xattrs: BTreeMap::new(),
+        }
     }
 
     /// Blocks allocated to the file across all objects.

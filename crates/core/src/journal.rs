@@ -59,7 +59,11 @@ pub fn encode_txn(uuid: Uuid, lsn: u64, seq: u64, payload: &[u8], unit: u32) -> 
     buf[32..40].copy_from_slice(&lsn.to_le_bytes());
     buf[40..48].copy_from_slice(&seq.to_le_bytes());
     buf[48..52].copy_from_slice(&u32::try_from(units).expect("units fit u32").to_le_bytes());
-    buf[52..56].copy_from_slice(&u32::try_from(payload.len()).expect("payload below 4 GiB").to_le_bytes());
+    buf[52..56].copy_from_slice(
+        &u32::try_from(payload.len())
+            .expect("payload below 4 GiB")
+            .to_le_bytes(),
+    );
     let hcrc = crc32c(&buf[12..TXN_HEADER_BYTES]);
     buf[8..12].copy_from_slice(&hcrc.to_le_bytes());
     buf[TXN_HEADER_BYTES..TXN_HEADER_BYTES + payload.len()].copy_from_slice(payload);
@@ -79,7 +83,13 @@ fn le64(b: &[u8], at: usize) -> u64 {
 ///
 /// # Errors
 /// [`HeaderMismatch::NotNext`] describing the first failed check.
-pub fn decode_header(first_unit: &[u8], uuid: Uuid, lsn: u64, seq: u64, max_units: u64) -> Result<TxnHeader, HeaderMismatch> {
+pub fn decode_header(
+    first_unit: &[u8],
+    uuid: Uuid,
+    lsn: u64,
+    seq: u64,
+    max_units: u64,
+) -> Result<TxnHeader, HeaderMismatch> {
     let no = |why: String| Err(HeaderMismatch::NotNext(why));
     if first_unit.len() < TXN_HEADER_BYTES {
         return no("unit smaller than a header".into());
@@ -96,13 +106,21 @@ pub fn decode_header(first_unit: &[u8], uuid: Uuid, lsn: u64, seq: u64, max_unit
     }
     let (hl, hs, units) = (le64(h, 32), le64(h, 40), le32(h, 48));
     if hl != lsn || hs != seq {
-        return no(format!("record lsn {hl} seq {hs}, expected lsn {lsn} seq {seq}"));
+        return no(format!(
+            "record lsn {hl} seq {hs}, expected lsn {lsn} seq {seq}"
+        ));
     }
     let payload_len = le32(h, 52);
     if u64::from(units) == 0 || u64::from(units) > max_units {
         return no(format!("record claims {units} units"));
     }
-    Ok(TxnHeader { lsn, seq, units, payload_len, payload_crc: le32(h, 12) })
+    Ok(TxnHeader {
+        lsn,
+        seq,
+        units,
+        payload_len,
+        payload_crc: le32(h, 12),
+    })
 }
 
 /// Returns the payload of a whole transaction (`units` units read from `lsn`) if its
@@ -126,9 +144,18 @@ mod tests {
         assert_eq!(buf.len(), 8192);
         let h = decode_header(&buf[..4096], u, 40, 7, 100).unwrap();
         assert_eq!(verify_payload(&h, &buf).unwrap(), &payload[..]);
-        assert!(decode_header(&buf, u, 41, 7, 100).is_err(), "wrong position");
-        assert!(decode_header(&buf, u, 40, 8, 100).is_err(), "wrong sequence");
-        assert!(decode_header(&buf, Uuid([4; 16]), 40, 7, 100).is_err(), "other fs");
+        assert!(
+            decode_header(&buf, u, 41, 7, 100).is_err(),
+            "wrong position"
+        );
+        assert!(
+            decode_header(&buf, u, 40, 8, 100).is_err(),
+            "wrong sequence"
+        );
+        assert!(
+            decode_header(&buf, Uuid([4; 16]), 40, 7, 100).is_err(),
+            "other fs"
+        );
         let mut torn = buf.clone();
         torn[3000] ^= 1;
         assert!(verify_payload(&h, &torn).is_none(), "torn payload detected");

@@ -88,7 +88,11 @@ mod tests {
 
     #[test]
     fn piece_and_inverse_agree() {
-        let l = StripeLayout { count: 3, unit_bytes: 8192, first_target: 1 };
+        let l = StripeLayout {
+            count: 3,
+            unit_bytes: 8192,
+            first_target: 1,
+        };
         for off in (0..200_000u64).step_by(777) {
             let p = l.piece(off, 1 << 20);
             assert!(p.len > 0 && p.len <= 8192);
@@ -99,7 +103,11 @@ mod tests {
 
     #[test]
     fn object_len_sums_to_size() {
-        let l = StripeLayout { count: 3, unit_bytes: 4096, first_target: 0 };
+        let l = StripeLayout {
+            count: 3,
+            unit_bytes: 4096,
+            first_target: 0,
+        };
         for size in [0u64, 1, 4095, 4096, 4097, 12288, 12289, 100_000] {
             let total: u64 = (0..3).map(|o| l.object_len(o, size)).sum();
             assert_eq!(total, size);

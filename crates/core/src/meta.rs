@@ -26,7 +26,10 @@ impl MetaState {
     /// An empty model (no root yet).
     #[must_use]
     pub fn new() -> Self {
-        Self { inodes: BTreeMap::new(), next_ino: Ino::ROOT.0 }
+        Self {
+            inodes: BTreeMap::new(),
+            next_ino: Ino::ROOT.0,
+        }
     }
 
     /// The inode `ino`, if it exists.
@@ -37,7 +40,10 @@ impl MetaState {
 
     fn get_mut(&mut self, ino: Ino, rec: &Record) -> Result<&mut Inode, CoreError> {
         self.inodes.get_mut(&ino).ok_or_else(|| {
-            CoreError::corrupted("metadata record", format!("{rec:?} refers to missing inode {ino}"))
+            CoreError::corrupted(
+                "metadata record",
+                format!("{rec:?} refers to missing inode {ino}"),
+            )
         })
     }
 
@@ -70,31 +76,74 @@ impl MetaState {
                     return Err(bad(format!("free of missing inode {ino}")));
                 }
             }
-            Record::ExtentSet { ino, object, block, len, phys, state, refcount } => {
+            Record::ExtentSet {
+                ino,
+                object,
+                block,
+                len,
+                phys,
+                state,
+                refcount,
+            } => {
                 let i = self.get_mut(*ino, rec)?;
-                let map = i.objects.get_mut(*object as usize).ok_or_else(|| bad(format!("inode {ino} has no object {object}")))?;
-                map.set(*block, Extent { len: *len, phys: *phys, state: *state, refcount: *refcount });
+                let map = i
+                    .objects
+                    .get_mut(*object as usize)
+                    .ok_or_else(|| bad(format!("inode {ino} has no object {object}")))?;
+                map.set(
+                    *block,
+                    Extent {
+                        len: *len,
+                        phys: *phys,
+                        state: *state,
+                        refcount: *refcount,
+                    },
+                );
             }
-            Record::ExtentClear { ino, object, block, len } => {
+            Record::ExtentClear {
+                ino,
+                object,
+                block,
+                len,
+            } => {
                 let i = self.get_mut(*ino, rec)?;
-                let map = i.objects.get_mut(*object as usize).ok_or_else(|| bad(format!("inode {ino} has no object {object}")))?;
+                let map = i
+                    .objects
+                    .get_mut(*object as usize)
+                    .ok_or_else(|| bad(format!("inode {ino} has no object {object}")))?;
                 map.clear(*block, *len);
             }
-            Record::DirAdd { dir, name, ino, kind } => {
+            Record::DirAdd {
+                dir,
+                name,
+                ino,
+                kind,
+            } => {
                 let d = self.get_mut(*dir, rec)?;
                 if d.attrs.kind != FileKind::Directory {
                     return Err(bad(format!("entry added to non-directory {dir}")));
                 }
-                d.entries.insert(name.clone(), crate::inode::DirEntry { ino: *ino, kind: *kind });
+                d.entries.insert(
+                    name.clone(),
+                    crate::inode::DirEntry {
+                        ino: *ino,
+                        kind: *kind,
+                    },
+                );
             }
             Record::DirRemove { dir, name } => {
                 let d = self.get_mut(*dir, rec)?;
                 if d.entries.remove(name).is_none() {
-                    return Err(bad(format!("directory {dir} has no entry {:?} to remove", String::from_utf8_lossy(name))));
+                    return Err(bad(format!(
+                        "directory {dir} has no entry {:?} to remove",
+                        String::from_utf8_lossy(name)
+                    )));
                 }
             }
             Record::XattrSet { ino, name, value } => {
-                self.get_mut(*ino, rec)?.xattrs.insert(name.clone(), value.clone());
+                self.get_mut(*ino, rec)?
+                    .xattrs
+                    .insert(name.clone(), value.clone());
             }
             Record::XattrRemove { ino, name } => {
                 if self.get_mut(*ino, rec)?.xattrs.remove(name).is_none() {
@@ -136,7 +185,11 @@ impl MetaState {
     /// Total extents across all files.
     #[must_use]
     pub fn extent_count(&self) -> usize {
-        self.inodes.values().flat_map(|i| i.objects.iter()).map(crate::extent::ExtentMap::len).sum()
+        self.inodes
+            .values()
+            .flat_map(|i| i.objects.iter())
+            .map(crate::extent::ExtentMap::len)
+            .sum()
     }
 }
 
@@ -145,7 +198,10 @@ fn inode_records(inode: &Inode) -> Vec<Record> {
     let ino = inode.attrs.ino;
     let mut out = vec![Record::InodeSet(inode.attrs.clone())];
     if !inode.symlink.is_empty() {
-        out.push(Record::SymlinkSet { ino, target: inode.symlink.clone() });
+        out.push(Record::SymlinkSet {
+            ino,
+            target: inode.symlink.clone(),
+        });
     }
     for (object, map) in inode.objects.iter().enumerate() {
         for (block, e) in map.iter() {
@@ -161,10 +217,19 @@ fn inode_records(inode: &Inode) -> Vec<Record> {
         }
     }
     for (name, de) in &inode.entries {
-        out.push(Record::DirAdd { dir: ino, name: name.clone(), ino: de.ino, kind: de.kind });
+        out.push(Record::DirAdd {
+            dir: ino,
+            name: name.clone(),
+            ino: de.ino,
+            kind: de.kind,
+        });
     }
     for (name, value) in &inode.xattrs {
-        out.push(Record::XattrSet { ino, name: name.clone(), value: value.clone() });
+        out.push(Record::XattrSet {
+            ino,
+            name: name.clone(),
+            value: value.clone(),
+        });
     }
     out
 }

@@ -8,7 +8,9 @@
 
 use crate::codec::{Dec, Enc};
 use crate::extent::ExtentState;
-use crate::inode::{FileKind, InodeAttrs, Timespec, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX};
+use crate::inode::{
+    FileKind, InodeAttrs, Timespec, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX,
+};
 use crate::layout::StripeLayout;
 use crate::{CoreError, Ino};
 
@@ -21,15 +23,37 @@ pub enum Record {
     InodeFree(Ino),
     /// Map object blocks `[block, block + len)` to physical `phys..` in `state`, owned by
     /// `refcount` files (1 until shared extents exist).
-    ExtentSet { ino: Ino, object: u32, block: u64, len: u64, phys: u64, state: ExtentState, refcount: u32 },
+    ExtentSet {
+        ino: Ino,
+        object: u32,
+        block: u64,
+        len: u64,
+        phys: u64,
+        state: ExtentState,
+        refcount: u32,
+    },
     /// Unmap object blocks `[block, block + len)`.
-    ExtentClear { ino: Ino, object: u32, block: u64, len: u64 },
+    ExtentClear {
+        ino: Ino,
+        object: u32,
+        block: u64,
+        len: u64,
+    },
     /// Add (or replace) entry `name` in directory `dir`.
-    DirAdd { dir: Ino, name: Vec<u8>, ino: Ino, kind: FileKind },
+    DirAdd {
+        dir: Ino,
+        name: Vec<u8>,
+        ino: Ino,
+        kind: FileKind,
+    },
     /// Remove entry `name` from directory `dir`.
     DirRemove { dir: Ino, name: Vec<u8> },
     /// Set an extended attribute.
-    XattrSet { ino: Ino, name: Vec<u8>, value: Vec<u8> },
+    XattrSet {
+        ino: Ino,
+        name: Vec<u8>,
+        value: Vec<u8>,
+    },
     /// Remove an extended attribute.
     XattrRemove { ino: Ino, name: Vec<u8> },
     /// Set a symlink's target.
@@ -82,10 +106,13 @@ fn enc_attrs(e: &mut Enc, a: &InodeAttrs) {
 fn dec_attrs(d: &mut Dec<'_>) -> Result<InodeAttrs, CoreError> {
     let ino = Ino(d.u64()?);
     let code = d.u8()?;
-    let kind = FileKind::from_code(code).ok_or_else(|| d.err(format!("inode {ino}: unknown file type {code}")))?;
+    let kind = FileKind::from_code(code)
+        .ok_or_else(|| d.err(format!("inode {ino}: unknown file type {code}")))?;
     let perm = d.u16()?;
     if perm > 0o7777 {
-        return Err(d.err(format!("inode {ino}: permission bits {perm:o} out of range")));
+        return Err(d.err(format!(
+            "inode {ino}: permission bits {perm:o} out of range"
+        )));
     }
     Ok(InodeAttrs {
         ino,
@@ -101,7 +128,11 @@ fn dec_attrs(d: &mut Dec<'_>) -> Result<InodeAttrs, CoreError> {
         crtime: dec_time(d)?,
         rdev: d.u64()?,
         parent: Ino(d.u64()?),
-        layout: StripeLayout { count: d.u32()?, unit_bytes: d.u32()?, first_target: d.u32()? },
+        layout: StripeLayout {
+            count: d.u32()?,
+            unit_bytes: d.u32()?,
+            first_target: d.u32()?,
+        },
         flags: d.u32()?,
     })
 }
@@ -119,7 +150,15 @@ impl Record {
                 b.u64(ino.0);
                 T_INODE_FREE
             }
-            Record::ExtentSet { ino, object, block, len, phys, state, refcount } => {
+            Record::ExtentSet {
+                ino,
+                object,
+                block,
+                len,
+                phys,
+                state,
+                refcount,
+            } => {
                 b.u64(ino.0);
                 b.u32(*object);
                 b.u64(*block);
@@ -129,14 +168,24 @@ impl Record {
                 b.u32(*refcount);
                 T_EXTENT_SET
             }
-            Record::ExtentClear { ino, object, block, len } => {
+            Record::ExtentClear {
+                ino,
+                object,
+                block,
+                len,
+            } => {
                 b.u64(ino.0);
                 b.u32(*object);
                 b.u64(*block);
                 b.u64(*len);
                 T_EXTENT_CLEAR
             }
-            Record::DirAdd { dir, name, ino, kind } => {
+            Record::DirAdd {
+                dir,
+                name,
+                ino,
+                kind,
+            } => {
                 b.u64(dir.0);
                 b.blob(name);
                 b.u64(ino.0);
@@ -192,45 +241,82 @@ impl Record {
             T_INODE_SET => Record::InodeSet(dec_attrs(&mut b)?),
             T_INODE_FREE => Record::InodeFree(Ino(b.u64()?)),
             T_EXTENT_SET => {
-                let (ino, object, block, len, phys) = (Ino(b.u64()?), b.u32()?, b.u64()?, b.u64()?, b.u64()?);
+                let (ino, object, block, len, phys) =
+                    (Ino(b.u64()?), b.u32()?, b.u64()?, b.u64()?, b.u64()?);
                 let code = b.u8()?;
-                let state = ExtentState::from_code(code).ok_or_else(|| b.err(format!("extent state {code}")))?;
+                let state = ExtentState::from_code(code)
+                    .ok_or_else(|| b.err(format!("extent state {code}")))?;
                 let refcount = b.u32()?;
                 if refcount == 0 {
                     return Err(b.err(format!("inode {ino} extent at {block} has refcount 0")));
                 }
                 if len == 0 || block.checked_add(len).is_none() || phys.checked_add(len).is_none() {
-                    return Err(b.err(format!("inode {ino} extent at {block} has impossible length {len}")));
+                    return Err(b.err(format!(
+                        "inode {ino} extent at {block} has impossible length {len}"
+                    )));
                 }
-                Record::ExtentSet { ino, object, block, len, phys, state, refcount }
+                Record::ExtentSet {
+                    ino,
+                    object,
+                    block,
+                    len,
+                    phys,
+                    state,
+                    refcount,
+                }
             }
             T_EXTENT_CLEAR => {
                 let (ino, object, block, len) = (Ino(b.u64()?), b.u32()?, b.u64()?, b.u64()?);
                 if len == 0 || block.checked_add(len).is_none() {
-                    return Err(b.err(format!("inode {ino} extent clear at {block} of length {len}")));
+                    return Err(b.err(format!(
+                        "inode {ino} extent clear at {block} of length {len}"
+                    )));
                 }
-                Record::ExtentClear { ino, object, block, len }
+                Record::ExtentClear {
+                    ino,
+                    object,
+                    block,
+                    len,
+                }
             }
             T_DIR_ADD => {
                 let dir = Ino(b.u64()?);
                 let name = b.blob(NAME_MAX)?.to_vec();
                 let ino = Ino(b.u64()?);
                 let code = b.u8()?;
-                let kind = FileKind::from_code(code).ok_or_else(|| b.err(format!("entry type {code}")))?;
-                Record::DirAdd { dir, name, ino, kind }
+                let kind =
+                    FileKind::from_code(code).ok_or_else(|| b.err(format!("entry type {code}")))?;
+                Record::DirAdd {
+                    dir,
+                    name,
+                    ino,
+                    kind,
+                }
             }
-            T_DIR_REMOVE => Record::DirRemove { dir: Ino(b.u64()?), name: b.blob(NAME_MAX)?.to_vec() },
+            T_DIR_REMOVE => Record::DirRemove {
+                dir: Ino(b.u64()?),
+                name: b.blob(NAME_MAX)?.to_vec(),
+            },
             T_XATTR_SET => Record::XattrSet {
                 ino: Ino(b.u64()?),
                 name: b.blob(XATTR_NAME_MAX)?.to_vec(),
                 value: b.blob(XATTR_VALUE_MAX)?.to_vec(),
             },
-            T_XATTR_REMOVE => Record::XattrRemove { ino: Ino(b.u64()?), name: b.blob(XATTR_NAME_MAX)?.to_vec() },
-            T_SYMLINK_SET => Record::SymlinkSet { ino: Ino(b.u64()?), target: b.blob(SYMLINK_MAX)?.to_vec() },
+            T_XATTR_REMOVE => Record::XattrRemove {
+                ino: Ino(b.u64()?),
+                name: b.blob(XATTR_NAME_MAX)?.to_vec(),
+            },
+            T_SYMLINK_SET => Record::SymlinkSet {
+                ino: Ino(b.u64()?),
+                target: b.blob(SYMLINK_MAX)?.to_vec(),
+            },
             other => return Err(d.err(format!("unknown record type {other}"))),
         };
         if b.remaining() != 0 {
-            return Err(d.err(format!("record type {tag} has {} trailing bytes", b.remaining())));
+            return Err(d.err(format!(
+                "record type {tag} has {} trailing bytes",
+                b.remaining()
+            )));
         }
         Ok(rec)
     }
@@ -284,18 +370,53 @@ mod tests {
             crtime: Timespec { sec: 7, nsec: 8 },
             rdev: 0,
             parent: Ino(0),
-            layout: StripeLayout { count: 2, unit_bytes: 65536, first_target: 1 },
+            layout: StripeLayout {
+                count: 2,
+                unit_bytes: 65536,
+                first_target: 1,
+            },
             flags: 0,
         };
         let recs = vec![
             Record::InodeSet(attrs),
-            Record::ExtentSet { ino: Ino(9), object: 1, block: 3, len: 4, phys: 99, state: ExtentState::Unwritten, refcount: 1 },
-            Record::ExtentClear { ino: Ino(9), object: 0, block: 0, len: 1 },
-            Record::DirAdd { dir: Ino(1), name: b"f".to_vec(), ino: Ino(9), kind: FileKind::Regular },
-            Record::DirRemove { dir: Ino(1), name: b"g".to_vec() },
-            Record::XattrSet { ino: Ino(9), name: b"user.a".to_vec(), value: vec![1, 2] },
-            Record::XattrRemove { ino: Ino(9), name: b"user.a".to_vec() },
-            Record::SymlinkSet { ino: Ino(9), target: b"/x".to_vec() },
+            Record::ExtentSet {
+                ino: Ino(9),
+                object: 1,
+                block: 3,
+                len: 4,
+                phys: 99,
+                state: ExtentState::Unwritten,
+                refcount: 1,
+            },
+            Record::ExtentClear {
+                ino: Ino(9),
+                object: 0,
+                block: 0,
+                len: 1,
+            },
+            Record::DirAdd {
+                dir: Ino(1),
+                name: b"f".to_vec(),
+                ino: Ino(9),
+                kind: FileKind::Regular,
+            },
+            Record::DirRemove {
+                dir: Ino(1),
+                name: b"g".to_vec(),
+            },
+            Record::XattrSet {
+                ino: Ino(9),
+                name: b"user.a".to_vec(),
+                value: vec![1, 2],
+            },
+            Record::XattrRemove {
+                ino: Ino(9),
+                name: b"user.a".to_vec(),
+            },
+            Record::SymlinkSet {
+                ino: Ino(9),
+                target: b"/x".to_vec(),
+            },
             Record::InodeFree(Ino(9)),
         ];
         let mut e = Enc::new();

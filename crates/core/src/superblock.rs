@@ -91,11 +91,17 @@ impl Superblock {
     pub fn decode(buf: &[u8], name: &str) -> Result<Self, CoreError> {
         let what = format!("superblock of target {name}");
         if buf.len() < SB_BYTES {
-            return Err(CoreError::corrupted(what, "target is smaller than a superblock"));
+            return Err(CoreError::corrupted(
+                what,
+                "target is smaller than a superblock",
+            ));
         }
         let buf = &buf[..SB_BYTES];
         if buf[..8] != SB_MAGIC {
-            return Err(CoreError::corrupted(what, "bad magic: not a stripefs target"));
+            return Err(CoreError::corrupted(
+                what,
+                "bad magic: not a stripefs target",
+            ));
         }
         let stored = u32::from_le_bytes(buf[SB_BYTES - 4..].try_into().expect("4 bytes"));
         if crc32c(&buf[..SB_BYTES - 4]) != stored {
@@ -104,7 +110,9 @@ impl Superblock {
         let mut d = Dec::new(&buf[8..], &what);
         let version = d.u32()?;
         if version != FORMAT_VERSION {
-            return Err(d.err(format!("format version {version}, this build reads {FORMAT_VERSION}")));
+            return Err(d.err(format!(
+                "format version {version}, this build reads {FORMAT_VERSION}"
+            )));
         }
         let _sb_bytes = d.u32()?;
         let sb = Superblock {
@@ -134,23 +142,35 @@ impl Superblock {
     fn validate(&self, what: &str) -> Result<(), CoreError> {
         let bad = |d: String| Err(CoreError::corrupted(what, d));
         if self.features_incompat & !INCOMPAT_SUPPORTED != 0 {
-            return bad(format!("unsupported incompatible features {:#x}", self.features_incompat));
+            return bad(format!(
+                "unsupported incompatible features {:#x}",
+                self.features_incompat
+            ));
         }
         let bs = match BlockSize::new(self.block_size) {
             Ok(b) => b,
             Err(e) => return bad(e),
         };
         if self.target_count == 0 || self.target_index.0 >= self.target_count {
-            return bad(format!("target index {} of {} targets", self.target_index, self.target_count));
+            return bad(format!(
+                "target index {} of {} targets",
+                self.target_index, self.target_count
+            ));
         }
         if self.data_start == 0 || self.data_start > self.target_blocks {
-            return bad(format!("data start {} outside {} blocks", self.data_start, self.target_blocks));
+            return bad(format!(
+                "data start {} outside {} blocks",
+                self.data_start, self.target_blocks
+            ));
         }
         if self.stripe_count == 0
             || self.stripe_unit == 0
-            || self.stripe_unit % self.block_size != 0
+            || !self.stripe_unit.is_multiple_of(self.block_size)
         {
-            return bad(format!("default stripe {}x{} bytes", self.stripe_count, self.stripe_unit));
+            return bad(format!(
+                "default stripe {}x{} bytes",
+                self.stripe_count, self.stripe_unit
+            ));
         }
         let unit_ok = self.journal_unit.is_power_of_two()
             && self.journal_unit >= 512
@@ -159,7 +179,11 @@ impl Superblock {
             return bad("journal or checkpoint geometry is impossible".into());
         }
         if self.sector_size > self.block_size || !self.sector_size.is_power_of_two() {
-            return bad(format!("sector size {} with block size {}", self.sector_size, bs.bytes()));
+            return bad(format!(
+                "sector size {} with block size {}",
+                self.sector_size,
+                bs.bytes()
+            ));
         }
         Ok(())
     }
@@ -206,7 +230,10 @@ mod tests {
         for byte in 0..SB_BYTES {
             let mut b = buf.clone();
             b[byte] ^= 0x10;
-            assert!(Superblock::decode(&b, "t").is_err(), "flip at byte {byte} went unnoticed");
+            assert!(
+                Superblock::decode(&b, "t").is_err(),
+                "flip at byte {byte} went unnoticed"
+            );
         }
     }
 }

@@ -55,7 +55,9 @@ impl BlockSize {
     /// A description of the rule when `bytes` is not a power of two in 1 KiB..=64 KiB.
     pub fn new(bytes: u32) -> Result<Self, String> {
         if !bytes.is_power_of_two() || !(Self::MIN..=Self::MAX).contains(&bytes) {
-            return Err(format!("block size {bytes} is not a power of two from 1 KiB to 64 KiB"));
+            return Err(format!(
+                "block size {bytes} is not a power of two from 1 KiB to 64 KiB"
+            ));
         }
         Ok(Self(bytes))
     }

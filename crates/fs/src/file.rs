@@ -20,7 +20,10 @@ impl Fs {
     /// `Stale` if it does not exist; `Poisoned`.
     pub fn open_file(&self, ino: Ino) -> Result<File> {
         self.open(ino)?;
-        Ok(File { fs: self.clone(), ino })
+        Ok(File {
+            fs: self.clone(),
+            ino,
+        })
     }
 }
 

@@ -45,7 +45,11 @@ impl Fs {
     /// # Errors
     /// `Invalid` for parameters that cannot work (with the reason); target I/O errors.
     pub fn mkfs(targets: &[Arc<dyn Target>], opts: &MkfsOptions) -> Result<Geometry> {
-        let sector = targets.iter().map(|t| t.info().sector_size).max().unwrap_or(512);
+        let sector = targets
+            .iter()
+            .map(|t| t.info().sector_size)
+            .max()
+            .unwrap_or(512);
         let block_size = BlockSize::new(opts.block_size).map_err(FsError::Invalid)?;
         let n = u32::try_from(targets.len()).map_err(|_| FsError::invalid("too many targets"))?;
         let params = MkfsParams {
@@ -70,7 +74,10 @@ impl Fs {
         let t0 = targets[0].as_ref();
         let bs = geo.block_size;
         // A stale header from an earlier file system must not be mistaken for area 1's.
-        t0.write_sync(bs.to_bytes(geo.ckpt_start[1]), IoBuf::zeroed(bs.bytes() as usize))?;
+        t0.write_sync(
+            bs.to_bytes(geo.ckpt_start[1]),
+            IoBuf::zeroed(bs.bytes() as usize),
+        )?;
         let mut state = MetaState::new();
         state.apply(&Record::InodeSet(root_attrs()))?;
         let hdr = CheckpointHeader {
@@ -103,7 +110,12 @@ impl Fs {
         let l = recovery::load(targets)?;
         let alloc = build_allocator(&l.state, &l.geo)?;
         let committed = l.next_seq - 1;
-        let pos = JournalPosition { head: l.head, tail: l.ckpt.journal_tail, generation: l.ckpt.generation, area: l.ckpt.area };
+        let pos = JournalPosition {
+            head: l.head,
+            tail: l.ckpt.journal_tail,
+            generation: l.ckpt.generation,
+            area: l.ckpt.area,
+        };
         let journal = Journal::new(pos, committed, l.snapshot_len);
         let meta = MetaCore {
             state: l.state,
@@ -115,22 +127,40 @@ impl Fs {
             rotor: 0,
             map_gen: HashMap::new(),
         };
-        let inner = Arc::new(FsInner::new(l.geo, l.targets, meta, journal, opts.faults.clone()));
+        let inner = Arc::new(FsInner::new(
+            l.geo,
+            l.targets,
+            meta,
+            journal,
+            opts.faults.clone(),
+        ));
         let fs = Fs { inner };
         let orphans = fs.free_orphans()?;
         if l.replayed_txns > 0 || orphans > 0 {
-            fs.inner.journal.commit(&fs.inner, 0, CommitMode::Checkpoint)?;
+            fs.inner
+                .journal
+                .commit(&fs.inner, 0, CommitMode::Checkpoint)?;
         }
         if let Some(every) = opts.commit_interval {
             fs.start_background(every);
         }
-        let report = MountReport { replayed_txns: l.replayed_txns, replayed_records: l.replayed_records, orphans_freed: orphans };
+        let report = MountReport {
+            replayed_txns: l.replayed_txns,
+            replayed_records: l.replayed_records,
+            orphans_freed: orphans,
+        };
         Ok((fs, report))
     }
 
     fn free_orphans(&self) -> Result<u64> {
         let mut m = self.inner.meta.lock();
-        let orphans: Vec<Ino> = m.state.inodes.values().filter(|i| i.attrs.nlink == 0).map(|i| i.attrs.ino).collect();
+        let orphans: Vec<Ino> = m
+            .state
+            .inodes
+            .values()
+            .filter(|i| i.attrs.nlink == 0)
+            .map(|i| i.attrs.ino)
+            .collect();
         for &ino in &orphans {
             self.free_inode(&mut m, ino)?;
         }
@@ -140,26 +170,30 @@ impl Fs {
     fn start_background(&self, every: std::time::Duration) {
         let weak: Weak<FsInner> = Arc::downgrade(&self.inner);
         let bg = Arc::clone(&self.inner.bg);
-        let spawned = std::thread::Builder::new().name("stripefs-commit".into()).spawn(move || loop {
-            {
-                let mut stop = bg.stop.lock();
-                if !*stop {
-                    bg.wake.wait_for(&mut stop, every);
+        let spawned = std::thread::Builder::new()
+            .name("stripefs-commit".into())
+            .spawn(move || loop {
+                {
+                    let mut stop = bg.stop.lock();
+                    if !*stop {
+                        bg.wake.wait_for(&mut stop, every);
+                    }
+                    if *stop {
+                        return;
+                    }
                 }
-                if *stop {
-                    return;
+                let Some(inner) = weak.upgrade() else { return };
+                if !inner.is_poisoned() {
+                    let running = inner.meta.lock().txn.seq;
+                    // A failure poisons the file system and is reported by the next call.
+                    let _ = inner.journal.commit(&inner, running, CommitMode::Append);
                 }
-            }
-            let Some(inner) = weak.upgrade() else { return };
-            if !inner.is_poisoned() {
-                let running = inner.meta.lock().txn.seq;
-                // A failure poisons the file system and is reported by the next call.
-                let _ = inner.journal.commit(&inner, running, CommitMode::Append);
-            }
-        });
+            });
         match spawned {
             Ok(h) => *self.inner.bg_thread.lock() = Some(h),
-            Err(e) => tracing::warn!(error = %e, "no background commit thread; commits happen on fsync only"),
+            Err(e) => {
+                tracing::warn!(error = %e, "no background commit thread; commits happen on fsync only")
+            }
         }
     }
 
@@ -182,7 +216,9 @@ impl Fs {
             return Ok(());
         }
         self.inner.check()?;
-        self.inner.journal.commit(&self.inner, 0, CommitMode::Checkpoint)?;
+        self.inner
+            .journal
+            .commit(&self.inner, 0, CommitMode::Checkpoint)?;
         for t in &self.inner.targets {
             t.flush_sync()?;
         }
@@ -195,7 +231,9 @@ impl Fs {
     /// I/O errors (after which the file system is poisoned) or `Poisoned`.
     pub fn sync(&self) -> Result<()> {
         let running = self.inner.meta.lock().txn.seq;
-        self.inner.journal.commit(&self.inner, running, CommitMode::Append)
+        self.inner
+            .journal
+            .commit(&self.inner, running, CommitMode::Append)
     }
 
     /// Writes a checkpoint now (empties the journal).
@@ -203,7 +241,9 @@ impl Fs {
     /// # Errors
     /// As [`Fs::sync`].
     pub fn checkpoint(&self) -> Result<()> {
-        self.inner.journal.commit(&self.inner, 0, CommitMode::Checkpoint)
+        self.inner
+            .journal
+            .commit(&self.inner, 0, CommitMode::Checkpoint)
     }
 
     /// The file system's geometry.
@@ -235,8 +275,19 @@ impl Fs {
         let blocks = (0..n).map(|t| m.alloc.data_blocks(TargetId(t))).sum();
         let blocks_free = (0..n).map(|t| m.alloc.free_blocks(TargetId(t))).sum();
         let files = m.state.inodes.len() as u64;
-        let room = self.inner.geo.ckpt_payload_capacity().saturating_sub(self.metadata_bound(&m));
-        Ok(StatFs { block_size: self.inner.geo.block_size.bytes(), blocks, blocks_free, files, files_free: room / 160, name_max: 255 })
+        let room = self
+            .inner
+            .geo
+            .ckpt_payload_capacity()
+            .saturating_sub(self.metadata_bound(&m));
+        Ok(StatFs {
+            block_size: self.inner.geo.block_size.bytes(),
+            blocks,
+            blocks_free,
+            files,
+            files_free: room / 160,
+            name_max: 255,
+        })
     }
 
     /// Counters for `inspect` and tests.
@@ -278,7 +329,9 @@ impl Fs {
     /// Upper bound on the checkpoint size if one were written now.
     pub(crate) fn metadata_bound(&self, m: &MetaCore) -> u64 {
         let j = &self.inner.journal;
-        j.snapshot_len.load(Ordering::Relaxed) + j.bytes_since.load(Ordering::Relaxed) + m.txn.bytes as u64
+        j.snapshot_len.load(Ordering::Relaxed)
+            + j.bytes_since.load(Ordering::Relaxed)
+            + m.txn.bytes as u64
     }
 
     /// Admission control for metadata growth: refuses `bytes` more unless the checkpoint
@@ -293,7 +346,9 @@ impl Fs {
         if fits(self) {
             return Ok(());
         }
-        Err(FsError::NoSpace(format!("the metadata area is full ({cap} bytes usable); mkfs with a larger --ckpt-size")))
+        Err(FsError::NoSpace(format!(
+            "the metadata area is full ({cap} bytes usable); mkfs with a larger --ckpt-size"
+        )))
     }
 
     /// Default layout for a new regular file.
@@ -301,7 +356,11 @@ impl Fs {
         let g = &self.inner.geo;
         let first = m.rotor % g.target_count();
         m.rotor = m.rotor.wrapping_add(1);
-        StripeLayout { count: g.stripe_count, unit_bytes: g.stripe_unit, first_target: first }
+        StripeLayout {
+            count: g.stripe_count,
+            unit_bytes: g.stripe_unit,
+            first_target: first,
+        }
     }
 
     /// Frees `ino` and its blocks (blocks become reusable when this transaction commits).
@@ -310,9 +369,17 @@ impl Fs {
         let seq = m.txn.seq;
         let mut recs = Vec::new();
         for (object, map) in inode.objects.iter().enumerate() {
-            let target = inode.attrs.layout.target_of(object as u32, self.inner.geo.target_count());
+            let target = inode
+                .attrs
+                .layout
+                .target_of(object as u32, self.inner.geo.target_count());
             for (block, e) in map.iter() {
-                recs.push(Record::ExtentClear { ino, object: object as u32, block, len: e.len });
+                recs.push(Record::ExtentClear {
+                    ino,
+                    object: object as u32,
+                    block,
+                    len: e.len,
+                });
                 m.alloc.free_after(target, e.phys, e.len, seq);
             }
         }
@@ -340,13 +407,25 @@ fn build_allocator(state: &MetaState, geo: &Geometry) -> Result<Allocator> {
     let mut alloc = Allocator::new(geo);
     for inode in state.inodes.values() {
         for (object, map) in inode.objects.iter().enumerate() {
-            if object as u32 >= inode.attrs.layout.count || inode.attrs.layout.count > geo.target_count() {
-                return Err(CoreError::corrupted(format!("inode {}", inode.attrs.ino), "stripe layout does not fit the targets").into());
+            if object as u32 >= inode.attrs.layout.count
+                || inode.attrs.layout.count > geo.target_count()
+            {
+                return Err(CoreError::corrupted(
+                    format!("inode {}", inode.attrs.ino),
+                    "stripe layout does not fit the targets",
+                )
+                .into());
             }
-            let target = inode.attrs.layout.target_of(object as u32, geo.target_count());
+            let target = inode
+                .attrs
+                .layout
+                .target_of(object as u32, geo.target_count());
             for (block, e) in map.iter() {
                 alloc.mark_used(target, e.phys, e.len).map_err(|err| {
-                    CoreError::corrupted(format!("inode {} object {object} block {block}", inode.attrs.ino), err.to_string())
+                    CoreError::corrupted(
+                        format!("inode {} object {object} block {block}", inode.attrs.ino),
+                        err.to_string(),
+                    )
                 })?;
             }
         }
@@ -370,17 +449,25 @@ fn root_attrs() -> InodeAttrs {
         crtime: now,
         rdev: 0,
         parent: Ino::ROOT,
-        layout: StripeLayout { count: 0, unit_bytes: 0, first_target: 0 },
+        layout: StripeLayout {
+            count: 0,
+            unit_bytes: 0,
+            first_target: 0,
+        },
         flags: 0,
     }
 }
 
 fn random_uuid() -> Uuid {
     let mut b = [0u8; 16];
-    let ok = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b)).is_ok();
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .is_ok();
     if !ok {
         let t = Timespec::now();
-        let mut r = stripefs_target::Rng::new(t.sec as u64 ^ u64::from(t.nsec) ^ u64::from(std::process::id()));
+        let mut r = stripefs_target::Rng::new(
+            t.sec as u64 ^ u64::from(t.nsec) ^ u64::from(std::process::id()),
+        );
         r.fill(&mut b);
     }
     b[6] = (b[6] & 0x0f) | 0x40;

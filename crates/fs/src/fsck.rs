@@ -45,16 +45,34 @@ impl FsckReport {
 /// # Errors
 /// Load failures (damaged superblock, checkpoint or journal; missing or foreign targets)
 /// are returned as errors naming what is wrong; invariant violations are in the report.
-pub fn fsck(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) -> Result<FsckReport> {
+pub fn fsck(
+    targets: Vec<Arc<dyn Target>>,
+    progress: &mut dyn FnMut(FsckStage),
+) -> Result<FsckReport> {
     let mut l = recovery::load(targets)?;
-    progress(FsckStage::Loaded { inodes: l.state.inodes.len() as u64, journal_txns: l.replayed_txns });
+    progress(FsckStage::Loaded {
+        inodes: l.state.inodes.len() as u64,
+        journal_txns: l.replayed_txns,
+    });
     let mut notes = Vec::new();
     if l.replayed_txns > 0 {
-        notes.push(format!("journal holds {} committed transactions; the next mount replays them", l.replayed_txns));
+        notes.push(format!(
+            "journal holds {} committed transactions; the next mount replays them",
+            l.replayed_txns
+        ));
     }
-    let orphans: Vec<Ino> = l.state.inodes.values().filter(|i| i.attrs.nlink == 0).map(|i| i.attrs.ino).collect();
+    let orphans: Vec<Ino> = l
+        .state
+        .inodes
+        .values()
+        .filter(|i| i.attrs.nlink == 0)
+        .map(|i| i.attrs.ino)
+        .collect();
     if !orphans.is_empty() {
-        notes.push(format!("{} unlinked inodes were open at the crash; the next mount frees them", orphans.len()));
+        notes.push(format!(
+            "{} unlinked inodes were open at the crash; the next mount frees them",
+            orphans.len()
+        ));
         for o in orphans {
             l.state.inodes.remove(&o);
         }
@@ -106,19 +124,30 @@ pub fn inspect(targets: Vec<Arc<dyn Target>>) -> Result<Inspection> {
     let mut checkpoints = [None, None];
     for (i, start) in geo.ckpt_start.iter().enumerate() {
         let buf = t0.read_sync(bs.to_bytes(*start), bs.bytes() as usize)?;
-        checkpoints[i] = stripefs_core::checkpoint::decode_header(&buf, geo.uuid, *start, geo.ckpt_blocks - 1).ok().flatten();
+        checkpoints[i] =
+            stripefs_core::checkpoint::decode_header(&buf, geo.uuid, *start, geo.ckpt_blocks - 1)
+                .ok()
+                .flatten();
     }
     let (_, sbs) = recovery::read_superblocks(l.targets.clone())?;
     let r = check::check(&l.state, geo);
     let space = (0..geo.target_count())
         .map(|t| {
             let id = stripefs_core::TargetId(t);
-            (r.allocator.data_blocks(id), r.allocator.free_blocks(id), r.allocator.free_ranges(id))
+            (
+                r.allocator.data_blocks(id),
+                r.allocator.free_blocks(id),
+                r.allocator.free_ranges(id),
+            )
         })
         .collect();
     Ok(Inspection {
         superblocks: sbs,
-        target_names: l.targets.iter().map(|t| t.info().name.to_string()).collect(),
+        target_names: l
+            .targets
+            .iter()
+            .map(|t| t.info().name.to_string())
+            .collect(),
         checkpoints,
         active: l.ckpt,
         journal_txns: l.replayed_txns,

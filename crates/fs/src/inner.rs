@@ -14,7 +14,9 @@ use stripefs_core::geometry::Geometry;
 use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::Ino;
-use stripefs_target::{Batch, FaultInjector, FaultPoint, IoOp, Target, TargetError, TargetErrorKind, OpKind};
+use stripefs_target::{
+    Batch, FaultInjector, FaultPoint, IoOp, OpKind, Target, TargetError, TargetErrorKind,
+};
 
 use crate::error::{FsError, Result};
 use crate::journal::Journal;
@@ -33,7 +35,10 @@ pub(crate) struct Txn {
 
 impl Txn {
     pub fn new(seq: u64) -> Self {
-        Self { seq, ..Self::default() }
+        Self {
+            seq,
+            ..Self::default()
+        }
     }
 }
 
@@ -77,7 +82,10 @@ impl MetaCore {
             }
             self.txn.inode_set_at.insert(a.ino, self.txn.records.len());
         }
-        if matches!(rec, Record::ExtentSet { .. } | Record::ExtentClear { .. } | Record::InodeFree(_)) {
+        if matches!(
+            rec,
+            Record::ExtentSet { .. } | Record::ExtentClear { .. } | Record::InodeFree(_)
+        ) {
             self.data_seq.insert(ino, self.txn.seq);
             *self.map_gen.entry(ino).or_default() += 1;
         }
@@ -93,7 +101,10 @@ impl MetaCore {
         match rec {
             Record::InodeSet(a) => match self.state.get(a.ino) {
                 None => Some(a.ino),
-                Some(old) => (old.attrs.size != a.size || old.attrs.nlink != a.nlink || old.attrs.parent != a.parent).then_some(a.ino),
+                Some(old) => (old.attrs.size != a.size
+                    || old.attrs.nlink != a.nlink
+                    || old.attrs.parent != a.parent)
+                    .then_some(a.ino),
             },
             Record::DirAdd { ino, .. } => Some(*ino),
             _ => None,
@@ -132,7 +143,13 @@ pub(crate) struct FsInner {
 }
 
 impl FsInner {
-    pub fn new(geo: Geometry, targets: Vec<Arc<dyn Target>>, meta: MetaCore, journal: Journal, faults: Option<Arc<FaultInjector>>) -> Self {
+    pub fn new(
+        geo: Geometry,
+        targets: Vec<Arc<dyn Target>>,
+        meta: MetaCore,
+        journal: Journal,
+        faults: Option<Arc<FaultInjector>>,
+    ) -> Self {
         let dirty = targets.iter().map(|_| AtomicBool::new(false)).collect();
         Self {
             geo,
@@ -163,7 +180,10 @@ impl FsInner {
     pub fn poison(&self, why: &str) {
         let mut r = self.poison_reason.lock();
         if r.is_none() {
-            tracing::error!(reason = why, "stripefs: shutting down after a failed metadata or flush operation");
+            tracing::error!(
+                reason = why,
+                "stripefs: shutting down after a failed metadata or flush operation"
+            );
             *r = Some(why.to_string());
         }
         self.poisoned.store(true, Ordering::Release);
@@ -218,7 +238,11 @@ impl FsInner {
         match f.check(point) {
             None => Ok(()),
             Some(k) => {
-                let kind = if k.errno() == libc::ENOSPC { TargetErrorKind::NoSpace } else { TargetErrorKind::Os(k.errno()) };
+                let kind = if k.errno() == libc::ENOSPC {
+                    TargetErrorKind::NoSpace
+                } else {
+                    TargetErrorKind::Os(k.errno())
+                };
                 let name = self.targets[0].info().name.clone();
                 Err(TargetError::new(name, OpKind::Write, 0, kind).into())
             }

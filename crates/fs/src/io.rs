@@ -75,7 +75,10 @@ impl Fs {
                     let (slot, skip) = self.submit_read(&batch, map, pos, len);
                     copies.push((slot, skip, dst));
                 }
-                IomapKind::Hole | IomapKind::Unwritten | IomapKind::Delalloc | IomapKind::Shared => buf[dst].fill(0),
+                IomapKind::Hole
+                | IomapKind::Unwritten
+                | IomapKind::Delalloc
+                | IomapKind::Shared => buf[dst].fill(0),
             }
             Ok(len)
         })
@@ -89,13 +92,25 @@ impl Fs {
         Ok(n)
     }
 
-    fn submit_read(&self, batch: &Batch, map: &Iomap<DevAddr>, pos: u64, len: u64) -> (usize, usize) {
+    fn submit_read(
+        &self,
+        batch: &Batch,
+        map: &Iomap<DevAddr>,
+        pos: u64,
+        len: u64,
+    ) -> (usize, usize) {
         let bs = self.inner.geo.block_size;
         let first = bs.round_down(pos);
         let last = bs.round_up(pos + len);
         let offset = bs.to_bytes(map.addr.phys) + (first - map.offset);
         let target = self.inner.targets[map.addr.target.index()].as_ref();
-        let slot = batch.submit(target, IoOp::Read { offset, bufs: vec![IoBuf::zeroed((last - first) as usize)] });
+        let slot = batch.submit(
+            target,
+            IoOp::Read {
+                offset,
+                bufs: vec![IoBuf::zeroed((last - first) as usize)],
+            },
+        );
         (slot, (pos - first) as usize)
     }
 
@@ -108,7 +123,10 @@ impl Fs {
         if data.is_empty() {
             return Ok(0);
         }
-        let end = off.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_BYTES).ok_or(FsError::FileTooBig)?;
+        let end = off
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= MAX_FILE_BYTES)
+            .ok_or(FsError::FileTooBig)?;
         let unit = u64::from(self.inner.geo.stripe_unit);
         self.reserve_metadata(64 * (2 + data.len() as u64 / unit))?;
         let lock = self.inner.io_lock(ino);
@@ -116,11 +134,17 @@ impl Fs {
         let mapper = FileMapper::new(self, ino)?;
         let batch = Batch::new();
         let mut ioends = Vec::new();
-        let walked = iterate(&mapper, off, data.len() as u64, IomapOp::Write, |map, pos, len| {
-            let src = &data[(pos - off) as usize..(pos - off + len) as usize];
-            ioends.push(self.submit_write(&batch, map, pos, src)?);
-            Ok(len)
-        });
+        let walked = iterate(
+            &mapper,
+            off,
+            data.len() as u64,
+            IomapOp::Write,
+            |map, pos, len| {
+                let src = &data[(pos - off) as usize..(pos - off + len) as usize];
+                ioends.push(self.submit_write(&batch, map, pos, src)?);
+                Ok(len)
+            },
+        );
         // Wait even after an error: no I/O of this call may outlive it (I-003-1).
         let done = batch.wait();
         if let Err(e) = walked.map_err(iter_err).and_then(|_| first_error(&done)) {
@@ -132,7 +156,13 @@ impl Fs {
     }
 
     /// Builds and submits the whole-block write for one mapping piece.
-    fn submit_write(&self, batch: &Batch, map: &Iomap<DevAddr>, pos: u64, data: &[u8]) -> Result<IoEnd> {
+    fn submit_write(
+        &self,
+        batch: &Batch,
+        map: &Iomap<DevAddr>,
+        pos: u64,
+        data: &[u8],
+    ) -> Result<IoEnd> {
         let bs = self.inner.geo.block_size;
         let first = bs.round_down(pos);
         let last = bs.round_up(pos + data.len() as u64);
@@ -149,12 +179,20 @@ impl Fs {
                 buf[..blk].copy_from_slice(&target.read_sync(offset, blk)?);
             }
             let tail_at = buf.len() - blk;
-            if (pos + data.len() as u64) % bs.bytes_u64() != 0 && (tail_at != 0 || head == 0) {
+            if !(pos + data.len() as u64).is_multiple_of(bs.bytes_u64())
+                && (tail_at != 0 || head == 0)
+            {
                 buf[tail_at..].copy_from_slice(&target.read_sync(offset + tail_at as u64, blk)?);
             }
         }
         buf[head..head + data.len()].copy_from_slice(data);
-        batch.submit(target, IoOp::Write { offset, bufs: vec![buf] });
+        batch.submit(
+            target,
+            IoOp::Write {
+                offset,
+                bufs: vec![buf],
+            },
+        );
         Ok(IoEnd {
             object: map.addr.object,
             obj_block: map.addr.obj_block + skip_blocks,
@@ -221,12 +259,21 @@ impl Fs {
             let seq = m.txn.seq;
             for (object, map) in i.objects.iter().enumerate() {
                 let keep = bs.blocks_for(i.attrs.layout.object_len(object as u32, size));
-                let target = i.attrs.layout.target_of(object as u32, self.inner.geo.target_count());
+                let target = i
+                    .attrs
+                    .layout
+                    .target_of(object as u32, self.inner.geo.target_count());
                 for (block, e) in map.range(keep, u64::MAX - keep) {
                     let from = block.max(keep);
                     let len = block + e.len - from;
-                    recs.push(Record::ExtentClear { ino, object: object as u32, block: from, len });
-                    m.alloc.free_after(target, e.phys + (from - block), len, seq);
+                    recs.push(Record::ExtentClear {
+                        ino,
+                        object: object as u32,
+                        block: from,
+                        len,
+                    });
+                    m.alloc
+                        .free_after(target, e.phys + (from - block), len, seq);
                 }
             }
         }
@@ -269,12 +316,17 @@ impl Fs {
     pub fn fallocate(&self, ino: Ino, mode: FallocMode, off: u64, len: u64) -> Result<()> {
         self.inner.check()?;
         if !matches!(mode, FallocMode::Allocate | FallocMode::KeepSize) {
-            return Err(FsError::NotSupported(format!("fallocate mode {mode:?} is not implemented")));
+            return Err(FsError::NotSupported(format!(
+                "fallocate mode {mode:?} is not implemented"
+            )));
         }
         if len == 0 {
             return Err(FsError::invalid("fallocate length 0"));
         }
-        let end = off.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES).ok_or(FsError::FileTooBig)?;
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= MAX_FILE_BYTES)
+            .ok_or(FsError::FileTooBig)?;
         let unit = u64::from(self.inner.geo.stripe_unit);
         self.reserve_metadata(64 * (2 + len / unit))?;
         let lock = self.inner.io_lock(ino);
@@ -325,11 +377,22 @@ impl Fs {
         let need = {
             let m = self.inner.meta.lock();
             inode(&m, ino)?;
-            if datasync { m.data_seq.get(&ino).copied() } else { m.meta_seq.get(&ino).copied() }
+            if datasync {
+                m.data_seq.get(&ino).copied()
+            } else {
+                m.meta_seq.get(&ino).copied()
+            }
         };
         match need {
-            Some(seq) if seq > self.inner.journal.committed() => self.inner.journal.commit(&self.inner, seq, CommitMode::Append),
-            _ => self.inner.flush_dirty().inspect_err(|e| self.inner.poison(&format!("data flush failed: {e}"))),
+            Some(seq) if seq > self.inner.journal.committed() => {
+                self.inner
+                    .journal
+                    .commit(&self.inner, seq, CommitMode::Append)
+            }
+            _ => self
+                .inner
+                .flush_dirty()
+                .inspect_err(|e| self.inner.poison(&format!("data flush failed: {e}"))),
         }
     }
 }
@@ -395,7 +458,14 @@ impl Fs {
         let mut merged: Vec<MappedRange> = Vec::with_capacity(out.len());
         for r in out {
             match merged.last_mut() {
-                Some(p) if p.file_off + p.len == r.file_off && p.target == r.target && p.target_off + p.len == r.target_off && p.written == r.written => p.len += r.len,
+                Some(p)
+                    if p.file_off + p.len == r.file_off
+                        && p.target == r.target
+                        && p.target_off + p.len == r.target_off
+                        && p.written == r.written =>
+                {
+                    p.len += r.len
+                }
                 _ => merged.push(r),
             }
         }

@@ -102,7 +102,9 @@ impl Journal {
         }
         fs.check()?;
         let Some(work) = self.take(fs, &pos, mode) else {
-            return fs.flush_dirty().inspect_err(|e| fs.poison(&format!("data flush failed: {e}")));
+            return fs
+                .flush_dirty()
+                .inspect_err(|e| fs.poison(&format!("data flush failed: {e}")));
         };
         let res = fs.flush_dirty().and_then(|()| match &work.snapshot {
             Some((snap, next_ino)) => self.checkpoint(fs, &mut pos, work.seq, snap, *next_ino),
@@ -131,8 +133,14 @@ impl Journal {
         let units = txn_units(e.len(), fs.geo.journal_unit);
         let cap = fs.geo.journal_units();
         let full = pos.head + units - pos.tail > cap * 3 / 4;
-        let snapshot = (mode == CommitMode::Checkpoint || full).then(|| (m.state.encode_snapshot(), m.state.next_ino));
-        Some(Work { seq: txn.seq, payload: e.buf, units, snapshot })
+        let snapshot = (mode == CommitMode::Checkpoint || full)
+            .then(|| (m.state.encode_snapshot(), m.state.next_ino));
+        Some(Work {
+            seq: txn.seq,
+            payload: e.buf,
+            units,
+            snapshot,
+        })
     }
 
     fn append(&self, fs: &FsInner, pos: &mut JournalPosition, w: &Work) -> Result<()> {
@@ -145,10 +153,22 @@ impl Journal {
         let first_units = w.units.min(cap - pos.head % cap);
         let (a, b) = buf.split_at((first_units * unit) as usize);
         let batch = Batch::new();
-        batch.submit(t0, IoOp::Write { offset: geo.journal_unit_offset(pos.head), bufs: vec![IoBuf::from_slice(a)] });
+        batch.submit(
+            t0,
+            IoOp::Write {
+                offset: geo.journal_unit_offset(pos.head),
+                bufs: vec![IoBuf::from_slice(a)],
+            },
+        );
         if !b.is_empty() {
             let offset = geo.journal_unit_offset(pos.head + first_units);
-            batch.submit(t0, IoOp::Write { offset, bufs: vec![IoBuf::from_slice(b)] });
+            batch.submit(
+                t0,
+                IoOp::Write {
+                    offset,
+                    bufs: vec![IoBuf::from_slice(b)],
+                },
+            );
         }
         for d in batch.wait() {
             d.result?;
@@ -156,11 +176,19 @@ impl Journal {
         fs.fault(FaultPoint::JournalFlush)?;
         t0.flush_sync()?;
         pos.head += w.units;
-        self.bytes_since.fetch_add(w.payload.len() as u64, Ordering::Relaxed);
+        self.bytes_since
+            .fetch_add(w.payload.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
-    fn checkpoint(&self, fs: &FsInner, pos: &mut JournalPosition, seq: u64, snap: &[u8], next_ino: u64) -> Result<()> {
+    fn checkpoint(
+        &self,
+        fs: &FsInner,
+        pos: &mut JournalPosition,
+        seq: u64,
+        snap: &[u8],
+        next_ino: u64,
+    ) -> Result<()> {
         fs.fault(FaultPoint::CheckpointWrite)?;
         let area = 1 - pos.area;
         let generation = pos.generation + 1;
@@ -177,8 +205,14 @@ impl Journal {
             time_sec: Timespec::now().sec,
         };
         write_checkpoint(fs.targets[0].as_ref(), &fs.geo, hdr, snap)?;
-        *pos = JournalPosition { head: pos.head, tail: pos.head, generation, area };
-        self.snapshot_len.store(snap.len() as u64, Ordering::Relaxed);
+        *pos = JournalPosition {
+            head: pos.head,
+            tail: pos.head,
+            generation,
+            area,
+        };
+        self.snapshot_len
+            .store(snap.len() as u64, Ordering::Relaxed);
         self.bytes_since.store(0, Ordering::Relaxed);
         Ok(())
     }
@@ -188,7 +222,12 @@ impl Journal {
 ///
 /// # Errors
 /// `NoSpace` if the metadata does not fit the area; target errors.
-pub(crate) fn write_checkpoint(t0: &dyn Target, geo: &Geometry, hdr: CheckpointHeader, snap: &[u8]) -> Result<()> {
+pub(crate) fn write_checkpoint(
+    t0: &dyn Target,
+    geo: &Geometry,
+    hdr: CheckpointHeader,
+    snap: &[u8],
+) -> Result<()> {
     let cap = geo.ckpt_payload_capacity();
     if snap.len() as u64 > cap {
         return Err(FsError::NoSpace(format!(
@@ -203,7 +242,13 @@ pub(crate) fn write_checkpoint(t0: &dyn Target, geo: &Geometry, hdr: CheckpointH
     let base = bs.to_bytes(start + 1);
     for (i, chunk) in blocks.chunks(CKPT_CHUNK_BYTES).enumerate() {
         let offset = base + (i * CKPT_CHUNK_BYTES) as u64;
-        batch.submit(t0, IoOp::Write { offset, bufs: vec![IoBuf::from_slice(chunk)] });
+        batch.submit(
+            t0,
+            IoOp::Write {
+                offset,
+                bufs: vec![IoBuf::from_slice(chunk)],
+            },
+        );
     }
     for d in batch.wait() {
         d.result?;

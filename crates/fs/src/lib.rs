@@ -45,4 +45,7 @@ pub use path::Follow;
 pub use stripefs_core::inode::{FileKind, Timespec};
 pub use stripefs_core::layout::StripeLayout;
 pub use stripefs_core::Ino;
-pub use types::{Attr, CreateParams, DirEntryInfo, FallocMode, FsStatus, RenameMode, SetAttr, StatFs, TargetStatus, TimeSet};
+pub use types::{
+    Attr, CreateParams, DirEntryInfo, FallocMode, FsStatus, RenameMode, SetAttr, StatFs,
+    TargetStatus, TimeSet,
+};

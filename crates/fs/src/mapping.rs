@@ -66,7 +66,13 @@ impl<'a> FileMapper<'a> {
             _ => return Err(FsError::invalid("not a regular file")),
         }
         let layout = i.attrs.layout;
-        Ok(Self { fs, ino, layout, hint: RefCell::new(HashMap::new()), allocated: RefCell::new(Vec::new()) })
+        Ok(Self {
+            fs,
+            ino,
+            layout,
+            hint: RefCell::new(HashMap::new()),
+            allocated: RefCell::new(Vec::new()),
+        })
     }
 
     /// Returns every allocation of this operation to the free map (the operation failed
@@ -78,19 +84,38 @@ impl<'a> FileMapper<'a> {
         }
     }
 
-    fn allocate(&self, m: &mut crate::inner::MetaCore, target: TargetId, object: u32, obj_block: u64, want: u64) -> Result<(u64, u64)> {
-        self.fs.inner.fault(FaultPoint::Alloc).map_err(|_| FsError::NoSpace(format!("allocation on target {target} (injected)")))?;
+    fn allocate(
+        &self,
+        m: &mut crate::inner::MetaCore,
+        target: TargetId,
+        object: u32,
+        obj_block: u64,
+        want: u64,
+    ) -> Result<(u64, u64)> {
+        self.fs
+            .inner
+            .fault(FaultPoint::Alloc)
+            .map_err(|_| FsError::NoSpace(format!("allocation on target {target} (injected)")))?;
         let map = &inode(m, self.ino)?.objects[object as usize];
         let goal = match obj_block.checked_sub(1).map(|b| map.lookup(b)) {
             Some(Lookup::Mapped { start, ext }) => Some(ext.phys + (obj_block - start)),
-            _ => self.hint.borrow().get(&object).filter(|(b, _)| *b == obj_block).map(|&(_, p)| p),
+            _ => self
+                .hint
+                .borrow()
+                .get(&object)
+                .filter(|(b, _)| *b == obj_block)
+                .map(|&(_, p)| p),
         };
         let (phys, len) = m
             .alloc
             .alloc(target, goal, want)
             .ok_or_else(|| FsError::NoSpace(format!("target {target} is full")))?;
-        self.hint.borrow_mut().insert(object, (obj_block + len, phys + len));
-        self.allocated.borrow_mut().push(NewBlocks { target, phys, len });
+        self.hint
+            .borrow_mut()
+            .insert(object, (obj_block + len, phys + len));
+        self.allocated
+            .borrow_mut()
+            .push(NewBlocks { target, phys, len });
         Ok((phys, len))
     }
 }
@@ -103,7 +128,9 @@ impl IomapOps for FileMapper<'_> {
         let bs = self.fs.inner.geo.block_size;
         let start = bs.round_down(pos);
         let piece = self.layout.piece(start, bs.round_up(pos + len) - start);
-        let target = self.layout.target_of(piece.object, self.fs.inner.geo.target_count());
+        let target = self
+            .layout
+            .target_of(piece.object, self.fs.inner.geo.target_count());
         let obj_block = bs.block_of(piece.obj_off);
         let want = bs.block_of(piece.len);
         let mut m = self.fs.inner.meta.lock();
@@ -116,12 +143,18 @@ impl IomapOps for FileMapper<'_> {
                     ExtentState::Unwritten => IomapKind::Unwritten,
                 };
                 let off_in = obj_block - es;
-                (kind, IomapFlags::NONE, ext.phys + off_in, (ext.len - off_in).min(want))
+                (
+                    kind,
+                    IomapFlags::NONE,
+                    ext.phys + off_in,
+                    (ext.len - off_in).min(want),
+                )
             }
             Lookup::Hole { next } => {
                 let blocks = next.map_or(want, |n| (n - obj_block).min(want));
                 if op == IomapOp::Write {
-                    let (phys, got) = self.allocate(&mut m, target, piece.object, obj_block, blocks)?;
+                    let (phys, got) =
+                        self.allocate(&mut m, target, piece.object, obj_block, blocks)?;
                     (IomapKind::Mapped, IomapFlags::NEW, phys, got)
                 } else {
                     (IomapKind::Hole, IomapFlags::NONE, 0, blocks)
@@ -130,9 +163,25 @@ impl IomapOps for FileMapper<'_> {
         };
         let unit = u64::from(self.layout.unit_bytes);
         let ends_unit = start + bs.to_bytes(blocks) == (start / unit + 1) * unit;
-        let flags = if ends_unit { flags.with(IomapFlags::BOUNDARY) } else { flags };
-        let addr = DevAddr { target, object: piece.object, obj_block, phys };
-        Ok(Iomap { offset: start, length: bs.to_bytes(blocks), kind, flags, addr, seq })
+        let flags = if ends_unit {
+            flags.with(IomapFlags::BOUNDARY)
+        } else {
+            flags
+        };
+        let addr = DevAddr {
+            target,
+            object: piece.object,
+            obj_block,
+            phys,
+        };
+        Ok(Iomap {
+            offset: start,
+            length: bs.to_bytes(blocks),
+            kind,
+            flags,
+            addr,
+            seq,
+        })
     }
 
     fn end(&self, map: &Iomap<DevAddr>, pos: u64, used: u64, _op: IomapOp) -> Result<()> {
@@ -140,13 +189,25 @@ impl IomapOps for FileMapper<'_> {
             return Ok(());
         }
         let bs = self.fs.inner.geo.block_size;
-        let used_blocks = if used == 0 { 0 } else { bs.block_of(bs.round_up(pos + used) - map.offset) };
+        let used_blocks = if used == 0 {
+            0
+        } else {
+            bs.block_of(bs.round_up(pos + used) - map.offset)
+        };
         let total = bs.block_of(map.length);
         if used_blocks < total {
             let (phys, len) = (map.addr.phys + used_blocks, total - used_blocks);
-            self.fs.inner.meta.lock().alloc.free_now(map.addr.target, phys, len);
+            self.fs
+                .inner
+                .meta
+                .lock()
+                .alloc
+                .free_now(map.addr.target, phys, len);
             let mut allocated = self.allocated.borrow_mut();
-            if let Some(a) = allocated.iter_mut().find(|a| a.target == map.addr.target && a.phys <= phys && phys < a.phys + a.len) {
+            if let Some(a) = allocated
+                .iter_mut()
+                .find(|a| a.target == map.addr.target && a.phys <= phys && phys < a.phys + a.len)
+            {
                 a.len = phys - a.phys;
             }
             allocated.retain(|a| a.len > 0);
@@ -155,6 +216,14 @@ impl IomapOps for FileMapper<'_> {
     }
 
     fn still_valid(&self, map: &Iomap<DevAddr>) -> bool {
-        self.fs.inner.meta.lock().map_gen.get(&self.ino).copied().unwrap_or(0) == map.seq
+        self.fs
+            .inner
+            .meta
+            .lock()
+            .map_gen
+            .get(&self.ino)
+            .copied()
+            .unwrap_or(0)
+            == map.seq
     }
 }

@@ -8,7 +8,10 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
-use stripefs_core::inode::{FileKind, Inode, InodeAttrs, Timespec, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_TOTAL_MAX, XATTR_VALUE_MAX};
+use stripefs_core::inode::{
+    FileKind, Inode, InodeAttrs, Timespec, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_TOTAL_MAX,
+    XATTR_VALUE_MAX,
+};
 use stripefs_core::layout::StripeLayout;
 use stripefs_core::record::Record;
 use stripefs_core::Ino;
@@ -47,11 +50,11 @@ fn check_name(name: &OsStr) -> Result<&[u8]> {
     Ok(b)
 }
 
-pub(crate) fn inode<'a>(m: &'a MetaCore, ino: Ino) -> Result<&'a Inode> {
+pub(crate) fn inode(m: &MetaCore, ino: Ino) -> Result<&Inode> {
     m.state.get(ino).ok_or(FsError::Stale(ino.0))
 }
 
-fn dir<'a>(m: &'a MetaCore, ino: Ino) -> Result<&'a Inode> {
+fn dir(m: &MetaCore, ino: Ino) -> Result<&Inode> {
     let d = inode(m, ino)?;
     if d.attrs.kind != FileKind::Directory {
         return Err(FsError::NotDir);
@@ -120,9 +123,17 @@ impl Fs {
     ///
     /// # Errors
     /// As [`Fs::create`]; `Invalid` for directories and symlinks (use their own calls).
-    pub fn mknod(&self, parent: Ino, name: &OsStr, kind: FileKind, p: CreateParams) -> Result<Attr> {
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        kind: FileKind,
+        p: CreateParams,
+    ) -> Result<Attr> {
         if matches!(kind, FileKind::Directory | FileKind::Symlink) {
-            return Err(FsError::invalid("mknod cannot create directories or symlinks"));
+            return Err(FsError::invalid(
+                "mknod cannot create directories or symlinks",
+            ));
         }
         self.make(parent, name, kind, p, None)
     }
@@ -131,7 +142,13 @@ impl Fs {
     ///
     /// # Errors
     /// As [`Fs::create`]; `NameTooLong` for targets over 4095 bytes; `NotFound` for empty.
-    pub fn symlink(&self, parent: Ino, name: &OsStr, target: &OsStr, p: CreateParams) -> Result<Attr> {
+    pub fn symlink(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        target: &OsStr,
+        p: CreateParams,
+    ) -> Result<Attr> {
         let t = target.as_bytes();
         if t.is_empty() {
             return Err(FsError::NotFound);
@@ -142,7 +159,14 @@ impl Fs {
         self.make(parent, name, FileKind::Symlink, p, Some(t))
     }
 
-    fn make(&self, parent: Ino, name: &OsStr, kind: FileKind, p: CreateParams, link: Option<&[u8]>) -> Result<Attr> {
+    fn make(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        kind: FileKind,
+        p: CreateParams,
+        link: Option<&[u8]>,
+    ) -> Result<Attr> {
         self.inner.check()?;
         let name = check_name(name)?;
         self.reserve_metadata(256 + 2 * name.len() as u64 + link.map_or(0, |l| l.len() as u64))?;
@@ -159,7 +183,11 @@ impl Fs {
                 Some(l) => self.check_layout(l)?,
                 None => self.default_layout(&mut m),
             },
-            _ => StripeLayout { count: 0, unit_bytes: 0, first_target: 0 },
+            _ => StripeLayout {
+                count: 0,
+                unit_bytes: 0,
+                first_target: 0,
+            },
         };
         let now = Timespec::now();
         let ino = Ino(m.state.next_ino);
@@ -184,9 +212,17 @@ impl Fs {
         let d = dir(&m, parent)?;
         let mut recs = vec![Record::InodeSet(attrs)];
         if let Some(t) = link {
-            recs.push(Record::SymlinkSet { ino, target: t.to_vec() });
+            recs.push(Record::SymlinkSet {
+                ino,
+                target: t.to_vec(),
+            });
         }
-        recs.push(Record::DirAdd { dir: parent, name: name.to_vec(), ino, kind });
+        recs.push(Record::DirAdd {
+            dir: parent,
+            name: name.to_vec(),
+            ino,
+            kind,
+        });
         recs.push(touched_dir(d, now, i32::from(is_dir)));
         self.inner.log_all(&mut m, recs)?;
         Ok(Attr::of(inode(&m, ino)?, self.block_size()))
@@ -197,7 +233,7 @@ impl Fs {
         let ok = l.count >= 1
             && l.count <= g.target_count()
             && l.unit_bytes > 0
-            && l.unit_bytes % g.block_size.bytes() == 0
+            && l.unit_bytes.is_multiple_of(g.block_size.bytes())
             && l.first_target < g.target_count();
         if !ok {
             return Err(FsError::invalid(format!(
@@ -254,7 +290,12 @@ impl Fs {
         a.nlink += 1;
         a.ctime = now;
         let recs = vec![
-            Record::DirAdd { dir: newparent, name: name.to_vec(), ino, kind: a.kind },
+            Record::DirAdd {
+                dir: newparent,
+                name: name.to_vec(),
+                ino,
+                kind: a.kind,
+            },
             Record::InodeSet(a),
             touched_dir(d, now, 0),
         ];
@@ -277,7 +318,13 @@ impl Fs {
             return Err(FsError::IsDir);
         }
         let now = Timespec::now();
-        let recs = vec![Record::DirRemove { dir: parent, name: name.to_vec() }, touched_dir(d, now, 0)];
+        let recs = vec![
+            Record::DirRemove {
+                dir: parent,
+                name: name.to_vec(),
+            },
+            touched_dir(d, now, 0),
+        ];
         self.inner.log_all(&mut m, recs)?;
         self.drop_link(&mut m, e.ino, now)
     }
@@ -285,7 +332,11 @@ impl Fs {
     /// Decrements `ino`'s link count; frees it if no link and no open handle remain.
     fn drop_link(&self, m: &mut MetaCore, ino: Ino, now: Timespec) -> Result<()> {
         let mut a = inode(m, ino)?.attrs.clone();
-        a.nlink = a.nlink.saturating_sub(if a.kind == FileKind::Directory { a.nlink } else { 1 });
+        a.nlink = a.nlink.saturating_sub(if a.kind == FileKind::Directory {
+            a.nlink
+        } else {
+            1
+        });
         a.ctime = now;
         let gone = a.nlink == 0;
         self.inner.log_all(m, vec![Record::InodeSet(a)])?;
@@ -317,7 +368,13 @@ impl Fs {
             return Err(FsError::NotEmpty);
         }
         let now = Timespec::now();
-        let recs = vec![Record::DirRemove { dir: parent, name: name.to_vec() }, touched_dir(d, now, -1)];
+        let recs = vec![
+            Record::DirRemove {
+                dir: parent,
+                name: name.to_vec(),
+            },
+            touched_dir(d, now, -1),
+        ];
         self.inner.log_all(&mut m, recs)?;
         self.drop_link(&mut m, e.ino, now)
     }
@@ -328,7 +385,14 @@ impl Fs {
     /// `NotFound`; `Exists` (no-replace or exchange rules); `IsDir`/`NotDir` for type
     /// mismatches; `NotEmpty` when replacing a non-empty directory; `Invalid` when moving a
     /// directory under itself.
-    pub fn rename(&self, parent: Ino, name: &OsStr, newparent: Ino, newname: &OsStr, mode: RenameMode) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        newparent: Ino,
+        newname: &OsStr,
+        mode: RenameMode,
+    ) -> Result<()> {
         self.inner.check()?;
         let new = check_name(newname)?;
         let old = name.as_bytes();
@@ -346,7 +410,9 @@ impl Fs {
         match (mode, dst) {
             (RenameMode::NoReplace, Some(_)) => Err(FsError::Exists),
             (RenameMode::Exchange, None) => Err(FsError::NotFound),
-            (RenameMode::Exchange, Some(d)) => self.exchange(&mut m, (parent, old, src), (newparent, new, d), now),
+            (RenameMode::Exchange, Some(d)) => {
+                self.exchange(&mut m, (parent, old, src), (newparent, new, d), now)
+            }
             (_, Some(d)) if d.ino == src.ino => Ok(()),
             (_, Some(d)) => {
                 self.check_replace(&m, src.kind, d)?;
@@ -363,8 +429,16 @@ impl Fs {
         }
     }
 
-    fn check_replace(&self, m: &MetaCore, src_kind: FileKind, d: stripefs_core::inode::DirEntry) -> Result<()> {
-        match (src_kind == FileKind::Directory, d.kind == FileKind::Directory) {
+    fn check_replace(
+        &self,
+        m: &MetaCore,
+        src_kind: FileKind,
+        d: stripefs_core::inode::DirEntry,
+    ) -> Result<()> {
+        match (
+            src_kind == FileKind::Directory,
+            d.kind == FileKind::Directory,
+        ) {
             (true, false) => Err(FsError::NotDir),
             (false, true) => Err(FsError::IsDir),
             (true, true) if !dir(m, d.ino)?.entries.is_empty() => Err(FsError::NotEmpty),
@@ -383,19 +457,40 @@ impl Fs {
             }
             b = inode(m, b)?.attrs.parent;
         }
-        Err(FsError::Corrupted(stripefs_core::CoreError::corrupted("directory tree", "parent chain does not reach the root")))
+        Err(FsError::Corrupted(stripefs_core::CoreError::corrupted(
+            "directory tree",
+            "parent chain does not reach the root",
+        )))
     }
 
-    fn move_entry(&self, m: &mut MetaCore, from: (Ino, &[u8], stripefs_core::inode::DirEntry), to: (Ino, &[u8]), now: Timespec) -> Result<()> {
+    fn move_entry(
+        &self,
+        m: &mut MetaCore,
+        from: (Ino, &[u8], stripefs_core::inode::DirEntry),
+        to: (Ino, &[u8]),
+        now: Timespec,
+    ) -> Result<()> {
         let (sp, sname, e) = from;
         let (dp, dname) = to;
         let is_dir = e.kind == FileKind::Directory;
         let mut recs = vec![
-            Record::DirAdd { dir: dp, name: dname.to_vec(), ino: e.ino, kind: e.kind },
-            Record::DirRemove { dir: sp, name: sname.to_vec() },
+            Record::DirAdd {
+                dir: dp,
+                name: dname.to_vec(),
+                ino: e.ino,
+                kind: e.kind,
+            },
+            Record::DirRemove {
+                dir: sp,
+                name: sname.to_vec(),
+            },
         ];
         let moved_dir = is_dir && sp != dp;
-        recs.push(touched_dir(dir(m, sp)?, now, if moved_dir { -1 } else { 0 }));
+        recs.push(touched_dir(
+            dir(m, sp)?,
+            now,
+            if moved_dir { -1 } else { 0 },
+        ));
         if sp != dp {
             recs.push(touched_dir(dir(m, dp)?, now, i32::from(moved_dir)));
         }
@@ -408,14 +503,34 @@ impl Fs {
         self.inner.log_all(m, recs)
     }
 
-    fn exchange(&self, m: &mut MetaCore, a: (Ino, &[u8], stripefs_core::inode::DirEntry), b: (Ino, &[u8], stripefs_core::inode::DirEntry), now: Timespec) -> Result<()> {
+    fn exchange(
+        &self,
+        m: &mut MetaCore,
+        a: (Ino, &[u8], stripefs_core::inode::DirEntry),
+        b: (Ino, &[u8], stripefs_core::inode::DirEntry),
+        now: Timespec,
+    ) -> Result<()> {
         let ((ap, an, ae), (bp, bn, be)) = (a, b);
-        if ae.kind == FileKind::Directory && self.is_ancestor(m, ae.ino, bp)? || be.kind == FileKind::Directory && self.is_ancestor(m, be.ino, ap)? {
-            return Err(FsError::invalid("cannot exchange a directory with its descendant"));
+        if ae.kind == FileKind::Directory && self.is_ancestor(m, ae.ino, bp)?
+            || be.kind == FileKind::Directory && self.is_ancestor(m, be.ino, ap)?
+        {
+            return Err(FsError::invalid(
+                "cannot exchange a directory with its descendant",
+            ));
         }
         let mut recs = vec![
-            Record::DirAdd { dir: ap, name: an.to_vec(), ino: be.ino, kind: be.kind },
-            Record::DirAdd { dir: bp, name: bn.to_vec(), ino: ae.ino, kind: ae.kind },
+            Record::DirAdd {
+                dir: ap,
+                name: an.to_vec(),
+                ino: be.ino,
+                kind: be.kind,
+            },
+            Record::DirAdd {
+                dir: bp,
+                name: bn.to_vec(),
+                ino: ae.ino,
+                kind: ae.kind,
+            },
         ];
         let dirs_a = i32::from(ae.kind == FileKind::Directory);
         let dirs_b = i32::from(be.kind == FileKind::Directory);
@@ -444,7 +559,14 @@ impl Fs {
         self.inner.check()?;
         let m = self.inner.meta.lock();
         let d = dir(&m, ino)?;
-        Ok(d.entries.iter().map(|(n, e)| DirEntryInfo { name: n.clone(), ino: e.ino, kind: e.kind }).collect())
+        Ok(d.entries
+            .iter()
+            .map(|(n, e)| DirEntryInfo {
+                name: n.clone(),
+                ino: e.ino,
+                kind: e.kind,
+            })
+            .collect())
     }
 
     /// Changes attributes. A size change truncates or extends (see [`Fs::set_len`]).
@@ -490,7 +612,11 @@ impl Fs {
     pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>> {
         self.inner.check()?;
         let m = self.inner.meta.lock();
-        inode(&m, ino)?.xattrs.get(name.as_bytes()).cloned().ok_or(FsError::NoData)
+        inode(&m, ino)?
+            .xattrs
+            .get(name.as_bytes())
+            .cloned()
+            .ok_or(FsError::NoData)
     }
 
     /// Sets extended attribute `name`.
@@ -521,11 +647,20 @@ impl Fs {
         }
         let total = i.xattr_bytes() - old.map_or(0, |l| l + n.len()) + n.len() + value.len();
         if total > XATTR_TOTAL_MAX {
-            return Err(FsError::NoSpace(format!("extended attributes of inode {ino} would exceed {XATTR_TOTAL_MAX} bytes")));
+            return Err(FsError::NoSpace(format!(
+                "extended attributes of inode {ino} would exceed {XATTR_TOTAL_MAX} bytes"
+            )));
         }
         let mut a = i.attrs.clone();
         a.ctime = Timespec::now();
-        let recs = vec![Record::XattrSet { ino, name: n.to_vec(), value: value.to_vec() }, Record::InodeSet(a)];
+        let recs = vec![
+            Record::XattrSet {
+                ino,
+                name: n.to_vec(),
+                value: value.to_vec(),
+            },
+            Record::InodeSet(a),
+        ];
         self.inner.log_all(&mut m, recs)
     }
 
@@ -552,7 +687,13 @@ impl Fs {
         }
         let mut a = i.attrs.clone();
         a.ctime = Timespec::now();
-        let recs = vec![Record::XattrRemove { ino, name: name.as_bytes().to_vec() }, Record::InodeSet(a)];
+        let recs = vec![
+            Record::XattrRemove {
+                ino,
+                name: name.as_bytes().to_vec(),
+            },
+            Record::InodeSet(a),
+        ];
         self.inner.log_all(&mut m, recs)
     }
 
@@ -574,7 +715,9 @@ impl Fs {
     /// `Poisoned` (the handle is released regardless).
     pub fn release(&self, ino: Ino) -> Result<()> {
         let mut m = self.inner.meta.lock();
-        let Some(n) = m.open.get_mut(&ino) else { return Ok(()) };
+        let Some(n) = m.open.get_mut(&ino) else {
+            return Ok(());
+        };
         *n -= 1;
         if *n > 0 {
             return Ok(());

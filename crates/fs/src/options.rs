@@ -23,7 +23,13 @@ pub struct MkfsOptions {
 
 impl Default for MkfsOptions {
     fn default() -> Self {
-        Self { block_size: 4096, stripe_unit: 1 << 20, stripe_count: None, journal_bytes: None, ckpt_bytes: None }
+        Self {
+            block_size: 4096,
+            stripe_unit: 1 << 20,
+            stripe_count: None,
+            journal_bytes: None,
+            ckpt_bytes: None,
+        }
     }
 }
 
@@ -39,6 +45,9 @@ pub struct MountOptions {
 
 impl Default for MountOptions {
     fn default() -> Self {
-        Self { commit_interval: Some(Duration::from_secs(5)), faults: None }
+        Self {
+            commit_interval: Some(Duration::from_secs(5)),
+            faults: None,
+        }
     }
 }

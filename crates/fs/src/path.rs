@@ -38,7 +38,9 @@ impl Fs {
     /// # Errors
     /// As [`Fs::resolve`]; `Invalid` for a path without a final name.
     pub fn resolve_parent<'p>(&self, path: &'p Path) -> Result<(Ino, &'p OsStr)> {
-        let name = path.file_name().ok_or_else(|| FsError::invalid(format!("{} has no file name", path.display())))?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| FsError::invalid(format!("{} has no file name", path.display())))?;
         let parent = path.parent().unwrap_or(Path::new("/"));
         let ino = self.resolve(parent, Follow::Yes)?;
         Ok((ino, name))
@@ -66,7 +68,12 @@ impl Fs {
                     return Err(FsError::Loop);
                 }
                 let target = self.readlink(a.ino)?;
-                cur = self.walk(dir, Path::new(OsStr::from_bytes(&target)), Follow::Yes, links)?;
+                cur = self.walk(
+                    dir,
+                    Path::new(OsStr::from_bytes(&target)),
+                    Follow::Yes,
+                    links,
+                )?;
             } else {
                 cur = a.ino;
             }

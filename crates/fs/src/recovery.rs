@@ -35,12 +35,15 @@ pub(crate) struct Loaded {
     pub snapshot_len: u64,
 }
 
+/// Targets in index order with their superblocks.
+pub(crate) type Ordered = (Vec<Arc<dyn Target>>, Vec<Superblock>);
+
 /// Reads and cross-checks the superblocks; returns the targets in index order.
 ///
 /// # Errors
 /// A clear message when a target is not stripefs, damaged, truncated, of another file
 /// system, duplicated or missing.
-pub(crate) fn read_superblocks(targets: Vec<Arc<dyn Target>>) -> Result<(Vec<Arc<dyn Target>>, Vec<Superblock>)> {
+pub(crate) fn read_superblocks(targets: Vec<Arc<dyn Target>>) -> Result<Ordered> {
     if targets.is_empty() {
         return Err(FsError::invalid("no targets given"));
     }
@@ -49,7 +52,11 @@ pub(crate) fn read_superblocks(targets: Vec<Arc<dyn Target>>) -> Result<(Vec<Arc
         let info = t.info();
         let len = (SB_BYTES as u64).next_multiple_of(u64::from(info.sector_size));
         if info.size_bytes < len {
-            return Err(CoreError::corrupted(format!("target {}", info.name), "too small to hold a superblock").into());
+            return Err(CoreError::corrupted(
+                format!("target {}", info.name),
+                "too small to hold a superblock",
+            )
+            .into());
         }
         let buf = t.read_sync(0, len as usize)?;
         let sb = Superblock::decode(&buf, &info.name)?;
@@ -57,7 +64,10 @@ pub(crate) fn read_superblocks(targets: Vec<Arc<dyn Target>>) -> Result<(Vec<Arc
         if info.size_bytes < want {
             return Err(CoreError::corrupted(
                 format!("target {}", info.name),
-                format!("it is {} bytes but its superblock says {want}: truncated, or the wrong device", info.size_bytes),
+                format!(
+                    "it is {} bytes but its superblock says {want}: truncated, or the wrong device",
+                    info.size_bytes
+                ),
             )
             .into());
         }
@@ -79,17 +89,26 @@ pub(crate) fn read_superblocks(targets: Vec<Arc<dyn Target>>) -> Result<(Vec<Arc
         if w[0].0.target_index == w[1].0.target_index {
             return Err(FsError::invalid(format!(
                 "target index {} given twice: {} and {}",
-                w[0].0.target_index, w[0].1.info().name, w[1].1.info().name
+                w[0].0.target_index,
+                w[0].1.info().name,
+                w[1].1.info().name
             )));
         }
     }
     if found.len() != count {
         let have: Vec<u32> = found.iter().map(|(sb, _)| sb.target_index.0).collect();
-        let missing: Vec<String> = (0..count as u32).filter(|i| !have.contains(i)).map(|i| i.to_string()).collect();
+        let missing: Vec<String> = (0..count as u32)
+            .filter(|i| !have.contains(i))
+            .map(|i| i.to_string())
+            .collect();
         return Err(FsError::invalid(format!(
             "file system {uuid} has {count} targets but {} were given (missing target index {})",
             found.len(),
-            if missing.is_empty() { "none".to_string() } else { missing.join(", ") }
+            if missing.is_empty() {
+                "none".to_string()
+            } else {
+                missing.join(", ")
+            }
         )));
     }
     let (sbs, ts) = found.into_iter().unzip();
@@ -149,37 +168,56 @@ fn read_units(t0: &dyn Target, geo: &Geometry, lsn: u64, n: u64) -> Result<Vec<u
     let unit = u64::from(geo.journal_unit);
     let cap = geo.journal_units();
     let first = n.min(cap - lsn % cap);
-    let mut out = t0.read_sync(geo.journal_unit_offset(lsn), (first * unit) as usize)?.to_vec();
+    let mut out = t0
+        .read_sync(geo.journal_unit_offset(lsn), (first * unit) as usize)?
+        .to_vec();
     if first < n {
-        let rest = t0.read_sync(geo.journal_unit_offset(lsn + first), ((n - first) * unit) as usize)?;
+        let rest = t0.read_sync(
+            geo.journal_unit_offset(lsn + first),
+            ((n - first) * unit) as usize,
+        )?;
         out.extend_from_slice(&rest);
     }
     Ok(out)
 }
 
 /// Replays transactions after `ckpt`; returns (head, next seq, transactions, records).
-fn replay(t0: &dyn Target, geo: &Geometry, ckpt: &CheckpointHeader, state: &mut MetaState) -> Result<(u64, u64, u64, u64)> {
+fn replay(
+    t0: &dyn Target,
+    geo: &Geometry,
+    ckpt: &CheckpointHeader,
+    state: &mut MetaState,
+) -> Result<(u64, u64, u64, u64)> {
     let cap = geo.journal_units();
     let (mut lsn, mut seq) = (ckpt.journal_tail, ckpt.journal_seq);
     let (mut txns, mut records) = (0u64, 0u64);
     while lsn - ckpt.journal_tail < cap {
         let room = cap - (lsn - ckpt.journal_tail);
         let first = read_units(t0, geo, lsn, 1)?;
-        let Ok(hdr) = decode_header(&first, geo.uuid, lsn, seq, room) else { break };
+        let Ok(hdr) = decode_header(&first, geo.uuid, lsn, seq, room) else {
+            break;
+        };
         let whole = read_units(t0, geo, lsn, u64::from(hdr.units))?;
         let what = format!("journal transaction {seq} at journal unit {lsn}");
         let Some(payload) = verify_payload(&hdr, &whole) else {
             let next = lsn + u64::from(hdr.units);
             let successor = next - ckpt.journal_tail < cap
-                && decode_header(&read_units(t0, geo, next, 1)?, geo.uuid, next, seq + 1, cap).is_ok();
+                && decode_header(&read_units(t0, geo, next, 1)?, geo.uuid, next, seq + 1, cap)
+                    .is_ok();
             if successor {
-                return Err(CoreError::corrupted(what, "payload checksum mismatch, yet later transactions exist").into());
+                return Err(CoreError::corrupted(
+                    what,
+                    "payload checksum mismatch, yet later transactions exist",
+                )
+                .into());
             }
             break; // A torn final transaction: it was never acknowledged.
         };
         let recs = Record::decode_all(payload, &what)?;
         for r in &recs {
-            state.apply(r).map_err(|e| CoreError::corrupted(what.clone(), e.to_string()))?;
+            state
+                .apply(r)
+                .map_err(|e| CoreError::corrupted(what.clone(), e.to_string()))?;
         }
         records += recs.len() as u64;
         txns += 1;

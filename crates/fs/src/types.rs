@@ -42,7 +42,11 @@ impl Attr {
             gid: a.gid,
             size: a.size,
             blocks: inode.allocated_blocks() * u64::from(block_size) / 512,
-            blksize: if is_file { a.layout.unit_bytes } else { block_size },
+            blksize: if is_file {
+                a.layout.unit_bytes
+            } else {
+                block_size
+            },
             atime: a.atime,
             mtime: a.mtime,
             ctime: a.ctime,
@@ -93,7 +97,13 @@ impl CreateParams {
     /// Permissions `perm`, owned by root.
     #[must_use]
     pub fn with_perm(perm: u16) -> Self {
-        Self { perm, uid: 0, gid: 0, layout: None, rdev: 0 }
+        Self {
+            perm,
+            uid: 0,
+            gid: 0,
+            layout: None,
+            rdev: 0,
+        }
     }
 }
 

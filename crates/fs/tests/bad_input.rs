@@ -14,7 +14,13 @@ fn populated() -> Vec<Arc<SimTarget>> {
     let s = sims(3, 8 << 20);
     let fs = fresh(&s, 4096, 16384);
     for i in 0..5 {
-        let a = fs.create(Ino::ROOT, format!("f{i}").as_ref(), CreateParams::with_perm(0o644)).unwrap();
+        let a = fs
+            .create(
+                Ino::ROOT,
+                format!("f{i}").as_ref(),
+                CreateParams::with_perm(0o644),
+            )
+            .unwrap();
         fs.write_at(a.ino, 0, &pattern(i, 0, 70_000)).unwrap();
     }
     fs.unmount().unwrap();
@@ -37,7 +43,16 @@ fn fsck_err(t: Vec<Arc<dyn Target>>) -> String {
 }
 
 fn copy(s: &[Arc<SimTarget>]) -> Vec<Arc<SimTarget>> {
-    s.iter().enumerate().map(|(i, t)| Arc::new(SimTarget::from_image(&format!("sim{i}"), t.durable_image(), 512))).collect()
+    s.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            Arc::new(SimTarget::from_image(
+                &format!("sim{i}"),
+                t.durable_image(),
+                512,
+            ))
+        })
+        .collect()
 }
 
 #[test]
@@ -45,7 +60,10 @@ fn corrupted_superblock_is_named() {
     let s = populated();
     s[1].corrupt(100, 0x04);
     for msg in [mount_err(dyns(&s)), fsck_err(dyns(&s))] {
-        assert!(msg.contains("superblock of target sim1") && msg.contains("checksum"), "{msg}");
+        assert!(
+            msg.contains("superblock of target sim1") && msg.contains("checksum"),
+            "{msg}"
+        );
     }
 }
 
@@ -55,13 +73,20 @@ fn not_a_stripefs_target() {
     let mut t = dyns(&s);
     t[2] = Arc::new(SimTarget::new("blank", 8 << 20, 512));
     let msg = mount_err(t);
-    assert!(msg.contains("blank") && msg.contains("not a stripefs target"), "{msg}");
+    assert!(
+        msg.contains("blank") && msg.contains("not a stripefs target"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn corrupted_checkpoint_block_is_named() {
     let s = populated();
-    let geo = Fs::mount(dyns(&copy(&s)), quiet()).unwrap().0.geometry().clone();
+    let geo = Fs::mount(dyns(&copy(&s)), quiet())
+        .unwrap()
+        .0
+        .geometry()
+        .clone();
     let bs = u64::from(geo.block_size.bytes());
     // Damage the payload (inode and extent records) of whichever checkpoint is active.
     for start in geo.ckpt_start {
@@ -69,7 +94,10 @@ fn corrupted_checkpoint_block_is_named() {
         c[0].corrupt((start + 1) * bs + 200, 0x80);
         if let Err(e) = Fs::mount(dyns(&c), quiet()) {
             let msg = e.to_string();
-            assert!(msg.contains("checkpoint block 0") && msg.contains("checksum"), "{msg}");
+            assert!(
+                msg.contains("checkpoint block 0") && msg.contains("checksum"),
+                "{msg}"
+            );
             assert!(fsck_err(dyns(&c)).contains("checkpoint block 0"));
             return;
         }
@@ -82,7 +110,13 @@ fn corrupted_journal_record_before_later_ones_is_corruption() {
     let s = sims(2, 8 << 20);
     let fs = fresh(&s, 4096, 16384);
     for i in 0..4 {
-        let a = fs.create(Ino::ROOT, format!("f{i}").as_ref(), CreateParams::with_perm(0o644)).unwrap();
+        let a = fs
+            .create(
+                Ino::ROOT,
+                format!("f{i}").as_ref(),
+                CreateParams::with_perm(0o644),
+            )
+            .unwrap();
         fs.write_at(a.ino, 0, b"data").unwrap();
         fs.fsync(a.ino, false).unwrap();
     }
@@ -92,11 +126,19 @@ fn corrupted_journal_record_before_later_ones_is_corruption() {
     for t in &s {
         t.crash(CrashMode::DropUnflushed);
     }
-    assert!(pos.head - pos.tail >= 4, "expected several journal records, head {} tail {}", pos.head, pos.tail);
+    assert!(
+        pos.head - pos.tail >= 4,
+        "expected several journal records, head {} tail {}",
+        pos.head,
+        pos.tail
+    );
     // Flip a payload byte of the first record after the checkpoint.
     s[0].corrupt(geo.journal_unit_offset(pos.tail) + 80, 0x01);
     let msg = mount_err(dyns(&s));
-    assert!(msg.contains("journal transaction") && msg.contains("later transactions exist"), "{msg}");
+    assert!(
+        msg.contains("journal transaction") && msg.contains("later transactions exist"),
+        "{msg}"
+    );
     assert!(fsck_err(dyns(&s)).contains("journal transaction"));
 }
 
@@ -134,7 +176,10 @@ fn wrong_target_sets_are_named() {
     let msg = mount_err(t);
     assert!(msg.contains("different file systems"), "{msg}");
     let msg = mount_err(dyns(&s[..2]));
-    assert!(msg.contains("has 3 targets but 2 were given") && msg.contains("missing target index 2"), "{msg}");
+    assert!(
+        msg.contains("has 3 targets but 2 were given") && msg.contains("missing target index 2"),
+        "{msg}"
+    );
     let mut t = dyns(&s);
     t[2] = Arc::clone(&s[1]) as Arc<dyn Target>;
     let msg = mount_err(t);
@@ -145,7 +190,11 @@ fn wrong_target_sets_are_named() {
 #[test]
 fn random_metadata_damage_never_panics() {
     let s = populated();
-    let geo = Fs::mount(dyns(&copy(&s)), quiet()).unwrap().0.geometry().clone();
+    let geo = Fs::mount(dyns(&copy(&s)), quiet())
+        .unwrap()
+        .0
+        .geometry()
+        .clone();
     let meta_end = geo.targets[0].data_start * u64::from(geo.block_size.bytes());
     let mut rng = Rng::new(99);
     let (mut failed, mut mounted) = (0, 0);
@@ -153,7 +202,11 @@ fn random_metadata_damage_never_panics() {
         let c = copy(&s);
         for _ in 0..rng.range(1, 8) {
             let t = rng.below(3) as usize;
-            let at = if t == 0 { rng.below(meta_end) } else { rng.below(4096) };
+            let at = if t == 0 {
+                rng.below(meta_end)
+            } else {
+                rng.below(4096)
+            };
             c[t].corrupt(at, 1 << rng.below(8));
         }
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -37,13 +37,22 @@ struct FileState {
 
 impl FileState {
     fn new(name: String) -> Self {
-        Self { name: Some(name), content: Vec::new(), changes: Vec::new(), snaps: Vec::new() }
+        Self {
+            name: Some(name),
+            content: Vec::new(),
+            changes: Vec::new(),
+            snaps: Vec::new(),
+        }
     }
 
     /// The content this file must have after a crash at `point`, if it is determined: the
     /// last fsync that returned before the crash, with no change started since.
     fn durable_at(&self, point: usize) -> Option<(&[u8], &str)> {
-        let (op, _, content, name) = self.snaps.iter().rev().find(|(_, at, _, _)| *at <= point + 1)?;
+        let (op, _, content, name) = self
+            .snaps
+            .iter()
+            .rev()
+            .find(|(_, at, _, _)| *at <= point + 1)?;
         (!self.changed_after(*op, point)).then_some((content, name))
     }
 
@@ -71,21 +80,27 @@ struct Workload {
     renames: Vec<RenameCheck>,
 }
 
-
-
 fn run_workload(fs: &Fs, rec: &Recorder, seed: u64) -> Workload {
     let mut rng = Rng::new(seed);
-    let mut w = Workload { files: Vec::new(), writes: Vec::new(), renames: Vec::new() };
+    let mut w = Workload {
+        files: Vec::new(),
+        writes: Vec::new(),
+        renames: Vec::new(),
+    };
     let now = || rec.events().len();
     let mut inos: Vec<Ino> = Vec::new();
     for i in 0..NAMES {
         let name = format!("f{i}");
-        let a = fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644)).unwrap();
+        let a = fs
+            .create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
+            .unwrap();
         inos.push(a.ino);
         w.files.push(FileState::new(name));
     }
     for opno in 0..120u64 {
-        let live: Vec<usize> = (0..w.files.len()).filter(|&i| w.files[i].name.is_some()).collect();
+        let live: Vec<usize> = (0..w.files.len())
+            .filter(|&i| w.files[i].name.is_some())
+            .collect();
         let id = live[rng.below(live.len() as u64) as usize];
         let start = now();
         let op = rng.below(20);
@@ -98,19 +113,25 @@ fn run_workload(fs: &Fs, rec: &Recorder, seed: u64) -> Workload {
                 let off = rng.below(size + 20_000);
                 let len = rng.range(1, 40_000);
                 let s = rng.next_u64();
-                fs.write_at(inos[id], off, &pattern(s, off, len as usize)).unwrap();
+                fs.write_at(inos[id], off, &pattern(s, off, len as usize))
+                    .unwrap();
                 w.writes.push(Write { off, len, seed: s });
                 let c = &mut w.files[id].content;
                 if (c.len() as u64) < off + len {
                     c.resize((off + len) as usize, 0);
                 }
-                c[off as usize..(off + len) as usize].copy_from_slice(&pattern(s, off, len as usize));
+                c[off as usize..(off + len) as usize].copy_from_slice(&pattern(
+                    s,
+                    off,
+                    len as usize,
+                ));
                 w.files[id].changes.push((opno, start));
             }
             9..=12 => {
                 fs.fsync(inos[id], rng.one_in(3)).unwrap();
                 let f = &mut w.files[id];
-                f.snaps.push((opno, now(), f.content.clone(), f.name.clone().unwrap()));
+                f.snaps
+                    .push((opno, now(), f.content.clone(), f.name.clone().unwrap()));
             }
             13..=14 => {
                 let size = w.files[id].content.len() as u64;
@@ -124,8 +145,18 @@ fn run_workload(fs: &Fs, rec: &Recorder, seed: u64) -> Workload {
                 if other == id {
                     continue;
                 }
-                let (src, dst) = (w.files[id].name.clone().unwrap(), w.files[other].name.clone().unwrap());
-                fs.rename(Ino::ROOT, src.as_ref(), Ino::ROOT, dst.as_ref(), RenameMode::Replace).unwrap();
+                let (src, dst) = (
+                    w.files[id].name.clone().unwrap(),
+                    w.files[other].name.clone().unwrap(),
+                );
+                fs.rename(
+                    Ino::ROOT,
+                    src.as_ref(),
+                    Ino::ROOT,
+                    dst.as_ref(),
+                    RenameMode::Replace,
+                )
+                .unwrap();
                 w.renames.push(RenameCheck {
                     op: opno,
                     start,
@@ -142,7 +173,9 @@ fn run_workload(fs: &Fs, rec: &Recorder, seed: u64) -> Workload {
                 w.files[id].name = Some(dst);
                 w.files[id].changes.push((opno, start));
                 let name = format!("n{}", w.files.len());
-                let a = fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644)).unwrap();
+                let a = fs
+                    .create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
+                    .unwrap();
                 inos.push(a.ino);
                 w.files.push(FileState::new(name));
             }
@@ -150,7 +183,8 @@ fn run_workload(fs: &Fs, rec: &Recorder, seed: u64) -> Workload {
                 fs.sync().unwrap();
                 let t = now();
                 for f in w.files.iter_mut().filter(|f| f.name.is_some()) {
-                    f.snaps.push((opno, t, f.content.clone(), f.name.clone().unwrap()));
+                    f.snaps
+                        .push((opno, t, f.content.clone(), f.name.clone().unwrap()));
                 }
             }
             _ => {
@@ -159,7 +193,9 @@ fn run_workload(fs: &Fs, rec: &Recorder, seed: u64) -> Workload {
                 w.files[id].name = None;
                 w.files[id].changes.push((opno, start));
                 let new = format!("n{}", w.files.len());
-                let a = fs.create(Ino::ROOT, new.as_ref(), CreateParams::with_perm(0o644)).unwrap();
+                let a = fs
+                    .create(Ino::ROOT, new.as_ref(), CreateParams::with_perm(0o644))
+                    .unwrap();
                 inos.push(a.ino);
                 w.files.push(FileState::new(new));
             }
@@ -183,8 +219,14 @@ fn only_written_bytes(w: &Workload, name: &str, data: &[u8]) {
             continue;
         }
         let o = i as u64;
-        let ok = w.writes.iter().any(|x| o >= x.off && o < x.off + x.len && pattern(x.seed, o, 1)[0] == b);
-        assert!(ok, "{name}: byte {i} = {b:#x} was never written there (stale data exposed)");
+        let ok = w
+            .writes
+            .iter()
+            .any(|x| o >= x.off && o < x.off + x.len && pattern(x.seed, o, 1)[0] == b);
+        assert!(
+            ok,
+            "{name}: byte {i} = {b:#x} was never written there (stale data exposed)"
+        );
     }
 }
 
@@ -195,12 +237,27 @@ fn verify(fs: &Fs, w: &Workload, point: usize, what: &str) {
         only_written_bytes(w, &name, &data);
     }
     for f in &w.files {
-        let Some((content, name)) = f.durable_at(point) else { continue };
+        let Some((content, name)) = f.durable_at(point) else {
+            continue;
+        };
         let got = read_all(fs, name).unwrap_or_else(|| {
-            let names: Vec<String> = fs.readdir(Ino::ROOT).unwrap().into_iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
-            panic!("{what}: fsynced {name} missing; directory holds {names:?}; changes {:?}", f.changes)
+            let names: Vec<String> = fs
+                .readdir(Ino::ROOT)
+                .unwrap()
+                .into_iter()
+                .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+                .collect();
+            panic!(
+                "{what}: fsynced {name} missing; directory holds {names:?}; changes {:?}",
+                f.changes
+            )
         });
-        assert!(got == *content, "{what}: fsynced {name} differs ({} vs {} bytes)", got.len(), content.len());
+        assert!(
+            got == *content,
+            "{what}: fsynced {name} differs ({} vs {} bytes)",
+            got.len(),
+            content.len()
+        );
     }
     for r in &w.renames {
         if r.start > point {
@@ -210,17 +267,32 @@ fn verify(fs: &Fs, w: &Workload, point: usize, what: &str) {
         // or their names between the rename and the crash.
         let durable_before = |id: usize, content: &[u8]| {
             let f = &w.files[id];
-            let snap = f.snaps.iter().rev().find(|(o, at, _, _)| *o < r.op && *at <= point + 1);
-            snap.is_some_and(|(o, _, c, _)| c == content && !f.changes.iter().any(|&(co, _)| co > *o && co < r.op))
+            let snap = f
+                .snaps
+                .iter()
+                .rev()
+                .find(|(o, at, _, _)| *o < r.op && *at <= point + 1);
+            snap.is_some_and(|(o, _, c, _)| {
+                c == content && !f.changes.iter().any(|&(co, _)| co > *o && co < r.op)
+            })
         };
         let later = |id: usize| w.files[id].changed_after(r.op, point);
         let names_reused = w.renames.iter().any(|o| {
-            o.op > r.op && o.start <= point && [&o.src, &o.dst].iter().any(|n| **n == r.src || **n == r.dst)
+            o.op > r.op
+                && o.start <= point
+                && [&o.src, &o.dst]
+                    .iter()
+                    .any(|n| **n == r.src || **n == r.dst)
         });
-        if !durable_before(r.src_id, &r.src_content) || !durable_before(r.dst_id, &r.dst_content) || later(r.src_id) || names_reused {
+        if !durable_before(r.src_id, &r.src_content)
+            || !durable_before(r.dst_id, &r.dst_content)
+            || later(r.src_id)
+            || names_reused
+        {
             continue;
         }
-        let dst = read_all(fs, &r.dst).unwrap_or_else(|| panic!("{what}: rename target {} vanished", r.dst));
+        let dst = read_all(fs, &r.dst)
+            .unwrap_or_else(|| panic!("{what}: rename target {} vanished", r.dst));
         let src = read_all(fs, &r.src);
         let new_state = dst == r.src_content && src.is_none();
         let old_state = dst == r.dst_content && src.as_deref() == Some(&r.src_content[..]);
@@ -235,7 +307,11 @@ fn verify(fs: &Fs, w: &Workload, point: usize, what: &str) {
 }
 
 fn mount_images(images: &[Vec<u8>]) -> (Vec<Arc<SimTarget>>, Fs) {
-    let sims: Vec<Arc<SimTarget>> = images.iter().enumerate().map(|(i, img)| Arc::new(SimTarget::from_image(&format!("sim{i}"), img.clone(), 512))).collect();
+    let sims: Vec<Arc<SimTarget>> = images
+        .iter()
+        .enumerate()
+        .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("sim{i}"), img.clone(), 512)))
+        .collect();
     let (fs, _) = Fs::mount(dyns(&sims), quiet()).expect("recovery mount");
     (sims, fs)
 }
@@ -248,8 +324,22 @@ fn fsck_clean(sims: &[Arc<SimTarget>], what: &str) {
 /// Crashes during recovery at each of its flush points and recovers again.
 fn crash_during_recovery(images: &[Vec<u8>], w: &Workload, point: usize) -> usize {
     let rec = Recorder::new();
-    let sims: Vec<Arc<SimTarget>> = images.iter().enumerate().map(|(i, img)| Arc::new(SimTarget::from_image(&format!("r{i}"), img.clone(), 512))).collect();
-    let wrapped: Vec<Arc<dyn Target>> = sims.iter().enumerate().map(|(i, s)| Arc::new(RecordingTarget::new(Arc::clone(s) as Arc<dyn Target>, i as u32, Arc::clone(&rec))) as Arc<dyn Target>).collect();
+    let sims: Vec<Arc<SimTarget>> = images
+        .iter()
+        .enumerate()
+        .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("r{i}"), img.clone(), 512)))
+        .collect();
+    let wrapped: Vec<Arc<dyn Target>> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            Arc::new(RecordingTarget::new(
+                Arc::clone(s) as Arc<dyn Target>,
+                i as u32,
+                Arc::clone(&rec),
+            )) as Arc<dyn Target>
+        })
+        .collect();
     let (fs, _) = Fs::mount(wrapped, quiet()).expect("first recovery");
     std::mem::forget(fs);
     let pts = rec.flush_points();
@@ -265,17 +355,37 @@ fn crash_during_recovery(images: &[Vec<u8>], w: &Workload, point: usize) -> usiz
 
 fn crash_points(seed: u64, bs: u32) -> usize {
     let sims = sims(NTARGETS, TARGET_BYTES);
-    let opts = MkfsOptions { block_size: bs, stripe_unit: bs * 4, journal_bytes: Some(64 << 10), ..MkfsOptions::default() };
+    let opts = MkfsOptions {
+        block_size: bs,
+        stripe_unit: bs * 4,
+        journal_bytes: Some(64 << 10),
+        ..MkfsOptions::default()
+    };
     Fs::mkfs(&dyns(&sims), &opts).unwrap();
     let initial: Vec<Vec<u8>> = sims.iter().map(|s| s.durable_image()).collect();
     let rec = Recorder::new();
-    let wrapped: Vec<Arc<dyn Target>> = sims.iter().enumerate().map(|(i, s)| Arc::new(RecordingTarget::new(Arc::clone(s) as Arc<dyn Target>, i as u32, Arc::clone(&rec))) as Arc<dyn Target>).collect();
+    let wrapped: Vec<Arc<dyn Target>> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            Arc::new(RecordingTarget::new(
+                Arc::clone(s) as Arc<dyn Target>,
+                i as u32,
+                Arc::clone(&rec),
+            )) as Arc<dyn Target>
+        })
+        .collect();
     let (fs, _) = Fs::mount(wrapped, quiet()).unwrap();
     let w = run_workload(&fs, &rec, seed);
     std::mem::forget(fs);
     let mut covered = 0;
     for (k, p) in rec.flush_points().into_iter().enumerate() {
-        for policy in [UnflushedPolicy::Drop, UnflushedPolicy::Tear { seed: seed ^ p as u64 }] {
+        for policy in [
+            UnflushedPolicy::Drop,
+            UnflushedPolicy::Tear {
+                seed: seed ^ p as u64,
+            },
+        ] {
             let images = rec.images_at(&initial, p + 1, policy, 512);
             let what = format!("seed {seed} bs {bs} crash after event {p} ({policy:?})");
             let (s2, fs2) = mount_images(&images);
@@ -295,12 +405,18 @@ fn crash_points(seed: u64, bs: u32) -> usize {
 fn every_flush_point_recovers_4k() {
     let total: usize = (0..6).map(|s| crash_points(100 + s, 4096)).sum();
     eprintln!("crash points covered (4k blocks): {total}");
-    assert!(total > 500, "workloads produced too few crash points: {total}");
+    assert!(
+        total > 500,
+        "workloads produced too few crash points: {total}"
+    );
 }
 
 #[test]
 fn every_flush_point_recovers_1k() {
     let total: usize = (0..4).map(|s| crash_points(200 + s, 1024)).sum();
     eprintln!("crash points covered (1k blocks): {total}");
-    assert!(total > 300, "workloads produced too few crash points: {total}");
+    assert!(
+        total > 300,
+        "workloads produced too few crash points: {total}"
+    );
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use stripefs::{CreateParams, Fs, FsError, Ino, MkfsOptions, MountOptions, RenameMode};
-use stripefs_target::fault::{PointMatch, Persistence};
+use stripefs_target::fault::{Persistence, PointMatch};
 use stripefs_target::{CrashMode, FaultInjector, FaultKind, FaultPoint, Rng, SimTarget};
 
 /// Names and contents as of the last successful `sync`.
@@ -25,7 +25,12 @@ struct Outcome {
 
 fn faulty_sims(faults: &Arc<FaultInjector>) -> Vec<Arc<SimTarget>> {
     (0..3)
-        .map(|i| Arc::new(SimTarget::from_image(&format!("sim{i}"), vec![GARBAGE; 6 << 20], 512).with_faults(i, Arc::clone(faults))))
+        .map(|i| {
+            Arc::new(
+                SimTarget::from_image(&format!("sim{i}"), vec![GARBAGE; 6 << 20], 512)
+                    .with_faults(i, Arc::clone(faults)),
+            )
+        })
         .collect()
 }
 
@@ -33,7 +38,11 @@ fn faulty_sims(faults: &Arc<FaultInjector>) -> Vec<Arc<SimTarget>> {
 fn workload(fs: &Fs) -> Outcome {
     let mut rng = Rng::new(7);
     let mut model: BTreeMap<String, (Ino, Vec<u8>)> = BTreeMap::new();
-    let mut out = Outcome { failed: None, synced: Synced::new(), changed: Vec::new() };
+    let mut out = Outcome {
+        failed: None,
+        synced: Synced::new(),
+        changed: Vec::new(),
+    };
     for step in 0..60 {
         let name = format!("f{}", rng.below(5));
         let r: Result<(), FsError> = (|| {
@@ -52,7 +61,11 @@ fn workload(fs: &Fs) -> Outcome {
                     if (c.len() as u64) < off + len {
                         c.resize((off + len) as usize, 0);
                     }
-                    c[off as usize..(off + len) as usize].copy_from_slice(&pattern(s, off, len as usize));
+                    c[off as usize..(off + len) as usize].copy_from_slice(&pattern(
+                        s,
+                        off,
+                        len as usize,
+                    ));
                     model.insert(name.clone(), (ino, c));
                 }
                 (3, Some((ino, _))) => {
@@ -71,14 +84,23 @@ fn workload(fs: &Fs) -> Outcome {
                     if to != name {
                         out.changed.push(name.clone());
                         out.changed.push(to.clone());
-                        fs.rename(Ino::ROOT, name.as_ref(), Ino::ROOT, to.as_ref(), RenameMode::Replace)?;
+                        fs.rename(
+                            Ino::ROOT,
+                            name.as_ref(),
+                            Ino::ROOT,
+                            to.as_ref(),
+                            RenameMode::Replace,
+                        )?;
                         model.remove(&name);
                         model.insert(to, v);
                     }
                 }
                 (_, Some(_)) => {
                     fs.sync()?;
-                    out.synced = model.iter().map(|(k, (_, c))| (k.clone(), c.clone())).collect();
+                    out.synced = model
+                        .iter()
+                        .map(|(k, (_, c))| (k.clone(), c.clone()))
+                        .collect();
                     out.changed.clear();
                 }
             }
@@ -93,59 +115,112 @@ fn workload(fs: &Fs) -> Outcome {
 }
 
 fn must_poison(p: FaultPoint) -> bool {
-    matches!(p, FaultPoint::TargetFlush(_) | FaultPoint::JournalWrite | FaultPoint::JournalFlush | FaultPoint::CheckpointWrite)
+    matches!(
+        p,
+        FaultPoint::TargetFlush(_)
+            | FaultPoint::JournalWrite
+            | FaultPoint::JournalFlush
+            | FaultPoint::CheckpointWrite
+    )
 }
 
 fn one_run(kind: FaultKind, nth: u64) -> bool {
     let faults = Arc::new(FaultInjector::new());
     let sims = faulty_sims(&faults);
-    let opts = MkfsOptions { block_size: 4096, stripe_unit: 16384, journal_bytes: Some(64 << 10), ..MkfsOptions::default() };
+    let opts = MkfsOptions {
+        block_size: 4096,
+        stripe_unit: 16384,
+        journal_bytes: Some(64 << 10),
+        ..MkfsOptions::default()
+    };
     Fs::mkfs(&dyns(&sims), &opts).unwrap();
-    let (fs, _) = Fs::mount(dyns(&sims), MountOptions { commit_interval: None, faults: Some(Arc::clone(&faults)) }).unwrap();
+    let (fs, _) = Fs::mount(
+        dyns(&sims),
+        MountOptions {
+            commit_interval: None,
+            faults: Some(Arc::clone(&faults)),
+        },
+    )
+    .unwrap();
     faults.arm(PointMatch::Any, nth, kind, Persistence::Once);
     let out = workload(&fs);
     let fired = faults.fired();
     faults.disarm();
     let Some(err) = out.failed else {
-        assert!(fired.is_empty() || !fired.iter().any(|p| must_poison(*p)), "fault at {fired:?} went unreported");
+        assert!(
+            fired.is_empty() || !fired.iter().any(|p| must_poison(*p)),
+            "fault at {fired:?} went unreported"
+        );
         return false;
     };
-    let point = *fired.first().unwrap_or_else(|| panic!("call failed ({err}) but no fault fired"));
+    let point = *fired
+        .first()
+        .unwrap_or_else(|| panic!("call failed ({err}) but no fault fired"));
     // The allocator's fault point means "this target is full" whatever the armed kind.
     let want = match (kind, point) {
         (FaultKind::Enospc, _) | (_, FaultPoint::Alloc) => libc::ENOSPC,
         _ => libc::EIO,
     };
-    assert!(err.errno() == want || matches!(err, FsError::Poisoned(_)), "fault {kind:?} at {point} reported as {err} (errno {})", err.errno());
+    assert!(
+        err.errno() == want || matches!(err, FsError::Poisoned(_)),
+        "fault {kind:?} at {point} reported as {err} (errno {})",
+        err.errno()
+    );
     if must_poison(point) {
-        assert!(fs.is_poisoned(), "{kind:?} at {point} did not poison the file system");
+        assert!(
+            fs.is_poisoned(),
+            "{kind:?} at {point} did not poison the file system"
+        );
     }
     if fs.is_poisoned() {
-        let e = fs.create(Ino::ROOT, "after".as_ref(), CreateParams::with_perm(0o644)).unwrap_err();
-        assert!(matches!(e, FsError::Poisoned(_)), "poisoned file system accepted a call: {e}");
+        let e = fs
+            .create(Ino::ROOT, "after".as_ref(), CreateParams::with_perm(0o644))
+            .unwrap_err();
+        assert!(
+            matches!(e, FsError::Poisoned(_)),
+            "poisoned file system accepted a call: {e}"
+        );
     } else {
-        let a = fs.create(Ino::ROOT, "after".as_ref(), CreateParams::with_perm(0o644)).expect("still usable");
-        fs.write_at(a.ino, 0, b"still works").expect("write after recovered fault");
+        let a = fs
+            .create(Ino::ROOT, "after".as_ref(), CreateParams::with_perm(0o644))
+            .expect("still usable");
+        fs.write_at(a.ino, 0, b"still works")
+            .expect("write after recovered fault");
         fs.fsync(a.ino, false).expect("fsync after recovered fault");
     }
     std::mem::forget(fs);
     for s in &sims {
         s.crash(CrashMode::DropUnflushed);
     }
-    let (fs, _) = Fs::mount(dyns(&sims), MountOptions { commit_interval: None, faults: None })
-        .unwrap_or_else(|e| panic!("remount after {kind:?} at {point} (hit {nth}) failed: {e}"));
+    let (fs, _) = Fs::mount(
+        dyns(&sims),
+        MountOptions {
+            commit_interval: None,
+            faults: None,
+        },
+    )
+    .unwrap_or_else(|e| panic!("remount after {kind:?} at {point} (hit {nth}) failed: {e}"));
     for (name, content) in &out.synced {
         if out.changed.contains(name) {
             continue;
         }
-        let a = fs.lookup(Ino::ROOT, name.as_ref()).unwrap_or_else(|e| panic!("synced {name} lost after fault at {point}: {e}"));
+        let a = fs
+            .lookup(Ino::ROOT, name.as_ref())
+            .unwrap_or_else(|e| panic!("synced {name} lost after fault at {point}: {e}"));
         let mut buf = vec![0u8; a.size as usize];
         fs.read_at(a.ino, 0, &mut buf).unwrap();
-        assert!(buf == *content, "synced {name} differs after fault at {point} (hit {nth})");
+        assert!(
+            buf == *content,
+            "synced {name} differs after fault at {point} (hit {nth})"
+        );
     }
     fs.unmount().unwrap();
     let r = stripefs::fsck::fsck(dyns(&sims), &mut |_| {}).unwrap();
-    assert!(r.is_clean(), "fsck after {kind:?} at {point} (hit {nth}): {:?}", r.problems);
+    assert!(
+        r.is_clean(),
+        "fsck after {kind:?} at {point} (hit {nth}): {:?}",
+        r.problems
+    );
     true
 }
 
@@ -176,7 +251,9 @@ fn enospc_at_every_point() {
 fn full_target_gives_enospc_and_stays_usable() {
     let s = sims(2, 4 << 20);
     let fs = fresh(&s, 4096, 65536);
-    let a = fs.create(Ino::ROOT, "big".as_ref(), CreateParams::with_perm(0o644)).unwrap();
+    let a = fs
+        .create(Ino::ROOT, "big".as_ref(), CreateParams::with_perm(0o644))
+        .unwrap();
     let chunk = vec![0x5Au8; 256 << 10];
     let mut off = 0u64;
     let err = loop {
@@ -188,11 +265,18 @@ fn full_target_gives_enospc_and_stays_usable() {
     };
     assert_eq!(err.errno(), libc::ENOSPC, "{err}");
     assert!(!fs.is_poisoned());
-    assert_eq!(fs.getattr(a.ino).unwrap().size, off, "failed write left the size alone");
+    assert_eq!(
+        fs.getattr(a.ino).unwrap().size,
+        off,
+        "failed write left the size alone"
+    );
     fs.unlink(Ino::ROOT, "big".as_ref()).unwrap();
     fs.sync().unwrap();
-    let b = fs.create(Ino::ROOT, "again".as_ref(), CreateParams::with_perm(0o644)).unwrap();
-    fs.write_at(b.ino, 0, &chunk).expect("space freed by the unlink is reusable after commit");
+    let b = fs
+        .create(Ino::ROOT, "again".as_ref(), CreateParams::with_perm(0o644))
+        .unwrap();
+    fs.write_at(b.ino, 0, &chunk)
+        .expect("space freed by the unlink is reusable after commit");
     fs.unmount().unwrap();
     let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
@@ -203,11 +287,26 @@ fn injected_alloc_enospc_is_not_fatal() {
     let faults = Arc::new(FaultInjector::new());
     let s = sims(2, 4 << 20);
     Fs::mkfs(&dyns(&s), &MkfsOptions::default()).unwrap();
-    let (fs, _) = Fs::mount(dyns(&s), MountOptions { commit_interval: None, faults: Some(Arc::clone(&faults)) }).unwrap();
-    let a = fs.create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o644)).unwrap();
-    faults.arm(PointMatch::Exact(FaultPoint::Alloc), 1, FaultKind::Enospc, Persistence::Once);
+    let (fs, _) = Fs::mount(
+        dyns(&s),
+        MountOptions {
+            commit_interval: None,
+            faults: Some(Arc::clone(&faults)),
+        },
+    )
+    .unwrap();
+    let a = fs
+        .create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o644))
+        .unwrap();
+    faults.arm(
+        PointMatch::Exact(FaultPoint::Alloc),
+        1,
+        FaultKind::Enospc,
+        Persistence::Once,
+    );
     let e = fs.write_at(a.ino, 0, b"x").unwrap_err();
     assert_eq!(e.errno(), libc::ENOSPC);
-    fs.write_at(a.ino, 0, b"x").expect("next allocation succeeds");
+    fs.write_at(a.ino, 0, b"x")
+        .expect("next allocation succeeds");
     fs.unmount().unwrap();
 }

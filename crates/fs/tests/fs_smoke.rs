@@ -8,7 +8,9 @@ use stripefs::{CreateParams, Fs, Ino};
 fn write_read_remount() {
     let s = sims(3, 32 << 20);
     let fs = fresh(&s, 4096, 65536);
-    let a = fs.create(Ino::ROOT, "a".as_ref(), CreateParams::with_perm(0o644)).unwrap();
+    let a = fs
+        .create(Ino::ROOT, "a".as_ref(), CreateParams::with_perm(0o644))
+        .unwrap();
     let data = pattern(1, 1000, 300_000);
     fs.write_at(a.ino, 1000, &data).unwrap();
     let mut back = vec![0u8; 301_000];
@@ -18,7 +20,10 @@ fn write_read_remount() {
     fs.fsync(a.ino, false).unwrap();
     fs.unmount().unwrap();
     let (fs, rep) = Fs::mount(dyns(&s), quiet()).unwrap();
-    assert_eq!(rep.replayed_txns, 0, "clean unmount leaves nothing to replay");
+    assert_eq!(
+        rep.replayed_txns, 0,
+        "clean unmount leaves nothing to replay"
+    );
     let a2 = fs.lookup(Ino::ROOT, "a".as_ref()).unwrap();
     assert_eq!(a2.size, 301_000);
     let mut back2 = vec![0u8; 301_000];
@@ -31,10 +36,18 @@ fn write_read_remount() {
 fn fsync_survives_crash_via_journal_replay() {
     let s = sims(2, 32 << 20);
     let fs = fresh(&s, 1024, 8192);
-    let a = fs.create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o600)).unwrap();
+    let a = fs
+        .create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o600))
+        .unwrap();
     fs.write_at(a.ino, 0, &pattern(2, 0, 50_000)).unwrap();
     fs.fsync(a.ino, false).unwrap();
-    let b = fs.create(Ino::ROOT, "unsynced".as_ref(), CreateParams::with_perm(0o600)).unwrap();
+    let b = fs
+        .create(
+            Ino::ROOT,
+            "unsynced".as_ref(),
+            CreateParams::with_perm(0o600),
+        )
+        .unwrap();
     fs.write_at(b.ino, 0, b"lost").unwrap();
     std::mem::forget(fs); // no unmount, no drop-time commit: a crash
     for t in &s {

@@ -41,12 +41,31 @@ struct Run {
 
 impl Run {
     fn fail(&self, what: &str) -> ! {
-        let tail: Vec<&String> = self.log.iter().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
-        panic!("model mismatch ({}, seed {}): {what}\nlast ops:\n{}", self.cfg, self.seed, tail.iter().map(|s| format!("  {s}")).collect::<Vec<_>>().join("\n"));
+        let tail: Vec<&String> = self
+            .log
+            .iter()
+            .rev()
+            .take(40)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        panic!(
+            "model mismatch ({}, seed {}): {what}\nlast ops:\n{}",
+            self.cfg,
+            self.seed,
+            tail.iter()
+                .map(|s| format!("  {s}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
     }
 
     fn pick_name(&mut self) -> (usize, String) {
-        ((self.rng.below(2)) as usize, format!("f{}", self.rng.below(6)))
+        (
+            (self.rng.below(2)) as usize,
+            format!("f{}", self.rng.below(6)),
+        )
     }
 
     fn existing(&mut self) -> Option<((usize, String), u32)> {
@@ -79,7 +98,10 @@ impl Run {
     fn op_create(&mut self) {
         let (d, n) = self.pick_name();
         self.log.push(format!("create {d}/{n}"));
-        let r = self.sut.fs.create(self.sut.dirs[d], n.as_ref(), CreateParams::with_perm(0o644));
+        let r = self
+            .sut
+            .fs
+            .create(self.sut.dirs[d], n.as_ref(), CreateParams::with_perm(0o644));
         match (self.model.names.contains_key(&(d, n.clone())), r) {
             (true, Err(FsError::Exists)) => {}
             (false, Ok(a)) => {
@@ -94,7 +116,9 @@ impl Run {
     }
 
     fn op_write(&mut self) {
-        let Some((name, id)) = self.existing() else { return self.op_create() };
+        let Some((name, id)) = self.existing() else {
+            return self.op_create();
+        };
         let size = self.model.data[&id].len() as u64;
         let off = match self.rng.below(3) {
             0 => self.rng.below(size + 65536) & !4095,
@@ -102,10 +126,16 @@ impl Run {
             _ => self.rng.below(size + 65536),
         }
         .min(MAX_FILE - 1);
-        let len = if self.rng.one_in(4) { self.rng.range(1, 300_000) } else { self.rng.range(1, 9000) }.min(MAX_FILE - off);
+        let len = if self.rng.one_in(4) {
+            self.rng.range(1, 300_000)
+        } else {
+            self.rng.range(1, 9000)
+        }
+        .min(MAX_FILE - off);
         let seed = self.rng.next_u64();
         let data = pattern(seed, off, len as usize);
-        self.log.push(format!("write {}/{} off={off} len={len}", name.0, name.1));
+        self.log
+            .push(format!("write {}/{} off={off} len={len}", name.0, name.1));
         if let Err(e) = self.sut.fs.write_at(self.sut.inos[&id], off, &data) {
             self.fail(&format!("write failed: {e}"));
         }
@@ -118,11 +148,14 @@ impl Run {
     }
 
     fn op_read(&mut self) {
-        let Some((name, id)) = self.existing() else { return };
+        let Some((name, id)) = self.existing() else {
+            return;
+        };
         let size = self.model.data[&id].len() as u64;
         let off = self.rng.below(size + 4096);
         let len = self.rng.range(1, 200_000);
-        self.log.push(format!("read {}/{} off={off} len={len}", name.0, name.1));
+        self.log
+            .push(format!("read {}/{} off={off} len={len}", name.0, name.1));
         self.check_range(id, off, len);
     }
 
@@ -135,39 +168,67 @@ impl Run {
         let m = &self.model.data[&id];
         let want_n = (m.len() as u64).saturating_sub(off).min(len) as usize;
         if n != want_n {
-            self.fail(&format!("read of file {id} at {off}: got {n} bytes, model has {want_n}"));
+            self.fail(&format!(
+                "read of file {id} at {off}: got {n} bytes, model has {want_n}"
+            ));
         }
         if n > 0 && buf[..n] != m[off as usize..off as usize + n] {
             let first = (0..n).find(|&i| buf[i] != m[off as usize + i]).unwrap_or(0);
-            self.fail(&format!("file {id} differs at byte {} (read at {off})", off as usize + first));
+            self.fail(&format!(
+                "file {id} differs at byte {} (read at {off})",
+                off as usize + first
+            ));
         }
     }
 
     fn op_truncate(&mut self) {
-        let Some((name, id)) = self.existing() else { return };
+        let Some((name, id)) = self.existing() else {
+            return;
+        };
         let size = self.model.data[&id].len() as u64;
         let new = self.rng.below(size + size / 2 + 10_000).min(MAX_FILE);
-        self.log.push(format!("truncate {}/{} {size} -> {new}", name.0, name.1));
+        self.log
+            .push(format!("truncate {}/{} {size} -> {new}", name.0, name.1));
         if let Err(e) = self.sut.fs.set_len(self.sut.inos[&id], new) {
             self.fail(&format!("truncate failed: {e}"));
         }
-        self.model.data.get_mut(&id).expect("file").resize(new as usize, 0);
+        self.model
+            .data
+            .get_mut(&id)
+            .expect("file")
+            .resize(new as usize, 0);
     }
 
     fn op_sync(&mut self) {
-        let Some((name, id)) = self.existing() else { return };
+        let Some((name, id)) = self.existing() else {
+            return;
+        };
         let datasync = self.rng.one_in(2);
-        self.log.push(format!("{} {}/{}", if datasync { "fdatasync" } else { "fsync" }, name.0, name.1));
+        self.log.push(format!(
+            "{} {}/{}",
+            if datasync { "fdatasync" } else { "fsync" },
+            name.0,
+            name.1
+        ));
         if let Err(e) = self.sut.fs.fsync(self.sut.inos[&id], datasync) {
             self.fail(&format!("fsync failed: {e}"));
         }
     }
 
     fn op_rename(&mut self) {
-        let Some((src, id)) = self.existing() else { return };
+        let Some((src, id)) = self.existing() else {
+            return;
+        };
         let dst = self.pick_name();
-        self.log.push(format!("rename {}/{} -> {}/{}", src.0, src.1, dst.0, dst.1));
-        let r = self.sut.fs.rename(self.sut.dirs[src.0], src.1.as_ref(), self.sut.dirs[dst.0], dst.1.as_ref(), RenameMode::Replace);
+        self.log
+            .push(format!("rename {}/{} -> {}/{}", src.0, src.1, dst.0, dst.1));
+        let r = self.sut.fs.rename(
+            self.sut.dirs[src.0],
+            src.1.as_ref(),
+            self.sut.dirs[dst.0],
+            dst.1.as_ref(),
+            RenameMode::Replace,
+        );
         if let Err(e) = r {
             self.fail(&format!("rename failed: {e}"));
         }
@@ -190,7 +251,9 @@ impl Run {
     }
 
     fn op_unlink(&mut self) {
-        let Some((name, id)) = self.existing() else { return };
+        let Some((name, id)) = self.existing() else {
+            return;
+        };
         self.log.push(format!("unlink {}/{}", name.0, name.1));
         if let Err(e) = self.sut.fs.unlink(self.sut.dirs[name.0], name.1.as_ref()) {
             self.fail(&format!("unlink failed: {e}"));
@@ -200,10 +263,16 @@ impl Run {
     }
 
     fn op_link(&mut self) {
-        let Some((src, id)) = self.existing() else { return };
+        let Some((src, id)) = self.existing() else {
+            return;
+        };
         let dst = self.pick_name();
-        self.log.push(format!("link {}/{} -> {}/{}", src.0, src.1, dst.0, dst.1));
-        let r = self.sut.fs.link(self.sut.inos[&id], self.sut.dirs[dst.0], dst.1.as_ref());
+        self.log
+            .push(format!("link {}/{} -> {}/{}", src.0, src.1, dst.0, dst.1));
+        let r = self
+            .sut
+            .fs
+            .link(self.sut.inos[&id], self.sut.dirs[dst.0], dst.1.as_ref());
         match (self.model.names.contains_key(&dst), r) {
             (true, Err(FsError::Exists)) => {}
             (false, Ok(_)) => {
@@ -214,13 +283,24 @@ impl Run {
     }
 
     fn op_falloc(&mut self) {
-        let Some((name, id)) = self.existing() else { return };
+        let Some((name, id)) = self.existing() else {
+            return;
+        };
         let size = self.model.data[&id].len() as u64;
         let off = self.rng.below(size + 100_000).min(MAX_FILE - 1);
         let len = self.rng.range(1, 200_000).min(MAX_FILE - off);
         let keep = self.rng.one_in(2);
-        self.log.push(format!("falloc{} {}/{} off={off} len={len}", if keep { " -k" } else { "" }, name.0, name.1));
-        let mode = if keep { FallocMode::KeepSize } else { FallocMode::Allocate };
+        self.log.push(format!(
+            "falloc{} {}/{} off={off} len={len}",
+            if keep { " -k" } else { "" },
+            name.0,
+            name.1
+        ));
+        let mode = if keep {
+            FallocMode::KeepSize
+        } else {
+            FallocMode::Allocate
+        };
         if let Err(e) = self.sut.fs.fallocate(self.sut.inos[&id], mode, off, len) {
             self.fail(&format!("fallocate failed: {e}"));
         }
@@ -231,7 +311,9 @@ impl Run {
     }
 
     fn op_open_handle(&mut self) {
-        let Some((_, id)) = self.existing() else { return };
+        let Some((_, id)) = self.existing() else {
+            return;
+        };
         self.log.push(format!("open file {id}"));
         match self.sut.fs.open_file(self.sut.inos[&id]) {
             Ok(f) => self.sut.handles.push((id, f)),
@@ -264,8 +346,11 @@ impl Run {
         if let Err(e) = self.sut.fs.unmount() {
             self.fail(&format!("unmount failed: {e}"));
         }
-        let (fs, _) = Fs::mount(dyns(&self.targets), quiet()).unwrap_or_else(|e| self.fail(&format!("mount failed: {e}")));
-        let d = fs.lookup(Ino::ROOT, "d".as_ref()).unwrap_or_else(|e| self.fail(&format!("lookup d: {e}")));
+        let (fs, _) = Fs::mount(dyns(&self.targets), quiet())
+            .unwrap_or_else(|e| self.fail(&format!("mount failed: {e}")));
+        let d = fs
+            .lookup(Ino::ROOT, "d".as_ref())
+            .unwrap_or_else(|e| self.fail(&format!("lookup d: {e}")));
         self.sut.fs = fs;
         self.sut.dirs = [Ino::ROOT, d.ino];
     }
@@ -274,20 +359,39 @@ impl Run {
         self.log.push("verify".into());
         for (d, dir) in self.sut.dirs.into_iter().enumerate() {
             let listed: Vec<String> = match self.sut.fs.readdir(dir) {
-                Ok(v) => v.into_iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).filter(|n| !(d == 0 && n == "d")).collect(),
+                Ok(v) => v
+                    .into_iter()
+                    .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+                    .filter(|n| !(d == 0 && n == "d"))
+                    .collect(),
                 Err(e) => self.fail(&format!("readdir: {e}")),
             };
-            let want: Vec<String> = self.model.names.keys().filter(|(dd, _)| *dd == d).map(|(_, n)| n.clone()).collect();
+            let want: Vec<String> = self
+                .model
+                .names
+                .keys()
+                .filter(|(dd, _)| *dd == d)
+                .map(|(_, n)| n.clone())
+                .collect();
             if listed != want {
                 self.fail(&format!("directory {d} lists {listed:?}, model {want:?}"));
             }
         }
         let ids: Vec<u32> = self.model.data.keys().copied().collect();
         for id in ids {
-            let a = self.sut.fs.getattr(self.sut.inos[&id]).unwrap_or_else(|e| self.fail(&format!("getattr: {e}")));
+            let a = self
+                .sut
+                .fs
+                .getattr(self.sut.inos[&id])
+                .unwrap_or_else(|e| self.fail(&format!("getattr: {e}")));
             let links = self.model.names.values().filter(|&&v| v == id).count() as u32;
             if a.size != self.model.data[&id].len() as u64 || a.nlink != links {
-                self.fail(&format!("file {id}: size {} nlink {}, model {} {links}", a.size, a.nlink, self.model.data[&id].len()));
+                self.fail(&format!(
+                    "file {id}: size {} nlink {}, model {} {links}",
+                    a.size,
+                    a.nlink,
+                    self.model.data[&id].len()
+                ));
             }
             let len = a.size.max(1);
             self.check_range(id, 0, len);
@@ -297,17 +401,33 @@ impl Run {
 
 fn run_model(stripe_count: u32, bs: u32, seed: u64, ops: u64) -> u64 {
     let targets = sims(TARGETS, TARGET_BYTES);
-    let opts = MkfsOptions { block_size: bs, stripe_unit: bs * 4, stripe_count: Some(stripe_count), ..MkfsOptions::default() };
+    let opts = MkfsOptions {
+        block_size: bs,
+        stripe_unit: bs * 4,
+        stripe_count: Some(stripe_count),
+        ..MkfsOptions::default()
+    };
     Fs::mkfs(&dyns(&targets), &opts).expect("mkfs");
     let (fs, _) = Fs::mount(dyns(&targets), quiet()).expect("mount");
-    let d = fs.mkdir(Ino::ROOT, "d".as_ref(), CreateParams::with_perm(0o755)).expect("mkdir");
+    let d = fs
+        .mkdir(Ino::ROOT, "d".as_ref(), CreateParams::with_perm(0o755))
+        .expect("mkdir");
     let mut run = Run {
         rng: Rng::new(seed),
         log: Vec::new(),
         seed,
         cfg: format!("stripe count {stripe_count}, block size {bs}"),
-        model: Model { names: BTreeMap::new(), data: HashMap::new(), next_id: 0 },
-        sut: Sut { fs, dirs: [Ino::ROOT, d.ino], inos: HashMap::new(), handles: Vec::new() },
+        model: Model {
+            names: BTreeMap::new(),
+            data: HashMap::new(),
+            next_id: 0,
+        },
+        sut: Sut {
+            fs,
+            dirs: [Ino::ROOT, d.ino],
+            inos: HashMap::new(),
+            handles: Vec::new(),
+        },
         targets,
         ops: 0,
     };
@@ -318,12 +438,20 @@ fn run_model(stripe_count: u32, bs: u32, seed: u64, ops: u64) -> u64 {
     run.sut.handles.clear();
     run.sut.fs.unmount().expect("unmount");
     let report = stripefs::fsck::fsck(dyns(&run.targets), &mut |_| {}).expect("fsck");
-    assert!(report.is_clean(), "fsck after model run ({}): {:?}", run.cfg, report.problems);
+    assert!(
+        report.is_clean(),
+        "fsck after model run ({}): {:?}",
+        run.cfg,
+        report.problems
+    );
     run.ops
 }
 
 fn ops_per_config() -> u64 {
-    std::env::var("STRIPEFS_MODEL_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(3000)
+    std::env::var("STRIPEFS_MODEL_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000)
 }
 
 macro_rules! model_case {
@@ -332,7 +460,12 @@ macro_rules! model_case {
         fn $name() {
             let ops = ops_per_config();
             for seed in [1u64, 2] {
-                run_model($count, $bs, seed ^ ($count as u64) << 8 ^ ($bs as u64) << 16, ops);
+                run_model(
+                    $count,
+                    $bs,
+                    seed ^ ($count as u64) << 8 ^ ($bs as u64) << 16,
+                    ops,
+                );
             }
         }
     };

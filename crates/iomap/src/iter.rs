@@ -25,32 +25,58 @@ pub enum IterError<E> {
 /// # Errors
 /// [`IterError::Failed`] with the bytes completed before the error, or
 /// [`IterError::Contract`] when `begin` or the body violates the contract.
-pub fn iterate<O, F>(ops: &O, pos: u64, len: u64, op: IomapOp, mut body: F) -> Result<u64, IterError<O::Error>>
+pub fn iterate<O, F>(
+    ops: &O,
+    pos: u64,
+    len: u64,
+    op: IomapOp,
+    mut body: F,
+) -> Result<u64, IterError<O::Error>>
 where
     O: IomapOps + ?Sized,
     F: FnMut(&Iomap<O::Addr>, u64, u64) -> Result<u64, O::Error>,
 {
-    let end = pos.checked_add(len).ok_or_else(|| IterError::Contract("range overflows".into()))?;
+    let end = pos
+        .checked_add(len)
+        .ok_or_else(|| IterError::Contract("range overflows".into()))?;
     let mut cur = pos;
     while cur < end {
-        let map = ops.begin(cur, end - cur, op).map_err(|error| IterError::Failed { done: cur - pos, error })?;
+        let map = ops
+            .begin(cur, end - cur, op)
+            .map_err(|error| IterError::Failed {
+                done: cur - pos,
+                error,
+            })?;
         if !map.covers(cur) {
             let _ = ops.end(&map, cur, 0, op);
-            return Err(IterError::Contract(format!("mapping {}..{} does not cover {cur}", map.offset, map.end())));
+            return Err(IterError::Contract(format!(
+                "mapping {}..{} does not cover {cur}",
+                map.offset,
+                map.end()
+            )));
         }
         let piece = (map.end() - cur).min(end - cur);
         match body(&map, cur, piece) {
             Ok(used) if used >= 1 && used <= piece => {
-                ops.end(&map, cur, used, op).map_err(|error| IterError::Failed { done: cur + used - pos, error })?;
+                ops.end(&map, cur, used, op)
+                    .map_err(|error| IterError::Failed {
+                        done: cur + used - pos,
+                        error,
+                    })?;
                 cur += used;
             }
             Ok(used) => {
                 let _ = ops.end(&map, cur, 0, op);
-                return Err(IterError::Contract(format!("body advanced {used} of a {piece}-byte piece")));
+                return Err(IterError::Contract(format!(
+                    "body advanced {used} of a {piece}-byte piece"
+                )));
             }
             Err(error) => {
                 let _ = ops.end(&map, cur, 0, op);
-                return Err(IterError::Failed { done: cur - pos, error });
+                return Err(IterError::Failed {
+                    done: cur - pos,
+                    error,
+                });
             }
         }
     }
@@ -78,7 +104,14 @@ mod tests {
         fn begin(&self, pos: u64, len: u64, _op: IomapOp) -> Result<Iomap<u64>, String> {
             *self.begins.borrow_mut() += 1;
             if Some(pos) == self.uncovering_at {
-                return Ok(Iomap { offset: pos + 1, length: 5, kind: IomapKind::Hole, flags: IomapFlags::NONE, addr: 0, seq: 0 });
+                return Ok(Iomap {
+                    offset: pos + 1,
+                    length: 5,
+                    kind: IomapKind::Hole,
+                    flags: IomapFlags::NONE,
+                    addr: 0,
+                    seq: 0,
+                });
             }
             let start = pos - pos % 3;
             Ok(Iomap {
@@ -100,7 +133,11 @@ mod tests {
     }
 
     fn fake(uncovering_at: Option<u64>) -> Fake {
-        Fake { begins: RefCell::new(0), ends: RefCell::new(Vec::new()), uncovering_at }
+        Fake {
+            begins: RefCell::new(0),
+            ends: RefCell::new(Vec::new()),
+            uncovering_at,
+        }
     }
 
     #[test]
@@ -134,9 +171,19 @@ mod tests {
         assert_eq!(f.ends.borrow().last(), Some(&(3, 0)));
         let f = fake(None);
         let e = iterate(&f, 0, 9, IomapOp::Read, |_, _, _| Ok(0)).unwrap_err();
-        assert!(matches!(e, IterError::Contract(_)), "zero advance is refused");
+        assert!(
+            matches!(e, IterError::Contract(_)),
+            "zero advance is refused"
+        );
         let f = fake(None);
-        let e = iterate(&f, 0, 9, IomapOp::Read, |_, pos, len| if pos >= 3 { Err("boom".into()) } else { Ok(len) }).unwrap_err();
+        let e = iterate(&f, 0, 9, IomapOp::Read, |_, pos, len| {
+            if pos >= 3 {
+                Err("boom".into())
+            } else {
+                Ok(len)
+            }
+        })
+        .unwrap_err();
         assert!(matches!(e, IterError::Failed { done: 3, .. }));
         assert_eq!(*f.begins.borrow() as usize, f.ends.borrow().len());
     }

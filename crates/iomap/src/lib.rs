@@ -116,7 +116,13 @@ pub trait IomapOps {
     ///
     /// # Errors
     /// The file system's error.
-    fn end(&self, map: &Iomap<Self::Addr>, pos: u64, used: u64, op: IomapOp) -> Result<(), Self::Error>;
+    fn end(
+        &self,
+        map: &Iomap<Self::Addr>,
+        pos: u64,
+        used: u64,
+        op: IomapOp,
+    ) -> Result<(), Self::Error>;
 
     /// True if `map` still describes the file (its `seq` is current).
     fn still_valid(&self, map: &Iomap<Self::Addr>) -> bool;

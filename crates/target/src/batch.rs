@@ -33,7 +33,10 @@ struct State {
 
 impl Default for State {
     fn default() -> Self {
-        Self { pending: 1, results: Vec::new() }
+        Self {
+            pending: 1,
+            results: Vec::new(),
+        }
     }
 }
 

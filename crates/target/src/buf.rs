@@ -31,7 +31,10 @@ impl IoBuf {
     #[must_use]
     pub fn zeroed(len: usize) -> Self {
         if len == 0 {
-            return Self { ptr: NonNull::dangling(), len: 0 };
+            return Self {
+                ptr: NonNull::dangling(),
+                len: 0,
+            };
         }
         let layout = Self::layout(len);
         // SAFETY: `layout` has non-zero size.

@@ -75,7 +75,12 @@ impl TargetError {
     /// Builds an error.
     #[must_use]
     pub fn new(target: Arc<str>, op: OpKind, offset: u64, kind: TargetErrorKind) -> Self {
-        Self { target, op, offset, kind }
+        Self {
+            target,
+            op,
+            offset,
+            kind,
+        }
     }
 
     /// The errno this error maps to.
@@ -94,8 +99,11 @@ impl TargetError {
     /// Classifies an errno from the OS.
     #[must_use]
     pub fn from_errno(target: Arc<str>, op: OpKind, offset: u64, errno: i32) -> Self {
-        let kind =
-            if errno == libc::ENOSPC { TargetErrorKind::NoSpace } else { TargetErrorKind::Os(errno) };
+        let kind = if errno == libc::ENOSPC {
+            TargetErrorKind::NoSpace
+        } else {
+            TargetErrorKind::Os(errno)
+        };
         Self::new(target, op, offset, kind)
     }
 }

@@ -139,7 +139,13 @@ impl FaultInjector {
     /// Fails the `nth` (1-based) hit matching `point` with `kind`.
     pub fn arm(&self, point: PointMatch, nth: u64, kind: FaultKind, persistence: Persistence) {
         assert!(nth >= 1, "hits are counted from 1");
-        self.inner.lock().rules.push(Rule { point, nth, kind, persistence, seen: 0 });
+        self.inner.lock().rules.push(Rule {
+            point,
+            nth,
+            kind,
+            persistence,
+            seen: 0,
+        });
     }
 
     /// Removes every rule (hit counts are kept).
@@ -198,7 +204,12 @@ mod tests {
         let got: Vec<_> = (0..5).map(|_| f.check(FaultPoint::JournalWrite)).collect();
         assert_eq!(got, vec![None, None, Some(FaultKind::Eio), None, None]);
         f.disarm();
-        f.arm(PointMatch::Exact(FaultPoint::Alloc), 2, FaultKind::Enospc, Persistence::Sticky);
+        f.arm(
+            PointMatch::Exact(FaultPoint::Alloc),
+            2,
+            FaultKind::Enospc,
+            Persistence::Sticky,
+        );
         assert_eq!(f.check(FaultPoint::Alloc), None);
         assert_eq!(f.check(FaultPoint::JournalWrite), None);
         assert_eq!(f.check(FaultPoint::Alloc), Some(FaultKind::Enospc));

@@ -43,7 +43,11 @@ pub struct FileTargetOptions {
 
 impl Default for FileTargetOptions {
     fn default() -> Self {
-        Self { engine: EngineKind::Auto, queue_depth: 128, create_size: None }
+        Self {
+            engine: EngineKind::Auto,
+            queue_depth: 128,
+            create_size: None,
+        }
     }
 }
 
@@ -76,11 +80,20 @@ impl FileTarget {
     pub fn open(path: &Path, opts: FileTargetOptions) -> Result<Self, TargetError> {
         let name: Arc<str> = Arc::from(path.display().to_string());
         let open_err = |e: std::io::Error| {
-            TargetError::from_errno(name.clone(), OpKind::Open, 0, e.raw_os_error().unwrap_or(libc::EIO))
+            TargetError::from_errno(
+                name.clone(),
+                OpKind::Open,
+                0,
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )
         };
         if let Some(size) = opts.create_size {
             if !path.exists() {
-                let f = OpenOptions::new().write(true).create_new(true).open(path).map_err(open_err)?;
+                let f = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                    .map_err(open_err)?;
                 f.set_len(size).map_err(open_err)?;
             }
         }
@@ -89,12 +102,22 @@ impl FileTarget {
         let block_device = meta.file_type().is_block_device();
         if !block_device && !meta.file_type().is_file() {
             let why = "not a regular file or block device".to_string();
-            return Err(TargetError::new(name, OpKind::Open, 0, TargetErrorKind::Unusable(why)));
+            return Err(TargetError::new(
+                name,
+                OpKind::Open,
+                0,
+                TargetErrorKind::Unusable(why),
+            ));
         }
         let (size, sector) = geometry(&file, block_device, direct).map_err(open_err)?;
         if !(512..=4096).contains(&sector) || !sector.is_power_of_two() {
             let why = format!("logical sector size {sector} is not a power of two in 512..=4096");
-            return Err(TargetError::new(name, OpKind::Open, 0, TargetErrorKind::Unusable(why)));
+            return Err(TargetError::new(
+                name,
+                OpKind::Open,
+                0,
+                TargetErrorKind::Unusable(why),
+            ));
         }
         if !direct {
             tracing::warn!(target = %name, "O_DIRECT refused by the host file system; using buffered I/O");
@@ -102,8 +125,18 @@ impl FileTarget {
         let size_bytes = size - size % u64::from(sector);
         let fd = Arc::new(OwnedFd::from(file));
         let engine = start_engine(&fd, &name, opts).map_err(open_err)?;
-        let info = TargetInfo { name, size_bytes, sector_size: sector };
-        Ok(Self { info, fd, engine, direct, block_device })
+        let info = TargetInfo {
+            name,
+            size_bytes,
+            sector_size: sector,
+        };
+        Ok(Self {
+            info,
+            fd,
+            engine,
+            direct,
+            block_device,
+        })
     }
 
     /// True when io_uring can be set up on this machine (else [`EngineKind::Auto`] uses
@@ -146,8 +179,15 @@ impl FileTarget {
             unsafe { libc::fallocate(fd, mode, offset as libc::off_t, len as libc::off_t) }
         };
         if rc < 0 {
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            return Err(TargetError::from_errno(self.info.name.clone(), OpKind::Discard, offset, errno));
+            let errno = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
+            return Err(TargetError::from_errno(
+                self.info.name.clone(),
+                OpKind::Discard,
+                offset,
+                errno,
+            ));
         }
         Ok(())
     }
@@ -155,7 +195,9 @@ impl FileTarget {
 
 fn open_direct(path: &Path) -> std::io::Result<(File, bool)> {
     let mut o = OpenOptions::new();
-    o.read(true).write(true).custom_flags(libc::O_DIRECT | libc::O_CLOEXEC);
+    o.read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC);
     match o.open(path) {
         Ok(f) => Ok((f, true)),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -184,7 +226,11 @@ fn geometry(file: &File, block_device: bool, direct: bool) -> std::io::Result<(u
         return Ok((size, u32::try_from(sector).unwrap_or(0)));
     }
     let size = file.metadata()?.len();
-    let sector = if direct { dio_alignment(fd).unwrap_or(512) } else { 512 };
+    let sector = if direct {
+        dio_alignment(fd).unwrap_or(512)
+    } else {
+        512
+    };
     Ok((size, sector))
 }
 
@@ -194,23 +240,47 @@ fn dio_alignment(fd: RawFd) -> Option<u32> {
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let empty = c"";
     // SAFETY: valid fd, NUL-terminated empty path with AT_EMPTY_PATH, and a valid out pointer.
-    let rc = unsafe { libc::statx(fd, empty.as_ptr(), libc::AT_EMPTY_PATH, STATX_DIOALIGN, &mut stx) };
+    let rc = unsafe {
+        libc::statx(
+            fd,
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
     if rc != 0 || stx.stx_mask & STATX_DIOALIGN == 0 || stx.stx_dio_offset_align == 0 {
         return None;
     }
     Some(stx.stx_dio_offset_align)
 }
 
-fn start_engine(fd: &Arc<OwnedFd>, name: &Arc<str>, opts: FileTargetOptions) -> std::io::Result<Engine> {
+fn start_engine(
+    fd: &Arc<OwnedFd>,
+    name: &Arc<str>,
+    opts: FileTargetOptions,
+) -> std::io::Result<Engine> {
     let depth = opts.queue_depth.clamp(1, 4096) as usize;
     match opts.engine {
-        EngineKind::Uring => Ok(Engine::Uring(UringEngine::new(Arc::clone(fd), name.clone(), depth)?)),
-        EngineKind::Threads => Ok(Engine::Threads(PoolEngine::new(Arc::clone(fd), name.clone(), depth))),
+        EngineKind::Uring => Ok(Engine::Uring(UringEngine::new(
+            Arc::clone(fd),
+            name.clone(),
+            depth,
+        )?)),
+        EngineKind::Threads => Ok(Engine::Threads(PoolEngine::new(
+            Arc::clone(fd),
+            name.clone(),
+            depth,
+        ))),
         EngineKind::Auto => match UringEngine::new(Arc::clone(fd), name.clone(), depth) {
             Ok(u) => Ok(Engine::Uring(u)),
             Err(e) => {
                 tracing::info!(target = %name, error = %e, "io_uring unavailable; using threads");
-                Ok(Engine::Threads(PoolEngine::new(Arc::clone(fd), name.clone(), depth)))
+                Ok(Engine::Threads(PoolEngine::new(
+                    Arc::clone(fd),
+                    name.clone(),
+                    depth,
+                )))
             }
         },
     }
@@ -226,7 +296,10 @@ impl Target for FileTarget {
             return fail_now(op, done, e);
         }
         if let IoOp::Discard { offset, len } = op {
-            return done(IoDone { bufs: Vec::new(), result: self.discard(offset, len) });
+            return done(IoDone {
+                bufs: Vec::new(),
+                result: self.discard(offset, len),
+            });
         }
         match &self.engine {
             Engine::Uring(u) => u.submit(op, done),
@@ -241,14 +314,25 @@ mod tests {
     use crate::{Batch, IoBuf};
 
     fn roundtrip(engine: EngineKind) {
-        let dir = std::env::temp_dir().join(format!("stripefs-ft-{}-{engine:?}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("stripefs-ft-{}-{engine:?}", std::process::id()));
         let _ = std::fs::remove_file(&dir);
-        let opts = FileTargetOptions { engine, queue_depth: 8, create_size: Some(1 << 20) };
+        let opts = FileTargetOptions {
+            engine,
+            queue_depth: 8,
+            create_size: Some(1 << 20),
+        };
         let t = FileTarget::open(&dir, opts).unwrap();
         let batch = Batch::new();
         for i in 0..64u64 {
             let buf = IoBuf::from_slice(&[i as u8 + 1; 4096]);
-            batch.submit(&t, IoOp::Write { offset: i * 4096, bufs: vec![buf] });
+            batch.submit(
+                &t,
+                IoOp::Write {
+                    offset: i * 4096,
+                    bufs: vec![buf],
+                },
+            );
         }
         assert!(batch.wait().iter().all(|d| d.result.is_ok()));
         t.flush_sync().unwrap();

@@ -141,7 +141,13 @@ pub trait Target: Send + Sync + std::fmt::Debug {
     /// Returns the target's error for the read.
     fn read_sync(&self, offset: u64, len: usize) -> Result<IoBuf, TargetError> {
         let batch = Batch::new();
-        batch.submit(self, IoOp::Read { offset, bufs: vec![IoBuf::zeroed(len)] });
+        batch.submit(
+            self,
+            IoOp::Read {
+                offset,
+                bufs: vec![IoBuf::zeroed(len)],
+            },
+        );
         let mut done = batch.wait();
         let d = done.pop().expect("batch of one yields one completion");
         d.result?;
@@ -153,7 +159,13 @@ pub trait Target: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// Returns the target's error for the write.
     fn write_sync(&self, offset: u64, buf: IoBuf) -> Result<(), TargetError> {
-        run_one(self, IoOp::Write { offset, bufs: vec![buf] })
+        run_one(
+            self,
+            IoOp::Write {
+                offset,
+                bufs: vec![buf],
+            },
+        )
     }
 
     /// Synchronous flush.
@@ -168,7 +180,11 @@ pub trait Target: Send + Sync + std::fmt::Debug {
 fn run_one<T: Target + ?Sized>(target: &T, op: IoOp) -> Result<(), TargetError> {
     let batch = Batch::new();
     batch.submit(target, op);
-    batch.wait().pop().expect("batch of one yields one completion").result
+    batch
+        .wait()
+        .pop()
+        .expect("batch of one yields one completion")
+        .result
 }
 
 /// Checks the alignment and range rules every backend enforces before touching storage.
@@ -180,17 +196,27 @@ pub fn validate(info: &TargetInfo, op: &IoOp) -> Result<(), TargetError> {
     let err = |kind| TargetError::new(info.name.clone(), op.kind(), op.offset(), kind);
     match op {
         IoOp::Read { offset, bufs } | IoOp::Write { offset, bufs } => {
-            if offset % sector != 0 || bufs.iter().any(|b| b.len() as u64 % sector != 0) {
-                return Err(err(TargetErrorKind::Misaligned { sector: info.sector_size }));
+            if offset % sector != 0
+                || bufs
+                    .iter()
+                    .any(|b| !(b.len() as u64).is_multiple_of(sector))
+            {
+                return Err(err(TargetErrorKind::Misaligned {
+                    sector: info.sector_size,
+                }));
             }
             let end = offset.checked_add(op.len());
             if end.is_none_or(|e| e > info.size_bytes) {
-                return Err(err(TargetErrorKind::OutOfRange { size: info.size_bytes }));
+                return Err(err(TargetErrorKind::OutOfRange {
+                    size: info.size_bytes,
+                }));
             }
         }
         IoOp::Discard { offset, len } => {
             if offset.checked_add(*len).is_none_or(|e| e > info.size_bytes) {
-                return Err(err(TargetErrorKind::OutOfRange { size: info.size_bytes }));
+                return Err(err(TargetErrorKind::OutOfRange {
+                    size: info.size_bytes,
+                }));
             }
         }
         IoOp::Flush => {}
@@ -200,5 +226,8 @@ pub fn validate(info: &TargetInfo, op: &IoOp) -> Result<(), TargetError> {
 
 /// Completes `op` immediately with `err` (used by backends for validation failures).
 pub(crate) fn fail_now(op: IoOp, done: Completion, err: TargetError) {
-    done(IoDone { bufs: op.into_bufs(), result: Err(err) });
+    done(IoDone {
+        bufs: op.into_bufs(),
+        result: Err(err),
+    });
 }

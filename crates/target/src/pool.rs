@@ -31,7 +31,9 @@ struct Shared {
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared").field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("Shared")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -140,7 +142,13 @@ fn execute(fd: RawFd, op: &mut IoOp) -> Result<(), (u64, TargetErrorKind)> {
     }
 }
 
-fn transfer(fd: RawFd, offset: u64, len: usize, kind: OpKind, ptr: *mut u8) -> Result<(), (u64, TargetErrorKind)> {
+fn transfer(
+    fd: RawFd,
+    offset: u64,
+    len: usize,
+    kind: OpKind,
+    ptr: *mut u8,
+) -> Result<(), (u64, TargetErrorKind)> {
     let mut done = 0usize;
     let mut again = 0;
     while done < len {
@@ -163,7 +171,13 @@ fn transfer(fd: RawFd, offset: u64, len: usize, kind: OpKind, ptr: *mut u8) -> R
             return Err((offset + done as u64, errno_kind(e)));
         }
         if n == 0 {
-            return Err((offset, TargetErrorKind::Short { done: done as u64, want: len as u64 }));
+            return Err((
+                offset,
+                TargetErrorKind::Short {
+                    done: done as u64,
+                    want: len as u64,
+                },
+            ));
         }
         done += n as usize;
     }
@@ -171,7 +185,9 @@ fn transfer(fd: RawFd, offset: u64, len: usize, kind: OpKind, ptr: *mut u8) -> R
 }
 
 fn last_errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 fn errno_kind(e: i32) -> TargetErrorKind {

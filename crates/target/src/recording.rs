@@ -12,7 +12,11 @@ use crate::{Completion, IoDone, IoOp, Rng, Target, TargetInfo};
 #[derive(Debug, Clone)]
 pub enum Event {
     /// A completed write of `data` at `offset` on target `target`.
-    Write { target: u32, offset: u64, data: Arc<[u8]> },
+    Write {
+        target: u32,
+        offset: u64,
+        data: Arc<[u8]>,
+    },
     /// A completed flush of target `target`.
     Flush { target: u32 },
     /// A marker the test inserted (for instance "fsync of file 3 returned").
@@ -57,7 +61,11 @@ impl Recorder {
     #[must_use]
     pub fn flush_points(&self) -> Vec<usize> {
         let ev = self.events.lock();
-        ev.iter().enumerate().filter(|(_, e)| matches!(e, Event::Flush { .. })).map(|(i, _)| i).collect()
+        ev.iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e, Event::Flush { .. }))
+            .map(|(i, _)| i)
+            .collect()
     }
 
     /// Rebuilds every target's image as a crash right after event `upto` (exclusive of
@@ -66,14 +74,24 @@ impl Recorder {
     /// Writes to a target followed by a flush of that target before `upto` are durable;
     /// the others are treated per `policy`.
     #[must_use]
-    pub fn images_at(&self, initial: &[Vec<u8>], upto: usize, policy: UnflushedPolicy, sector: usize) -> Vec<Vec<u8>> {
+    pub fn images_at(
+        &self,
+        initial: &[Vec<u8>],
+        upto: usize,
+        policy: UnflushedPolicy,
+        sector: usize,
+    ) -> Vec<Vec<u8>> {
         let ev = self.events.lock();
         let upto = upto.min(ev.len());
         let mut images: Vec<Vec<u8>> = initial.to_vec();
         let mut pending: Vec<Vec<(u64, Arc<[u8]>)>> = vec![Vec::new(); initial.len()];
         for e in &ev[..upto] {
             match e {
-                Event::Write { target, offset, data } => {
+                Event::Write {
+                    target,
+                    offset,
+                    data,
+                } => {
                     pending[*target as usize].push((*offset, Arc::clone(data)));
                 }
                 Event::Flush { target } => {
@@ -94,8 +112,11 @@ impl Recorder {
                         continue;
                     }
                     let sectors = data.len() / sector;
-                    let keep =
-                        if rng.one_in(4) { rng.below(sectors as u64 + 1) as usize } else { sectors };
+                    let keep = if rng.one_in(4) {
+                        rng.below(sectors as u64 + 1) as usize
+                    } else {
+                        sectors
+                    };
                     let at = *off as usize;
                     images[t][at..at + keep * sector].copy_from_slice(&data[..keep * sector]);
                 }
@@ -117,7 +138,11 @@ impl RecordingTarget {
     /// Wraps `inner`, logging under target number `index`.
     #[must_use]
     pub fn new(inner: Arc<dyn Target>, index: u32, recorder: Arc<Recorder>) -> Self {
-        Self { inner, index, recorder }
+        Self {
+            inner,
+            index,
+            recorder,
+        }
     }
 }
 
@@ -148,7 +173,11 @@ fn log_completion(rec: &Recorder, target: u32, kind: crate::OpKind, offset: u64,
         crate::OpKind::Write => {
             let mut at = offset;
             for b in &d.bufs {
-                ev.push(Event::Write { target, offset: at, data: Arc::from(&b[..]) });
+                ev.push(Event::Write {
+                    target,
+                    offset: at,
+                    data: Arc::from(&b[..]),
+                });
                 at += b.len() as u64;
             }
         }

@@ -72,7 +72,11 @@ impl SimTarget {
     /// Panics unless the image length is a multiple of `sector_size`.
     #[must_use]
     pub fn from_image(name: &str, image: Vec<u8>, sector_size: u32) -> Self {
-        assert_eq!(image.len() % sector_size as usize, 0, "image is whole sectors");
+        assert_eq!(
+            image.len() % sector_size as usize,
+            0,
+            "image is whole sectors"
+        );
         let info = TargetInfo {
             name: Arc::from(name),
             size_bytes: image.len() as u64,
@@ -84,7 +88,12 @@ impl SimTarget {
             unflushed: Vec::new(),
             stats: SimStats::default(),
         };
-        Self { info, index: 0, state: Mutex::new(state), faults: None }
+        Self {
+            info,
+            index: 0,
+            state: Mutex::new(state),
+            faults: None,
+        }
     }
 
     /// Routes this target's reads, writes and flushes through `faults` as points
@@ -146,7 +155,12 @@ impl SimTarget {
             FaultKind::Enospc => TargetErrorKind::NoSpace,
             FaultKind::Eagain => TargetErrorKind::Os(libc::EAGAIN),
         };
-        Some(TargetError::new(self.info.name.clone(), op.kind(), op.offset(), kind))
+        Some(TargetError::new(
+            self.info.name.clone(),
+            op.kind(),
+            op.offset(),
+            kind,
+        ))
     }
 
     fn execute(&self, op: &mut IoOp) {
@@ -190,7 +204,12 @@ fn to_usize(v: u64) -> usize {
     usize::try_from(v).expect("sim offsets fit in usize")
 }
 
-fn apply_unflushed(image: &mut [u8], mut writes: Vec<(u64, Vec<u8>)>, mode: CrashMode, sector: usize) {
+fn apply_unflushed(
+    image: &mut [u8],
+    mut writes: Vec<(u64, Vec<u8>)>,
+    mode: CrashMode,
+    sector: usize,
+) {
     match mode {
         CrashMode::DropUnflushed => {}
         CrashMode::KeepUnflushed => {
@@ -211,7 +230,11 @@ fn apply_unflushed(image: &mut [u8], mut writes: Vec<(u64, Vec<u8>)>, mode: Cras
                     continue;
                 }
                 let sectors = data.len() / sector;
-                let keep = if rng.one_in(4) { rng.below(sectors as u64 + 1) as usize } else { sectors };
+                let keep = if rng.one_in(4) {
+                    rng.below(sectors as u64 + 1) as usize
+                } else {
+                    sectors
+                };
                 let at = to_usize(off);
                 image[at..at + keep * sector].copy_from_slice(&data[..keep * sector]);
             }
@@ -236,7 +259,10 @@ impl Target for SimTarget {
             IoOp::Read { bufs, .. } | IoOp::Write { bufs, .. } => bufs,
             IoOp::Flush | IoOp::Discard { .. } => Vec::new(),
         };
-        done(IoDone { bufs, result: Ok(()) });
+        done(IoDone {
+            bufs,
+            result: Ok(()),
+        });
     }
 }
 
@@ -271,7 +297,8 @@ mod tests {
         let run = |seed| {
             let t = SimTarget::new("t", 64 * 512, 512);
             for i in 0..16u8 {
-                t.write_sync(u64::from(i) * 1024, IoBuf::from_slice(&[i + 1; 1024])).unwrap();
+                t.write_sync(u64::from(i) * 1024, IoBuf::from_slice(&[i + 1; 1024]))
+                    .unwrap();
             }
             t.crash(CrashMode::Tear { seed });
             t.live_image()

@@ -43,7 +43,9 @@ struct Shared {
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared").field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("Shared")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -87,7 +89,10 @@ impl UringEngine {
         let thread = std::thread::Builder::new()
             .name("stripefs-uring".into())
             .spawn(move || run(ring, &s, &fd, depth))?;
-        Ok(Self { shared, thread: Some(thread) })
+        Ok(Self {
+            shared,
+            thread: Some(thread),
+        })
     }
 
     pub(crate) fn submit(&self, op: IoOp, done: Completion) {
@@ -95,7 +100,11 @@ impl UringEngine {
         while q.len() >= self.shared.max_queued {
             self.shared.space.wait(&mut q);
         }
-        q.push_back(Pending { op, done, retries: 0 });
+        q.push_back(Pending {
+            op,
+            done,
+            retries: 0,
+        });
         drop(q);
         poke(self.shared.efd.as_raw_fd());
     }
@@ -124,9 +133,13 @@ fn run(mut ring: IoUring, s: &Shared, fd: &Arc<OwnedFd>, depth: usize) {
     let mut efd_armed = false;
     loop {
         if !efd_armed {
-            let sqe = opcode::Read::new(types::Fd(s.efd.as_raw_fd()), std::ptr::from_mut(&mut *efd_val).cast(), 8)
-                .build()
-                .user_data(EVENTFD_TOKEN);
+            let sqe = opcode::Read::new(
+                types::Fd(s.efd.as_raw_fd()),
+                std::ptr::from_mut(&mut *efd_val).cast(),
+                8,
+            )
+            .build()
+            .user_data(EVENTFD_TOKEN);
             push(&mut ring, &sqe);
             efd_armed = true;
         }
@@ -135,10 +148,17 @@ fn run(mut ring: IoUring, s: &Shared, fd: &Arc<OwnedFd>, depth: usize) {
         }
         match ring.submit_and_wait(1) {
             Ok(_) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                ) => {}
             Err(e) => tracing::error!(target = %s.name, error = %e, "io_uring_enter failed"),
         }
-        let cqes: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
+        let cqes: Vec<(u64, i32)> = ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
         for (token, res) in cqes {
             if token == EVENTFD_TOKEN {
                 efd_armed = false;
@@ -157,11 +177,19 @@ fn run(mut ring: IoUring, s: &Shared, fd: &Arc<OwnedFd>, depth: usize) {
 
 /// Moves queued operations into the ring while slots are free. Returns true when the engine
 /// is shut down and idle.
-fn fill(ring: &mut IoUring, s: &Shared, fd: RawFd, slots: &mut [Option<InFlight>], free: &mut Vec<usize>) -> bool {
+fn fill(
+    ring: &mut IoUring,
+    s: &Shared,
+    fd: RawFd,
+    slots: &mut [Option<InFlight>],
+    free: &mut Vec<usize>,
+) -> bool {
     let mut q = s.queue.lock();
     let mut moved = false;
     while let Some(&slot) = free.last() {
-        let Some(mut pending) = q.pop_front() else { break };
+        let Some(mut pending) = q.pop_front() else {
+            break;
+        };
         free.pop();
         let (sqe, iov) = build_sqe(fd, &mut pending.op, slot as u64);
         slots[slot] = Some(InFlight { pending, _iov: iov });
@@ -178,28 +206,40 @@ fn push(ring: &mut IoUring, sqe: &squeue::Entry) {
     // SAFETY: every pointer in `sqe` (iovec array, buffers, eventfd counter) stays valid and
     // unmoved until its completion is reaped: they are owned by `slots` or by `run`.
     let pushed = unsafe { ring.submission().push(sqe) };
-    assert!(pushed.is_ok(), "submission ring sized above the in-flight limit");
+    assert!(
+        pushed.is_ok(),
+        "submission ring sized above the in-flight limit"
+    );
 }
 
 fn build_sqe(fd: RawFd, op: &mut IoOp, token: u64) -> (squeue::Entry, Box<[libc::iovec]>) {
     let iov_of = |bufs: &mut Vec<crate::IoBuf>| -> Box<[libc::iovec]> {
         bufs.iter_mut()
-            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
             .collect()
     };
     let (entry, iov) = match op {
         IoOp::Read { offset, bufs } => {
             let iov = iov_of(bufs);
-            let e = opcode::Readv::new(types::Fd(fd), iov.as_ptr(), iov.len() as u32).offset(*offset).build();
+            let e = opcode::Readv::new(types::Fd(fd), iov.as_ptr(), iov.len() as u32)
+                .offset(*offset)
+                .build();
             (e, iov)
         }
         IoOp::Write { offset, bufs } => {
             let iov = iov_of(bufs);
-            let e = opcode::Writev::new(types::Fd(fd), iov.as_ptr(), iov.len() as u32).offset(*offset).build();
+            let e = opcode::Writev::new(types::Fd(fd), iov.as_ptr(), iov.len() as u32)
+                .offset(*offset)
+                .build();
             (e, iov)
         }
         IoOp::Flush => {
-            let e = opcode::Fsync::new(types::Fd(fd)).flags(types::FsyncFlags::DATASYNC).build();
+            let e = opcode::Fsync::new(types::Fd(fd))
+                .flags(types::FsyncFlags::DATASYNC)
+                .build();
             (e, Box::default())
         }
         IoOp::Discard { .. } => unreachable!("discard is served synchronously by FileTarget"),
@@ -216,10 +256,23 @@ fn complete(s: &Shared, mut p: Pending, res: i32) {
             s.queue.lock().push_front(p);
             return;
         }
-        Err(TargetError::from_errno(s.name.clone(), p.op.kind(), p.op.offset(), errno))
+        Err(TargetError::from_errno(
+            s.name.clone(),
+            p.op.kind(),
+            p.op.offset(),
+            errno,
+        ))
     } else if !matches!(p.op, IoOp::Flush) && res as u64 != want {
-        let kind = TargetErrorKind::Short { done: res as u64, want };
-        Err(TargetError::new(s.name.clone(), p.op.kind(), p.op.offset(), kind))
+        let kind = TargetErrorKind::Short {
+            done: res as u64,
+            want,
+        };
+        Err(TargetError::new(
+            s.name.clone(),
+            p.op.kind(),
+            p.op.offset(),
+            kind,
+        ))
     } else {
         Ok(())
     };

@@ -12,7 +12,15 @@ pub const GARBAGE: u8 = 0xEE;
 
 /// `n` simulated targets of `bytes` each with 512-byte sectors, filled with [`GARBAGE`].
 pub fn sims(n: usize, bytes: u64) -> Vec<Arc<SimTarget>> {
-    (0..n).map(|i| Arc::new(SimTarget::from_image(&format!("sim{i}"), vec![GARBAGE; bytes as usize], 512))).collect()
+    (0..n)
+        .map(|i| {
+            Arc::new(SimTarget::from_image(
+                &format!("sim{i}"),
+                vec![GARBAGE; bytes as usize],
+                512,
+            ))
+        })
+        .collect()
 }
 
 /// The simulated targets as trait objects.
@@ -22,17 +30,26 @@ pub fn dyns(s: &[Arc<SimTarget>]) -> Vec<Arc<dyn Target>> {
 
 /// Mount options for deterministic tests: no background commit thread.
 pub fn quiet() -> MountOptions {
-    MountOptions { commit_interval: None, faults: None }
+    MountOptions {
+        commit_interval: None,
+        faults: None,
+    }
 }
 
 /// mkfs with block size `bs`, stripe unit `su`, all targets, then mount.
 pub fn fresh(s: &[Arc<SimTarget>], bs: u32, su: u32) -> Fs {
-    let opts = MkfsOptions { block_size: bs, stripe_unit: su, ..MkfsOptions::default() };
+    let opts = MkfsOptions {
+        block_size: bs,
+        stripe_unit: su,
+        ..MkfsOptions::default()
+    };
     Fs::mkfs(&dyns(s), &opts).expect("mkfs");
     Fs::mount(dyns(s), quiet()).expect("mount").0
 }
 
 /// Deterministic file content: byte `i` of write `seed`.
 pub fn pattern(seed: u64, off: u64, len: usize) -> Vec<u8> {
-    (0..len as u64).map(|i| ((off + i).wrapping_mul(31) ^ seed.wrapping_mul(0x9E37_79B9)) as u8 | 1).collect()
+    (0..len as u64)
+        .map(|i| ((off + i).wrapping_mul(31) ^ seed.wrapping_mul(0x9E37_79B9)) as u8 | 1)
+        .collect()
 }
