@@ -16,27 +16,58 @@ fn dir(name: &str) -> PathBuf {
 }
 
 fn targets(d: &Path, n: usize) -> Vec<String> {
-    (0..n).map(|i| d.join(format!("t{i}")).display().to_string()).collect()
+    (0..n)
+        .map(|i| d.join(format!("t{i}")).display().to_string())
+        .collect()
 }
 
 fn run(cmd: &mut Command) -> (i32, String, String) {
-    let Output { status, stdout, stderr } = cmd.output().unwrap();
-    (status.code().unwrap_or(-1), String::from_utf8_lossy(&stdout).into_owned(), String::from_utf8_lossy(&stderr).into_owned())
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = cmd.output().unwrap();
+    (
+        status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
 }
 
 #[test]
 fn mkfs_io_fsck_inspect() {
     let d = dir("roundtrip");
     let t = targets(&d, 3);
-    let (code, out, err) = run(bin().args(["mkfs", "--size", "32m", "--stripe-unit", "64k"]).args(&t));
+    let (code, out, err) = run(bin()
+        .args(["mkfs", "--size", "32m", "--stripe-unit", "64k"])
+        .args(&t));
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("targets=3"), "{out}");
-    let (code, out, err) = run(bin()
-        .arg("io")
-        .args(&t)
-        .args(["-c", "open -f /a", "-c", "pwrite -S 0x61 1000 300k", "-c", "fsync", "-c", "pread -v 1000 16", "-c", "stat", "-c", "bmap", "-c", "mkdir /d", "-c", "rename /a /d/b", "-c", "ls /d"]));
+    let (code, out, err) = run(bin().arg("io").args(&t).args([
+        "-c",
+        "open -f /a",
+        "-c",
+        "pwrite -S 0x61 1000 300k",
+        "-c",
+        "fsync",
+        "-c",
+        "pread -v 1000 16",
+        "-c",
+        "stat",
+        "-c",
+        "bmap",
+        "-c",
+        "mkdir /d",
+        "-c",
+        "rename /a /d/b",
+        "-c",
+        "ls /d",
+    ]));
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("wrote 307200/307200 bytes at offset 1000"), "{out}");
+    assert!(
+        out.contains("wrote 307200/307200 bytes at offset 1000"),
+        "{out}"
+    );
     assert!(out.contains("61 61 61 61"), "{out}");
     assert!(out.contains("stat.size = 308200"), "{out}");
     assert!(out.contains("target 1"), "bmap shows striping: {out}");
@@ -46,10 +77,16 @@ fn mkfs_io_fsck_inspect() {
     assert!(out.contains("clean"), "{out}");
     let (code, out, _) = run(bin().arg("inspect").args(&t));
     assert_eq!(code, 0);
-    assert!(out.contains("superblock of target 2") && out.contains("(active)"), "{out}");
+    assert!(
+        out.contains("superblock of target 2") && out.contains("(active)"),
+        "{out}"
+    );
     let (code, _, err) = run(bin().arg("io").args(&t).args(["-c", "open /missing"]));
     assert_eq!(code, 1);
-    assert!(err.contains("No such file") || err.contains("no such file"), "{err}");
+    assert!(
+        err.contains("No such file") || err.contains("no such file"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -60,10 +97,14 @@ fn user_errors_are_clear() {
     let (code, _, err) = run(bin().arg("mkfs").args(&t));
     assert_ne!(code, 0);
     assert!(err.contains("does not exist; give --size"), "{err}");
-    let (code, _, err) = run(bin().args(["mkfs", "--size", "16m", "--block-size", "3000"]).args(&t));
+    let (code, _, err) = run(bin()
+        .args(["mkfs", "--size", "16m", "--block-size", "3000"])
+        .args(&t));
     assert_ne!(code, 0);
     assert!(err.contains("block size 3000"), "{err}");
-    let (code, _, err) = run(bin().args(["mkfs", "--size", "16m", "--stripe-unit", "6k"]).args(&t));
+    let (code, _, err) = run(bin()
+        .args(["mkfs", "--size", "16m", "--stripe-unit", "6k"])
+        .args(&t));
     assert_ne!(code, 0);
     assert!(err.contains("stripe unit"), "{err}");
     let (code, _, err) = run(bin().args(["mkfs", "--size", "12x"]).args(&t));
@@ -76,12 +117,21 @@ fn user_errors_are_clear() {
 fn fsck_reports_damage_with_status_4() {
     let d = dir("damage");
     let t = targets(&d, 2);
-    assert_eq!(run(bin().args(["mkfs", "--size", "16m", "--no-prezero"]).args(&t)).0, 0);
+    assert_eq!(
+        run(bin()
+            .args(["mkfs", "--size", "16m", "--no-prezero"])
+            .args(&t))
+        .0,
+        0
+    );
     let mut img = std::fs::read(&t[1]).unwrap();
     img[200] ^= 0xff;
     std::fs::write(&t[1], &img).unwrap();
     let (code, out, err) = run(bin().arg("fsck").args(&t));
     assert_eq!(code, 4, "{out}{err}");
-    assert!(err.contains("superblock of target") && err.contains("checksum"), "{err}");
+    assert!(
+        err.contains("superblock of target") && err.contains("checksum"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&d).unwrap();
 }

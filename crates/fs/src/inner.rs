@@ -15,7 +15,7 @@ use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::Ino;
 use stripefs_target::{
-    Batch, FaultInjector, FaultPoint, IoOp, OpKind, Target, TargetError, TargetErrorKind,
+    Batch, BufPool, FaultInjector, FaultPoint, IoOp, OpKind, Target, TargetError, TargetErrorKind,
 };
 
 use crate::error::{FsError, Result};
@@ -140,7 +140,12 @@ pub(crate) struct FsInner {
     pub bg: Arc<BgControl>,
     pub bg_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     pub unmounted: AtomicBool,
+    /// Recycled data buffers (bounded by [`IDLE_BUFFER_BYTES`]).
+    pub bufs: BufPool,
 }
+
+/// Idle I/O buffers kept for reuse.
+pub(crate) const IDLE_BUFFER_BYTES: usize = 64 << 20;
 
 impl FsInner {
     pub fn new(
@@ -164,6 +169,7 @@ impl FsInner {
             bg: Arc::new(BgControl::default()),
             bg_thread: Mutex::new(None),
             unmounted: AtomicBool::new(false),
+            bufs: BufPool::new(IDLE_BUFFER_BYTES),
         }
     }
 

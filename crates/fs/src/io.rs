@@ -13,7 +13,7 @@ use stripefs_core::inode::Timespec;
 use stripefs_core::record::Record;
 use stripefs_core::{CoreError, Ino, TargetId};
 use stripefs_iomap::{iterate, Iomap, IomapFlags, IomapKind, IomapOp, IterError};
-use stripefs_target::{Batch, IoBuf, IoDone, IoOp};
+use stripefs_target::{Batch, IoDone, IoOp};
 
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
@@ -84,12 +84,17 @@ impl Fs {
         })
         .map_err(iter_err)?;
         let done = batch.wait();
-        first_error(&done)?;
-        for (slot, skip, dst) in copies {
-            let src = &done[slot].bufs[0];
-            buf[dst.clone()].copy_from_slice(&src[skip..skip + dst.len()]);
+        let res = first_error(&done);
+        if res.is_ok() {
+            for (slot, skip, dst) in copies {
+                let src = &done[slot].bufs[0];
+                buf[dst.clone()].copy_from_slice(&src[skip..skip + dst.len()]);
+            }
         }
-        Ok(n)
+        self.inner
+            .bufs
+            .put_all(done.into_iter().flat_map(|d| d.bufs));
+        res.map(|()| n)
     }
 
     fn submit_read(
@@ -108,7 +113,8 @@ impl Fs {
             target,
             IoOp::Read {
                 offset,
-                bufs: vec![IoBuf::zeroed((last - first) as usize)],
+                // The device fills the whole buffer: a recycled one needs no clearing.
+                bufs: vec![self.inner.bufs.get((last - first) as usize)],
             },
         );
         (slot, (pos - first) as usize)
@@ -147,7 +153,11 @@ impl Fs {
         );
         // Wait even after an error: no I/O of this call may outlive it (I-003-1).
         let done = batch.wait();
-        if let Err(e) = walked.map_err(iter_err).and_then(|_| first_error(&done)) {
+        let res = walked.map_err(iter_err).and_then(|_| first_error(&done));
+        self.inner
+            .bufs
+            .put_all(done.into_iter().flat_map(|d| d.bufs));
+        if let Err(e) = res {
             mapper.release_new();
             return Err(e);
         }
@@ -169,11 +179,17 @@ impl Fs {
         let skip_blocks = bs.block_of(first - map.offset);
         let offset = bs.to_bytes(map.addr.phys + skip_blocks);
         let target = self.inner.targets[map.addr.target.index()].as_ref();
-        let mut buf = IoBuf::zeroed((last - first) as usize);
+        // A recycled buffer: every byte is set below (data, read-back blocks or zeros).
+        let mut buf = self.inner.bufs.get((last - first) as usize);
         let head = (pos - first) as usize;
+        let tail = head + data.len();
         let written = map.kind == IomapKind::Mapped && !map.flags.contains(IomapFlags::NEW);
-        if written {
-            // Read-modify-write of partial blocks; new and unwritten blocks stay zero-filled.
+        if !written {
+            // New and unwritten blocks are written whole: zeros around the data, never stale.
+            buf[..head].fill(0);
+            buf[tail..].fill(0);
+        } else {
+            // Read-modify-write of the partial first and last blocks.
             let blk = bs.bytes() as usize;
             if head != 0 {
                 buf[..blk].copy_from_slice(&target.read_sync(offset, blk)?);
@@ -185,7 +201,7 @@ impl Fs {
                 buf[tail_at..].copy_from_slice(&target.read_sync(offset + tail_at as u64, blk)?);
             }
         }
-        buf[head..head + data.len()].copy_from_slice(data);
+        buf[head..tail].copy_from_slice(data);
         batch.submit(
             target,
             IoOp::Write {
