@@ -7,6 +7,10 @@
 /// A sentence naming the bad input.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
+    if let Some(hex) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        return u64::from_str_radix(hex, 16)
+            .map_err(|_| format!("bad size {s:?}: not a hexadecimal number"));
+    }
     let (num, mult) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let m: u64 = match c.to_ascii_lowercase() {
@@ -70,6 +74,12 @@ mod tests {
         assert_eq!(parse_size("2g").unwrap(), 2 << 30);
         assert_eq!(parse_size("1KB").unwrap(), 1024);
         assert_eq!(parse_size("0x10").unwrap(), 16);
+        assert_eq!(
+            parse_size("0x5a").unwrap(),
+            0x5a,
+            "hex digits are not suffixes"
+        );
+        assert!(parse_size("0xzz").is_err());
         assert!(parse_size("12q").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999p").is_err());
