@@ -21,6 +21,8 @@ struct TargetSpace {
     /// Free ranges: start -> length, non-overlapping, non-adjacent.
     free: BTreeMap<u64, u64>,
     free_blocks: u64,
+    /// Free blocks promised to delayed allocations (not yet placed).
+    reserved: u64,
     data_start: u64,
     blocks: u64,
 }
@@ -54,6 +56,7 @@ impl Allocator {
                 TargetSpace {
                     free,
                     free_blocks: t.data_blocks(),
+                    reserved: 0,
                     data_start: t.data_start,
                     blocks: t.blocks,
                 }
@@ -113,6 +116,11 @@ impl Allocator {
     pub fn alloc(&mut self, target: TargetId, goal: Option<u64>, want: u64) -> Option<(u64, u64)> {
         assert!(want > 0, "zero-block allocation");
         let t = &mut self.targets[target.index()];
+        // Never hand out blocks promised to delayed allocations.
+        let want = want.min(t.free_blocks - t.reserved);
+        if want == 0 {
+            return None;
+        }
         let (fs, fl) = pick(&t.free, goal, want)?;
         let start = match goal {
             Some(g) if g >= fs && g < fs + fl => g,
@@ -128,6 +136,44 @@ impl Allocator {
         }
         t.free_blocks -= len;
         Some((start, len))
+    }
+
+    /// Promises `n` free blocks of `target` to delayed allocations; false if fewer than
+    /// `n` are free and unpromised.
+    pub fn reserve(&mut self, target: TargetId, n: u64) -> bool {
+        let t = &mut self.targets[target.index()];
+        if t.free_blocks - t.reserved < n {
+            return false;
+        }
+        t.reserved += n;
+        true
+    }
+
+    /// Returns `n` promised blocks (the delayed allocation was dropped or placed).
+    ///
+    /// # Panics
+    /// Panics if more is returned than was reserved (an accounting bug).
+    pub fn unreserve(&mut self, target: TargetId, n: u64) {
+        let t = &mut self.targets[target.index()];
+        assert!(
+            t.reserved >= n,
+            "unreserving {n} of {} reserved blocks on target {target}",
+            t.reserved
+        );
+        t.reserved -= n;
+    }
+
+    /// Blocks promised to delayed allocations on `target`.
+    #[must_use]
+    pub fn reserved_blocks(&self, target: TargetId) -> u64 {
+        self.targets[target.index()].reserved
+    }
+
+    /// Free blocks not promised to delayed allocations.
+    #[must_use]
+    pub fn available_blocks(&self, target: TargetId) -> u64 {
+        let t = &self.targets[target.index()];
+        t.free_blocks - t.reserved
     }
 
     /// Returns a range to the free map at once (it was never visible on disk).

@@ -49,6 +49,10 @@ pub enum FsError {
     ReadOnly,
     #[error("operation not permitted: {0}")]
     NotPermitted(String),
+    #[error("no data or hole at or after that offset")]
+    NoSuchOffset,
+    #[error("writeback of this file failed ({}); data written before it may be lost", std::io::Error::from_raw_os_error(*.0))]
+    WritebackFailed(i32),
 }
 
 impl FsError {
@@ -77,6 +81,8 @@ impl FsError {
             FsError::Poisoned(_) => libc::EIO,
             FsError::ReadOnly => libc::EROFS,
             FsError::NotPermitted(_) => libc::EPERM,
+            FsError::NoSuchOffset => libc::ENXIO,
+            FsError::WritebackFailed(e) => *e,
         }
     }
 

@@ -11,6 +11,7 @@ use crate::types::{Attr, FallocMode};
 pub struct File {
     fs: Fs,
     ino: Ino,
+    fh: crate::types::Fh,
 }
 
 impl Fs {
@@ -19,10 +20,11 @@ impl Fs {
     /// # Errors
     /// `Stale` if it does not exist; `Poisoned`.
     pub fn open_file(&self, ino: Ino) -> Result<File> {
-        self.open(ino)?;
+        let fh = self.open(ino)?;
         Ok(File {
             fs: self.clone(),
             ino,
+            fh,
         })
     }
 }
@@ -71,7 +73,7 @@ impl File {
     /// # Errors
     /// As [`Fs::fsync`].
     pub fn sync_all(&self) -> Result<()> {
-        self.fs.fsync(self.ino, false)
+        self.fs.fsync_handle(self.fh, false)
     }
 
     /// `fdatasync`.
@@ -79,7 +81,7 @@ impl File {
     /// # Errors
     /// As [`Fs::fsync`].
     pub fn sync_data(&self) -> Result<()> {
-        self.fs.fsync(self.ino, true)
+        self.fs.fsync_handle(self.fh, true)
     }
 
     /// `fstat`.
@@ -93,7 +95,7 @@ impl File {
 
 impl Drop for File {
     fn drop(&mut self) {
-        if let Err(e) = self.fs.release(self.ino) {
+        if let Err(e) = self.fs.release(self.fh) {
             tracing::warn!(ino = self.ino.0, error = %e, "release failed");
         }
     }

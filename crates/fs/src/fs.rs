@@ -126,14 +126,15 @@ impl Fs {
             data_seq: HashMap::new(),
             rotor: 0,
             map_gen: HashMap::new(),
+            delalloc: HashMap::new(),
+            isize: HashMap::new(),
+            last_write: HashMap::new(),
+            dead: Vec::new(),
         };
-        let inner = Arc::new(FsInner::new(
-            l.geo,
-            l.targets,
-            meta,
-            journal,
-            opts.faults.clone(),
-        ));
+        opts.cache
+            .validate(l.geo.block_size.bytes())
+            .map_err(FsError::Invalid)?;
+        let inner = Arc::new(FsInner::new(l.geo, l.targets, meta, journal, opts.clone()));
         let fs = Fs { inner };
         let orphans = fs.free_orphans()?;
         if l.replayed_txns > 0 || orphans > 0 {
@@ -143,6 +144,9 @@ impl Fs {
         }
         if let Some(every) = opts.commit_interval {
             fs.start_background(every);
+        }
+        if let Some(every) = opts.writeback_interval {
+            fs.start_flusher(every);
         }
         let report = MountReport {
             replayed_txns: l.replayed_txns,
@@ -190,9 +194,23 @@ impl Fs {
                 }
             });
         match spawned {
-            Ok(h) => *self.inner.bg_thread.lock() = Some(h),
+            Ok(h) => self.inner.bg_thread.lock().push(h),
             Err(e) => {
                 tracing::warn!(error = %e, "no background commit thread; commits happen on fsync only")
+            }
+        }
+    }
+
+    fn start_flusher(&self, every: std::time::Duration) {
+        let weak: Weak<FsInner> = Arc::downgrade(&self.inner);
+        let bg = Arc::clone(&self.inner.bg);
+        let spawned = std::thread::Builder::new()
+            .name("stripefs-flush".into())
+            .spawn(move || crate::buffered::flusher(weak, bg, every));
+        match spawned {
+            Ok(h) => self.inner.bg_thread.lock().push(h),
+            Err(e) => {
+                tracing::warn!(error = %e, "no flusher thread; writeback happens on fsync and pressure only")
             }
         }
     }
@@ -200,7 +218,8 @@ impl Fs {
     fn stop_background(&self) {
         *self.inner.bg.stop.lock() = true;
         self.inner.bg.wake.notify_all();
-        if let Some(h) = self.inner.bg_thread.lock().take() {
+        let threads = std::mem::take(&mut *self.inner.bg_thread.lock());
+        for h in threads {
             let _ = h.join();
         }
     }
@@ -216,6 +235,21 @@ impl Fs {
             return Ok(());
         }
         self.inner.check()?;
+        self.writeback_all(stripefs_iomap::WbWait::Busy)?;
+        {
+            let mut m = self.inner.meta.lock();
+            let files: Vec<Ino> = m
+                .state
+                .inodes
+                .keys()
+                .copied()
+                .filter(|i| !m.open.contains_key(i))
+                .collect();
+            for ino in files {
+                self.trim_prealloc(&mut m, ino)?;
+            }
+        }
+        self.reap_dead();
         self.inner
             .journal
             .commit(&self.inner, 0, CommitMode::Checkpoint)?;
@@ -230,10 +264,13 @@ impl Fs {
     /// # Errors
     /// I/O errors (after which the file system is poisoned) or `Poisoned`.
     pub fn sync(&self) -> Result<()> {
+        self.inner.check()?;
+        let wb = self.writeback_all(stripefs_iomap::WbWait::Busy);
         let running = self.inner.meta.lock().txn.seq;
         self.inner
             .journal
-            .commit(&self.inner, running, CommitMode::Append)
+            .commit(&self.inner, running, CommitMode::Append)?;
+        wb
     }
 
     /// Writes a checkpoint now (empties the journal).
@@ -273,7 +310,7 @@ impl Fs {
         let m = self.inner.meta.lock();
         let n = self.inner.geo.target_count();
         let blocks = (0..n).map(|t| m.alloc.data_blocks(TargetId(t))).sum();
-        let blocks_free = (0..n).map(|t| m.alloc.free_blocks(TargetId(t))).sum();
+        let blocks_free = (0..n).map(|t| m.alloc.available_blocks(TargetId(t))).sum();
         let files = m.state.inodes.len() as u64;
         let room = self
             .inner
@@ -386,18 +423,40 @@ impl Fs {
         recs.push(Record::InodeFree(ino));
         self.inner.log_all(m, recs)?;
         m.open.remove(&ino);
+        let n = self.inner.geo.target_count();
+        let l = inode.attrs.layout;
+        if let Some(maps) = m.delalloc.remove(&ino) {
+            for (object, da) in maps.iter().enumerate() {
+                m.alloc.unreserve(l.target_of(object as u32, n), da.total());
+            }
+        }
+        m.isize.remove(&ino);
+        m.last_write.remove(&ino);
+        m.dead.push(ino);
         self.inner.io_locks.lock().remove(&ino);
         Ok(())
     }
+
+    /// Drops the page cache of freed inodes (call without the metadata lock).
+    pub(crate) fn reap_dead(&self) {
+        let dead = std::mem::take(&mut self.inner.meta.lock().dead);
+        for ino in dead {
+            self.inner.cache.forget(ino.0);
+        }
+    }
 }
 
-impl Drop for FsInner {
+impl Drop for Fs {
     fn drop(&mut self) {
-        if !self.unmounted.load(Ordering::Acquire) && !self.is_poisoned() {
-            // Best effort: an Fs dropped without unmount commits what it can. Errors are
-            // logged (destructors never fail); the next mount recovers from the journal.
-            if let Err(e) = self.journal.commit(self, 0, CommitMode::Checkpoint) {
-                tracing::warn!(error = %e, "stripefs dropped without unmount; commit failed");
+        // The last clone of a mounted file system unmounts it (background threads hold only
+        // weak references). Errors are logged: destructors never fail, and the next mount
+        // recovers from the journal.
+        if Arc::strong_count(&self.inner) == 1
+            && !self.inner.unmounted.load(Ordering::Acquire)
+            && !self.inner.is_poisoned()
+        {
+            if let Err(e) = self.unmount() {
+                tracing::warn!(error = %e, "stripefs dropped without unmount; unmount failed");
             }
         }
     }

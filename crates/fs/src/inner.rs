@@ -59,6 +59,45 @@ pub(crate) struct MetaCore {
     /// Mapping generation per inode, bumped by every extent change: the validity cookie
     /// carried by mappings (`Iomap::seq`).
     pub map_gen: HashMap<Ino, u64>,
+    /// Delayed allocations per inode, one map per stripe object.
+    pub delalloc: HashMap<Ino, Vec<crate::delalloc::DelallocMap>>,
+    /// In-core size of inodes whose size in the model (the on-disk size) lags behind
+    /// buffered writes not yet written back.
+    pub isize: HashMap<Ino, u64>,
+    /// Last buffered write per inode (idle detection for trimming preallocation).
+    pub last_write: HashMap<Ino, std::time::Instant>,
+    /// Freed inodes whose page cache is still to be dropped (outside this lock: folio
+    /// locks come before the metadata lock).
+    pub dead: Vec<Ino>,
+}
+
+impl MetaCore {
+    /// In-core size: what `stat` and reads see.
+    pub fn size_of(&self, ino: Ino) -> Option<u64> {
+        let disk = self.state.get(ino)?.attrs.size;
+        Some(self.isize.get(&ino).copied().unwrap_or(disk))
+    }
+
+    /// The delalloc map of `ino`'s object `object`.
+    pub fn delalloc_mut(
+        &mut self,
+        ino: Ino,
+        object: u32,
+        objects: u32,
+    ) -> &mut crate::delalloc::DelallocMap {
+        let v = self
+            .delalloc
+            .entry(ino)
+            .or_insert_with(|| vec![crate::delalloc::DelallocMap::default(); objects as usize]);
+        &mut v[object as usize]
+    }
+
+    /// Delalloc blocks of `ino` in total.
+    pub fn delalloc_blocks(&self, ino: Ino) -> u64 {
+        self.delalloc.get(&ino).map_or(0, |v| {
+            v.iter().map(crate::delalloc::DelallocMap::total).sum()
+        })
+    }
 }
 
 impl MetaCore {
@@ -138,10 +177,19 @@ pub(crate) struct FsInner {
     poison_reason: Mutex<Option<String>>,
     pub faults: Option<Arc<FaultInjector>>,
     pub bg: Arc<BgControl>,
-    pub bg_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    pub bg_thread: Mutex<Vec<std::thread::JoinHandle<()>>>,
     pub unmounted: AtomicBool,
     /// Recycled data buffers (bounded by [`IDLE_BUFFER_BYTES`]).
     pub bufs: BufPool,
+    /// The page cache.
+    pub cache: stripefs_iomap::cache::PageCache,
+    /// Mount options (cache, zeroing, preallocation switches).
+    pub opts: crate::options::MountOptions,
+    /// Open handles: handle number -> (inode, writeback-error sequence it has seen).
+    pub handles: Mutex<HashMap<u64, (Ino, u64)>>,
+    pub next_fh: std::sync::atomic::AtomicU64,
+    /// Error sequence seen by inode-based `fsync` calls (no handle).
+    pub anon_seen: Mutex<HashMap<Ino, u64>>,
 }
 
 /// Idle I/O buffers kept for reuse.
@@ -153,8 +201,10 @@ impl FsInner {
         targets: Vec<Arc<dyn Target>>,
         meta: MetaCore,
         journal: Journal,
-        faults: Option<Arc<FaultInjector>>,
+        opts: crate::options::MountOptions,
     ) -> Self {
+        let faults = opts.faults.clone();
+        let cache = stripefs_iomap::cache::PageCache::new(opts.cache, geo.block_size.bytes());
         let dirty = targets.iter().map(|_| AtomicBool::new(false)).collect();
         Self {
             geo,
@@ -167,9 +217,14 @@ impl FsInner {
             poison_reason: Mutex::new(None),
             faults,
             bg: Arc::new(BgControl::default()),
-            bg_thread: Mutex::new(None),
+            bg_thread: Mutex::new(Vec::new()),
             unmounted: AtomicBool::new(false),
             bufs: BufPool::new(IDLE_BUFFER_BYTES),
+            cache,
+            opts,
+            handles: Mutex::new(HashMap::new()),
+            next_fh: std::sync::atomic::AtomicU64::new(1),
+            anon_seen: Mutex::new(HashMap::new()),
         }
     }
 

@@ -1,6 +1,8 @@
-//! File data I/O without a page cache: read, write, truncate, preallocate, sync.
+//! Unbuffered file I/O (the direct path), truncate, preallocation, punch, zero and sync.
 //!
-//! Both paths walk the range through the mapping contract, submit one I/O per mapping to
+//! The direct paths write back and invalidate overlapping cache first (and invalidate again
+//! after a write), so cached and direct I/O stay coherent. Both walk the range through the
+//! mapping contract, submit one I/O per mapping to
 //! its target, and wait once for the whole request ("submit every stripe, then wait once").
 //! Writes never expose stale blocks: new and unwritten blocks are written whole, zero-filled
 //! around the data, and become visible (extent recorded written, size grown) only after
@@ -52,16 +54,18 @@ fn first_error(done: &[IoDone]) -> Result<()> {
 }
 
 impl Fs {
-    /// Reads up to `buf.len()` bytes at `off`; returns the bytes read (0 at or past EOF).
+    /// Reads up to `buf.len()` bytes at `off` bypassing the cache (after writing back
+    /// any dirty cache over the range); returns the bytes read (0 at or past EOF).
     ///
     /// # Errors
     /// `IsDir`, `Invalid` (not a file), `Stale`, target I/O errors, `Poisoned`.
-    pub fn read_at(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
+    pub fn read_direct(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
         self.inner.check()?;
         let lock = self.inner.io_lock(ino);
-        let _shared = lock.read();
+        let _excl = lock.write();
         let mapper = FileMapper::new(self, ino)?;
-        let size = inode(&self.inner.meta.lock(), ino)?.attrs.size;
+        self.writeback_file(ino, stripefs_iomap::WbWait::Busy)?;
+        let size = mapper.size();
         if off >= size || buf.is_empty() {
             return Ok(0);
         }
@@ -120,11 +124,13 @@ impl Fs {
         (slot, (pos - first) as usize)
     }
 
-    /// Writes `data` at `off`; returns `data.len()` (all or error).
+    /// Writes `data` at `off` bypassing the cache; returns `data.len()` (all or error).
+    /// Dirty cache over the range is written back first and the range invalidated before
+    /// and after, so buffered readers see the new data.
     ///
     /// # Errors
     /// `FileTooBig`, `NoSpace`, `IsDir`, `Invalid`, `Stale`, target I/O errors, `Poisoned`.
-    pub fn write_at(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+    pub fn write_direct(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
         self.inner.check()?;
         if data.is_empty() {
             return Ok(0);
@@ -138,6 +144,22 @@ impl Fs {
         let lock = self.inner.io_lock(ino);
         let _excl = lock.write();
         let mapper = FileMapper::new(self, ino)?;
+        self.coherent_range(ino, off, data.len() as u64)?;
+        let size = mapper.size();
+        if off > size {
+            // EOF zeroing of the cached EOF block: the gap must read zero (I-004-7).
+            if let Some(fc) = self.inner.cache.existing(ino.0) {
+                stripefs_iomap::zero_range(
+                    &self.inner.cache,
+                    &mapper,
+                    &fc,
+                    size,
+                    off - size,
+                    self.inner.opts.eof_zeroing,
+                )?;
+                self.writeback_file(ino, stripefs_iomap::WbWait::Busy)?;
+            }
+        }
         let batch = Batch::new();
         let mut ioends = Vec::new();
         let walked = iterate(
@@ -162,7 +184,28 @@ impl Fs {
             return Err(e);
         }
         self.complete_write(ino, end, &ioends)?;
+        self.coherent_range(ino, off, data.len() as u64)?;
         Ok(data.len())
+    }
+
+    /// Writes back dirty cache over `[off, off + len)` and drops the cached range.
+    fn coherent_range(&self, ino: Ino, off: u64, len: u64) -> Result<()> {
+        let Some(fc) = self.inner.cache.existing(ino.0) else {
+            return Ok(());
+        };
+        let mapper = FileMapper::new(self, ino)?;
+        let fb = u64::from(self.inner.cache.config().folio_bytes);
+        let (a, b) = (off / fb * fb, (off + len).div_ceil(fb) * fb);
+        stripefs_iomap::writeback(
+            &self.inner.cache,
+            &mapper,
+            &fc,
+            a,
+            b,
+            stripefs_iomap::WbWait::Busy,
+        )?;
+        stripefs_iomap::invalidate_range(&self.inner.cache, &fc, a, b);
+        Ok(())
     }
 
     /// Builds and submits the whole-block write for one mapping piece.
@@ -245,6 +288,9 @@ impl Fs {
         if end > a.size {
             a.size = end;
             m.mark_data(ino);
+            if m.isize.get(&ino).is_some_and(|&s| s <= end) {
+                m.isize.remove(&ino);
+            }
         }
         recs.push(Record::InodeSet(a));
         self.inner.log_all(&mut m, recs)
@@ -263,15 +309,32 @@ impl Fs {
         let lock = self.inner.io_lock(ino);
         let _excl = lock.write();
         let mapper = FileMapper::new(self, ino)?;
-        let old = inode(&self.inner.meta.lock(), ino)?.attrs.size;
+        let old = mapper.size();
+        let bs = self.inner.geo.block_size;
         if size < old {
+            // Cache first: nothing past the new EOF survives, and the rest of its block
+            // reads zero if the file grows again; then the same on disk.
+            self.discard_cache_from(ino, bs.round_up(size));
+            if let Some(fc) = self.inner.cache.existing(ino.0) {
+                stripefs_iomap::zero_cached(&self.inner.cache, &fc, size, bs.round_up(size));
+            }
             self.zero_block_tail(&mapper, size)?;
+        } else if size > old {
+            if let Some(fc) = self.inner.cache.existing(ino.0) {
+                stripefs_iomap::zero_range(
+                    &self.inner.cache,
+                    &mapper,
+                    &fc,
+                    old,
+                    size - old,
+                    self.inner.opts.eof_zeroing,
+                )?;
+            }
         }
         let mut m = self.inner.meta.lock();
         let i = inode(&m, ino)?.clone();
         let mut recs = Vec::new();
         if size < old {
-            let bs = self.inner.geo.block_size;
             let seq = m.txn.seq;
             for (object, map) in i.objects.iter().enumerate() {
                 let keep = bs.blocks_for(i.attrs.layout.object_len(object as u32, size));
@@ -299,6 +362,7 @@ impl Fs {
         a.mtime = now;
         a.ctime = now;
         recs.push(Record::InodeSet(a));
+        m.isize.remove(&ino);
         m.mark_data(ino);
         self.inner.log_all(&mut m, recs)
     }
@@ -324,14 +388,19 @@ impl Fs {
         Ok(())
     }
 
-    /// Preallocates (`Allocate`, `KeepSize`): holes in the range get unwritten extents,
-    /// which read as zeros. Other modes are not implemented yet and return `NotSupported`.
+    /// `fallocate`: preallocate (`Allocate`, `KeepSize`: holes get unwritten extents,
+    /// which read as zeros), `PunchHole` (deallocate; partial blocks zeroed), `ZeroRange`
+    /// (partial blocks zeroed through the cache, whole blocks become unwritten). Collapse,
+    /// insert and unshare are not implemented and return `NotSupported` for every range.
     ///
     /// # Errors
     /// `NotSupported`, `Invalid` (zero length), `NoSpace`, `FileTooBig`, `Stale`.
     pub fn fallocate(&self, ino: Ino, mode: FallocMode, off: u64, len: u64) -> Result<()> {
         self.inner.check()?;
-        if !matches!(mode, FallocMode::Allocate | FallocMode::KeepSize) {
+        if matches!(
+            mode,
+            FallocMode::CollapseRange | FallocMode::InsertRange | FallocMode::UnshareRange
+        ) {
             return Err(FsError::NotSupported(format!(
                 "fallocate mode {mode:?} is not implemented"
             )));
@@ -348,8 +417,52 @@ impl Fs {
         let lock = self.inner.io_lock(ino);
         let _excl = lock.write();
         let mapper = FileMapper::new(self, ino)?;
+        let size = mapper.size();
+        match mode {
+            FallocMode::Allocate | FallocMode::KeepSize => {
+                self.allocate_unwritten(&mapper, off, len)?;
+                self.falloc_size(ino, end, mode == FallocMode::KeepSize)
+            }
+            FallocMode::PunchHole => {
+                let (a, b) = self.zero_partial_blocks(&mapper, off, end, size)?;
+                if a < b {
+                    self.drop_blocks(&mapper, a, b, BlockFate::Free)?;
+                }
+                self.falloc_size(ino, size, true)
+            }
+            FallocMode::ZeroRange { keep_size } => {
+                if self.inner.opts.force_zero_via_cache {
+                    let fc = self.inner.cache.file(ino.0);
+                    if off < size {
+                        stripefs_iomap::zero_range(
+                            &self.inner.cache,
+                            &mapper,
+                            &fc,
+                            off,
+                            end.min(size) - off,
+                            self.inner.opts.eof_zeroing,
+                        )?;
+                    }
+                } else {
+                    let (a, b) = self.zero_partial_blocks(&mapper, off, end, size)?;
+                    if a < b {
+                        self.drop_blocks(&mapper, a, b, BlockFate::Unwritten)?;
+                        self.allocate_unwritten(&mapper, a, b - a)?;
+                    }
+                }
+                self.falloc_size(ino, end, keep_size)
+            }
+            FallocMode::CollapseRange | FallocMode::InsertRange | FallocMode::UnshareRange => {
+                unreachable!("refused above")
+            }
+        }
+    }
+
+    /// Gives holes in `[off, off + len)` unwritten extents.
+    fn allocate_unwritten(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
+        let ino = mapper.ino;
         let mut fresh = Vec::new();
-        let walked = iterate(&mapper, off, len, IomapOp::Write, |map, _pos, n| {
+        let walked = iterate(mapper, off, len, IomapOp::Write, |map, _pos, n| {
             if map.flags.contains(IomapFlags::NEW) {
                 fresh.push((map.addr, map.length));
             }
@@ -359,9 +472,9 @@ impl Fs {
             mapper.release_new();
             return Err(iter_err(e));
         }
+        mapper.keep_new();
         let bs = self.inner.geo.block_size;
-        let mut m = self.inner.meta.lock();
-        let mut recs: Vec<Record> = fresh
+        let recs: Vec<Record> = fresh
             .iter()
             .map(|(a, bytes)| Record::ExtentSet {
                 ino,
@@ -373,23 +486,132 @@ impl Fs {
                 refcount: 1,
             })
             .collect();
+        let mut m = self.inner.meta.lock();
+        self.inner.log_all(&mut m, recs)
+    }
+
+    /// Updates size and times after a fallocate that ends at `end`: with `keep`, the size
+    /// stays and preallocation past EOF marks the file (its preallocation is never
+    /// trimmed); without, the size grows to `end`.
+    fn falloc_size(&self, ino: Ino, end: u64, keep: bool) -> Result<()> {
+        let mut m = self.inner.meta.lock();
+        let size = m.size_of(ino).ok_or(FsError::Stale(ino.0))?;
         let mut a = inode(&m, ino)?.attrs.clone();
-        a.ctime = Timespec::now();
-        if mode == FallocMode::Allocate && end > a.size {
+        let now = Timespec::now();
+        a.mtime = now;
+        a.ctime = now;
+        if keep && end > size {
+            a.flags |= crate::buffered::FLAG_PREALLOC;
+        }
+        if !keep && end > size {
             a.size = end;
+            m.isize.remove(&ino);
             m.mark_data(ino);
         }
-        recs.push(Record::InodeSet(a));
+        self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
+    }
+
+    /// Zeroes the partial blocks at both ends of `[off, end)` (inside EOF) through the
+    /// cache; returns the whole-block range `[a, b)` in between.
+    fn zero_partial_blocks(
+        &self,
+        mapper: &FileMapper<'_>,
+        off: u64,
+        end: u64,
+        size: u64,
+    ) -> Result<(u64, u64)> {
+        let bs = self.inner.geo.block_size;
+        let (a, b) = (bs.round_up(off), bs.round_down(end));
+        let fc = self.inner.cache.file(mapper.ino.0);
+        let mode = self.inner.opts.eof_zeroing;
+        let zero = |s: u64, e: u64| -> Result<()> {
+            let e = e.min(size);
+            if s < e {
+                stripefs_iomap::zero_range(&self.inner.cache, mapper, &fc, s, e - s, mode)?;
+            }
+            Ok(())
+        };
+        if a >= b {
+            zero(off, end)?;
+            return Ok((a, a));
+        }
+        zero(off, a)?;
+        zero(b, end)?;
+        Ok((a, b))
+    }
+
+    /// Discards cache and delayed allocations over whole blocks `[a, b)` and frees their
+    /// extents or turns written ones unwritten.
+    fn drop_blocks(&self, mapper: &FileMapper<'_>, a: u64, b: u64, fate: BlockFate) -> Result<()> {
+        let ino = mapper.ino;
+        if let Some(fc) = self.inner.cache.existing(ino.0) {
+            stripefs_iomap::invalidate_range(&self.inner.cache, &fc, a, b);
+        }
+        let bs = self.inner.geo.block_size;
+        let l = mapper.layout;
+        let n = self.inner.geo.target_count();
+        let mut m = self.inner.meta.lock();
+        let seq = m.txn.seq;
+        let i = inode(&m, ino)?.clone();
+        let mut recs = Vec::new();
+        let mut pos = a;
+        while pos < b {
+            let p = l.piece(pos, b - pos);
+            pos += p.len;
+            let (object, block, blocks) = (p.object, bs.block_of(p.obj_off), bs.block_of(p.len));
+            let target = l.target_of(object, n);
+            let removed = m.delalloc_mut(ino, object, l.count).remove(block, blocks);
+            m.alloc.unreserve(target, removed);
+            for (s, e) in i.objects[object as usize].range(block, blocks) {
+                let from = s.max(block);
+                let len = (s + e.len).min(block + blocks) - from;
+                let phys = e.phys + (from - s);
+                match fate {
+                    BlockFate::Free => {
+                        recs.push(Record::ExtentClear {
+                            ino,
+                            object,
+                            block: from,
+                            len,
+                        });
+                        m.alloc.free_after(target, phys, len, seq);
+                    }
+                    BlockFate::Unwritten if e.state == ExtentState::Written => {
+                        recs.push(Record::ExtentSet {
+                            ino,
+                            object,
+                            block: from,
+                            len,
+                            phys,
+                            state: ExtentState::Unwritten,
+                            refcount: e.refcount,
+                        });
+                    }
+                    BlockFate::Unwritten => {}
+                }
+            }
+        }
         self.inner.log_all(&mut m, recs)
     }
 
     /// Makes the file's data and metadata durable (`fsync`), or its data and the metadata
-    /// needed to read it (`fdatasync`): one data flush plus, if needed, one journal commit.
+    /// needed to read it (`fdatasync`): writeback of its dirty cache, one data flush and,
+    /// if needed, one journal commit. A writeback error that inode-based callers have not
+    /// been told about is reported (once).
     ///
     /// # Errors
-    /// I/O errors (the file system is then poisoned) or `Poisoned`.
+    /// `WritebackFailed`, I/O errors (the file system is then poisoned) or `Poisoned`.
     pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
+        let mut seen = self.inner.anon_seen.lock().get(&ino).copied().unwrap_or(0);
+        let r = self.sync_file(ino, datasync, &mut seen);
+        self.inner.anon_seen.lock().insert(ino, seen);
+        r
+    }
+
+    /// Writes back, reports an unseen writeback error, and commits.
+    pub(crate) fn sync_file(&self, ino: Ino, datasync: bool, seen: &mut u64) -> Result<()> {
         self.inner.check()?;
+        let wb = self.writeback_file(ino, stripefs_iomap::WbWait::Busy);
         let need = {
             let m = self.inner.meta.lock();
             inode(&m, ino)?;
@@ -403,14 +625,37 @@ impl Fs {
             Some(seq) if seq > self.inner.journal.committed() => {
                 self.inner
                     .journal
-                    .commit(&self.inner, seq, CommitMode::Append)
+                    .commit(&self.inner, seq, CommitMode::Append)?
             }
             _ => self
                 .inner
                 .flush_dirty()
-                .inspect_err(|e| self.inner.poison(&format!("data flush failed: {e}"))),
+                .inspect_err(|e| self.inner.poison(&format!("data flush failed: {e}")))?,
+        }
+        let unseen = self
+            .inner
+            .cache
+            .existing(ino.0)
+            .and_then(|fc| fc.check_error(seen));
+        if let Some(errno) = unseen {
+            return Err(FsError::WritebackFailed(errno));
+        }
+        // An error this call's own writeback hit is in the error sequence and was reported
+        // just above; anything else (mapping) is returned as is.
+        match wb {
+            Err(FsError::Io(_)) => Ok(()),
+            other => other,
         }
     }
+}
+
+/// What happens to whole blocks dropped from a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BlockFate {
+    /// Deallocate (punch hole).
+    Free,
+    /// Keep allocated, read as zeros (zero range).
+    Unwritten,
 }
 
 impl FileMapper<'_> {

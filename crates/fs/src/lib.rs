@@ -20,6 +20,8 @@
 //! format and algorithms, `stripefs-iomap` the mapping contract; this crate ties them into a
 //! mounted file system: recovery, journal commit, namespace, and the file I/O paths.
 
+mod buffered;
+mod delalloc;
 mod error;
 mod file;
 mod fs;
@@ -34,6 +36,7 @@ mod path;
 mod recovery;
 mod types;
 
+pub use buffered::Whence;
 pub use error::{FsError, Result};
 pub use file::File;
 pub use fs::{Fs, MountReport};
@@ -46,6 +49,6 @@ pub use stripefs_core::inode::{FileKind, Timespec};
 pub use stripefs_core::layout::StripeLayout;
 pub use stripefs_core::Ino;
 pub use types::{
-    Attr, CreateParams, DirEntryInfo, FallocMode, FsStatus, RenameMode, SetAttr, StatFs,
+    Attr, CreateParams, DirEntryInfo, FallocMode, Fh, FsStatus, RenameMode, SetAttr, StatFs,
     TargetStatus, TimeSet,
 };

@@ -1,10 +1,17 @@
 //! The file system's side of the mapping contract: file range -> stripe piece -> extent.
 //!
 //! `begin` resolves one stripe piece of the range (never crossing a stripe unit, so never
-//! crossing a target) against the object's extent map under the metadata lock, and for
-//! writes into holes allocates blocks, contiguous with the previous extent when it can.
-//! Allocated blocks are not recorded in the extent map here: the write path records them
-//! once the data is on the target, which is what keeps stale blocks invisible.
+//! crossing a target) against the object's extent map and delalloc map under the metadata
+//! lock:
+//! - `Write` (unbuffered) and `Writeback` allocate holes; `Writeback` turns delalloc into
+//!   blocks out of its reservation, preferring the block after the previous extent;
+//! - `BufferedWrite` reserves space for holes and records them as delalloc (so `ENOSPC`
+//!   is returned by `write()`, never discovered by writeback); `end` releases what the
+//!   write did not use (I-002-6);
+//! - `Read` and `Report` never allocate.
+//!
+//! Allocated blocks are not recorded in the extent map here: the I/O paths record them
+//! written only once the data is on the target, which is what keeps stale blocks invisible.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -18,6 +25,7 @@ use stripefs_target::FaultPoint;
 
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
+use crate::inner::MetaCore;
 use crate::namespace::inode;
 
 /// Where a mapping lives on the devices.
@@ -28,7 +36,7 @@ pub(crate) struct DevAddr {
     pub object: u32,
     /// Object block of the mapping's first byte.
     pub obj_block: u64,
-    /// Physical block of the mapping's first byte.
+    /// Physical block of the mapping's first byte (0 for holes and delalloc).
     pub phys: u64,
 }
 
@@ -43,9 +51,9 @@ pub(crate) struct NewBlocks {
 /// Maps one file for one operation.
 #[derive(Debug)]
 pub(crate) struct FileMapper<'a> {
-    fs: &'a Fs,
-    ino: Ino,
-    layout: StripeLayout,
+    pub fs: &'a Fs,
+    pub ino: Ino,
+    pub layout: StripeLayout,
     /// Per object: where the last allocation of this operation ended (object block, phys).
     hint: RefCell<HashMap<u32, (u64, u64)>>,
     /// Every allocation made by this operation (freed if it fails).
@@ -84,20 +92,14 @@ impl<'a> FileMapper<'a> {
         }
     }
 
-    fn allocate(
-        &self,
-        m: &mut crate::inner::MetaCore,
-        target: TargetId,
-        object: u32,
-        obj_block: u64,
-        want: u64,
-    ) -> Result<(u64, u64)> {
-        self.fs
-            .inner
-            .fault(FaultPoint::Alloc)
-            .map_err(|_| FsError::NoSpace(format!("allocation on target {target} (injected)")))?;
+    /// Forgets the allocations of this operation (they were recorded).
+    pub fn keep_new(&self) {
+        self.allocated.borrow_mut().clear();
+    }
+
+    fn goal(&self, m: &MetaCore, object: u32, obj_block: u64) -> Result<Option<u64>> {
         let map = &inode(m, self.ino)?.objects[object as usize];
-        let goal = match obj_block.checked_sub(1).map(|b| map.lookup(b)) {
+        Ok(match obj_block.checked_sub(1).map(|b| map.lookup(b)) {
             Some(Lookup::Mapped { start, ext }) => Some(ext.phys + (obj_block - start)),
             _ => self
                 .hint
@@ -105,11 +107,46 @@ impl<'a> FileMapper<'a> {
                 .get(&object)
                 .filter(|(b, _)| *b == obj_block)
                 .map(|&(_, p)| p),
-        };
-        let (phys, len) = m
-            .alloc
-            .alloc(target, goal, want)
-            .ok_or_else(|| FsError::NoSpace(format!("target {target} is full")))?;
+        })
+    }
+
+    /// Allocates up to `want` blocks; `reserved` blocks of them come out of a delalloc
+    /// reservation.
+    fn allocate(
+        &self,
+        m: &mut MetaCore,
+        target: TargetId,
+        object: u32,
+        obj_block: u64,
+        want: u64,
+        reserved: bool,
+    ) -> Result<(u64, u64)> {
+        self.fs
+            .inner
+            .fault(FaultPoint::Alloc)
+            .map_err(|_| FsError::NoSpace(format!("allocation on target {target} (injected)")))?;
+        let goal = self.goal(m, object, obj_block)?;
+        if reserved {
+            m.alloc.unreserve(target, want);
+        }
+        let got = m.alloc.alloc(target, goal, want);
+        if reserved {
+            // Whatever was not placed stays promised to the delalloc range.
+            let placed = got.map_or(0, |(_, l)| l);
+            assert!(
+                m.alloc.reserve(target, want - placed),
+                "re-reserving just-released blocks"
+            );
+        }
+        let (phys, len) =
+            got.ok_or_else(|| FsError::NoSpace(format!("target {target} is full")))?;
+        if reserved {
+            // Placed: these blocks stop being delalloc now, since their reservation is
+            // spent. Success records them written; failure frees them (the cache data
+            // they carried is gone either way).
+            m.delalloc_mut(self.ino, object, self.layout.count)
+                .remove(obj_block, len);
+        }
         self.hint
             .borrow_mut()
             .insert(object, (obj_block + len, phys + len));
@@ -117,6 +154,11 @@ impl<'a> FileMapper<'a> {
             .borrow_mut()
             .push(NewBlocks { target, phys, len });
         Ok((phys, len))
+    }
+
+    /// In-core size.
+    pub fn size(&self) -> u64 {
+        self.fs.inner.meta.lock().size_of(self.ino).unwrap_or(0)
     }
 }
 
@@ -128,14 +170,15 @@ impl IomapOps for FileMapper<'_> {
         let bs = self.fs.inner.geo.block_size;
         let start = bs.round_down(pos);
         let piece = self.layout.piece(start, bs.round_up(pos + len) - start);
+        let object = piece.object;
         let target = self
             .layout
-            .target_of(piece.object, self.fs.inner.geo.target_count());
+            .target_of(object, self.fs.inner.geo.target_count());
         let obj_block = bs.block_of(piece.obj_off);
         let want = bs.block_of(piece.len);
         let mut m = self.fs.inner.meta.lock();
         let seq = m.map_gen.get(&self.ino).copied().unwrap_or(0);
-        let found = inode(&m, self.ino)?.objects[piece.object as usize].lookup(obj_block);
+        let found = inode(&m, self.ino)?.objects[object as usize].lookup(obj_block);
         let (kind, flags, phys, blocks) = match found {
             Lookup::Mapped { start: es, ext } => {
                 let kind = match ext.state {
@@ -151,14 +194,8 @@ impl IomapOps for FileMapper<'_> {
                 )
             }
             Lookup::Hole { next } => {
-                let blocks = next.map_or(want, |n| (n - obj_block).min(want));
-                if op == IomapOp::Write {
-                    let (phys, got) =
-                        self.allocate(&mut m, target, piece.object, obj_block, blocks)?;
-                    (IomapKind::Mapped, IomapFlags::NEW, phys, got)
-                } else {
-                    (IomapKind::Hole, IomapFlags::NONE, 0, blocks)
-                }
+                let hole = next.map_or(want, |n| (n - obj_block).min(want));
+                self.map_hole(&mut m, op, target, object, obj_block, hole)?
             }
         };
         let unit = u64::from(self.layout.unit_bytes);
@@ -170,7 +207,7 @@ impl IomapOps for FileMapper<'_> {
         };
         let addr = DevAddr {
             target,
-            object: piece.object,
+            object,
             obj_block,
             phys,
         };
@@ -184,7 +221,7 @@ impl IomapOps for FileMapper<'_> {
         })
     }
 
-    fn end(&self, map: &Iomap<DevAddr>, pos: u64, used: u64, _op: IomapOp) -> Result<()> {
+    fn end(&self, map: &Iomap<DevAddr>, pos: u64, used: u64, op: IomapOp) -> Result<()> {
         if !map.flags.contains(IomapFlags::NEW) {
             return Ok(());
         }
@@ -195,23 +232,30 @@ impl IomapOps for FileMapper<'_> {
             bs.block_of(bs.round_up(pos + used) - map.offset)
         };
         let total = bs.block_of(map.length);
-        if used_blocks < total {
-            let (phys, len) = (map.addr.phys + used_blocks, total - used_blocks);
-            self.fs
-                .inner
-                .meta
-                .lock()
-                .alloc
-                .free_now(map.addr.target, phys, len);
-            let mut allocated = self.allocated.borrow_mut();
-            if let Some(a) = allocated
-                .iter_mut()
-                .find(|a| a.target == map.addr.target && a.phys <= phys && phys < a.phys + a.len)
-            {
-                a.len = phys - a.phys;
-            }
-            allocated.retain(|a| a.len > 0);
+        if used_blocks >= total {
+            return Ok(());
         }
+        let (first, count) = (used_blocks, total - used_blocks);
+        let mut m = self.fs.inner.meta.lock();
+        if op == IomapOp::BufferedWrite {
+            // I-002-6: reservations no dirty block keeps go back.
+            let objects = self.layout.count;
+            let removed = m
+                .delalloc_mut(self.ino, map.addr.object, objects)
+                .remove(map.addr.obj_block + first, count);
+            m.alloc.unreserve(map.addr.target, removed);
+            return Ok(());
+        }
+        let phys = map.addr.phys + first;
+        m.alloc.free_now(map.addr.target, phys, count);
+        let mut allocated = self.allocated.borrow_mut();
+        if let Some(a) = allocated
+            .iter_mut()
+            .find(|a| a.target == map.addr.target && a.phys <= phys && phys < a.phys + a.len)
+        {
+            a.len = phys - a.phys;
+        }
+        allocated.retain(|a| a.len > 0);
         Ok(())
     }
 
@@ -225,5 +269,50 @@ impl IomapOps for FileMapper<'_> {
             .copied()
             .unwrap_or(0)
             == map.seq
+    }
+}
+
+impl FileMapper<'_> {
+    /// Maps `hole` blocks of hole at `obj_block` (possibly covered by delalloc) for `op`.
+    fn map_hole(
+        &self,
+        m: &mut MetaCore,
+        op: IomapOp,
+        target: TargetId,
+        object: u32,
+        obj_block: u64,
+        hole: u64,
+    ) -> Result<(IomapKind, IomapFlags, u64, u64)> {
+        let objects = self.layout.count;
+        let da = m.delalloc_mut(self.ino, object, objects);
+        if let Some((s, l)) = da.covering(obj_block) {
+            let blocks = (s + l - obj_block).min(hole);
+            if op == IomapOp::Writeback {
+                let (phys, got) = self.allocate(m, target, object, obj_block, blocks, true)?;
+                return Ok((IomapKind::Mapped, IomapFlags::NEW, phys, got));
+            }
+            return Ok((IomapKind::Delalloc, IomapFlags::NONE, 0, blocks));
+        }
+        let blocks = da
+            .next_after(obj_block)
+            .map_or(hole, |n| (n - obj_block).min(hole));
+        match op {
+            IomapOp::Write | IomapOp::Writeback => {
+                let (phys, got) = self.allocate(m, target, object, obj_block, blocks, false)?;
+                Ok((IomapKind::Mapped, IomapFlags::NEW, phys, got))
+            }
+            IomapOp::BufferedWrite => {
+                let avail = m.alloc.available_blocks(target);
+                let got = blocks.min(avail);
+                if got == 0 || self.fs.inner.fault(FaultPoint::Alloc).is_err() {
+                    return Err(FsError::NoSpace(format!("target {target} is full")));
+                }
+                assert!(m.alloc.reserve(target, got));
+                m.delalloc_mut(self.ino, object, objects)
+                    .insert(obj_block, got);
+                Ok((IomapKind::Delalloc, IomapFlags::NEW, 0, got))
+            }
+            IomapOp::Read | IomapOp::Report => Ok((IomapKind::Hole, IomapFlags::NONE, 0, blocks)),
+        }
     }
 }

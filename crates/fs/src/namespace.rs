@@ -19,7 +19,7 @@ use stripefs_core::Ino;
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::MetaCore;
-use crate::types::{Attr, CreateParams, DirEntryInfo, RenameMode, SetAttr, TimeSet};
+use crate::types::{Attr, CreateParams, DirEntryInfo, Fh, RenameMode, SetAttr, TimeSet};
 
 /// Most hard links to one inode (and subdirectories of one directory).
 pub const LINK_MAX: u32 = 65000;
@@ -76,14 +76,23 @@ impl Fs {
         self.inner.geo.block_size.bytes()
     }
 
-    /// Attributes of `ino`.
+    /// Attributes of `ino`: the in-core size (buffered writes included) and every block
+    /// the file holds or has reserved (`st_blocks` counts delayed allocations and
+    /// preallocation beyond EOF).
     ///
     /// # Errors
     /// `Stale` if the inode does not exist; `Poisoned`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         self.inner.check()?;
         let m = self.inner.meta.lock();
-        Ok(Attr::of(inode(&m, ino)?, self.block_size()))
+        self.attr_of(&m, ino)
+    }
+
+    pub(crate) fn attr_of(&self, m: &MetaCore, ino: Ino) -> Result<Attr> {
+        let mut a = Attr::of(inode(m, ino)?, self.block_size());
+        a.size = m.size_of(ino).unwrap_or(a.size);
+        a.blocks += m.delalloc_blocks(ino) * u64::from(self.block_size()) / 512;
+        Ok(a)
     }
 
     /// Looks `name` up in directory `parent` (`.` and `..` included).
@@ -100,7 +109,7 @@ impl Fs {
             b if b.len() > NAME_MAX => return Err(FsError::NameTooLong),
             b => d.entries.get(b).ok_or(FsError::NotFound)?.ino,
         };
-        Ok(Attr::of(inode(&m, target)?, self.block_size()))
+        self.attr_of(&m, target)
     }
 
     /// Creates a regular file.
@@ -225,7 +234,7 @@ impl Fs {
         });
         recs.push(touched_dir(d, now, i32::from(is_dir)));
         self.inner.log_all(&mut m, recs)?;
-        Ok(Attr::of(inode(&m, ino)?, self.block_size()))
+        self.attr_of(&m, ino)
     }
 
     fn check_layout(&self, l: StripeLayout) -> Result<StripeLayout> {
@@ -300,7 +309,7 @@ impl Fs {
             touched_dir(d, now, 0),
         ];
         self.inner.log_all(&mut m, recs)?;
-        Ok(Attr::of(inode(&m, ino)?, self.block_size()))
+        self.attr_of(&m, ino)
     }
 
     /// Removes a non-directory entry; the inode goes when its last link and last open
@@ -326,7 +335,10 @@ impl Fs {
             touched_dir(d, now, 0),
         ];
         self.inner.log_all(&mut m, recs)?;
-        self.drop_link(&mut m, e.ino, now)
+        self.drop_link(&mut m, e.ino, now)?;
+        drop(m);
+        self.reap_dead();
+        Ok(())
     }
 
     /// Decrements `ino`'s link count; frees it if no link and no open handle remain.
@@ -376,7 +388,10 @@ impl Fs {
             touched_dir(d, now, -1),
         ];
         self.inner.log_all(&mut m, recs)?;
-        self.drop_link(&mut m, e.ino, now)
+        self.drop_link(&mut m, e.ino, now)?;
+        drop(m);
+        self.reap_dead();
+        Ok(())
     }
 
     /// Renames `parent/name` to `newparent/newname` atomically.
@@ -386,6 +401,19 @@ impl Fs {
     /// mismatches; `NotEmpty` when replacing a non-empty directory; `Invalid` when moving a
     /// directory under itself.
     pub fn rename(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        newparent: Ino,
+        newname: &OsStr,
+        mode: RenameMode,
+    ) -> Result<()> {
+        let r = self.rename_locked(parent, name, newparent, newname, mode);
+        self.reap_dead();
+        r
+    }
+
+    fn rename_locked(
         &self,
         parent: Ino,
         name: &OsStr,
@@ -602,7 +630,7 @@ impl Fs {
         }
         a.ctime = s.ctime.unwrap_or(now);
         self.inner.log_all(&mut m, vec![Record::InodeSet(a)])?;
-        Ok(Attr::of(inode(&m, ino)?, self.block_size()))
+        self.attr_of(&m, ino)
     }
 
     /// Value of extended attribute `name`.
@@ -697,23 +725,71 @@ impl Fs {
         self.inner.log_all(&mut m, recs)
     }
 
-    /// Counts an open handle on `ino` (an unlinked inode lives until its last release).
+    /// Opens `ino`: returns a handle that keeps an unlinked inode alive until released
+    /// and through which writeback errors are reported once.
     ///
     /// # Errors
     /// `Stale` if the inode is gone.
-    pub fn open(&self, ino: Ino) -> Result<()> {
+    pub fn open(&self, ino: Ino) -> Result<Fh> {
         self.inner.check()?;
         let mut m = self.inner.meta.lock();
         inode(&m, ino)?;
         *m.open.entry(ino).or_default() += 1;
-        Ok(())
+        drop(m);
+        let seen = self
+            .inner
+            .cache
+            .existing(ino.0)
+            .map_or(0, |fc| fc.err_seq());
+        let fh = self
+            .inner
+            .next_fh
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.handles.lock().insert(fh, (ino, seen));
+        Ok(Fh(fh))
     }
 
-    /// Drops an open handle; frees an unlinked inode at its last release.
+    /// `fsync` through a handle: reports a writeback error this handle has not been told
+    /// about yet, once.
+    ///
+    /// # Errors
+    /// As [`Fs::fsync`]; `Invalid` for an unknown handle.
+    pub fn fsync_handle(&self, fh: Fh, datasync: bool) -> Result<()> {
+        let (ino, mut seen) = *self
+            .inner
+            .handles
+            .lock()
+            .get(&fh.0)
+            .ok_or_else(|| FsError::invalid("unknown file handle"))?;
+        let r = self.sync_file(ino, datasync, &mut seen);
+        if let Some(h) = self.inner.handles.lock().get_mut(&fh.0) {
+            h.1 = seen;
+        }
+        r
+    }
+
+    /// The inode of an open handle.
+    ///
+    /// # Errors
+    /// `Invalid` for an unknown handle.
+    pub fn handle_ino(&self, fh: Fh) -> Result<Ino> {
+        self.inner
+            .handles
+            .lock()
+            .get(&fh.0)
+            .map(|h| h.0)
+            .ok_or_else(|| FsError::invalid("unknown file handle"))
+    }
+
+    /// Releases a handle. At the last release of an inode its unused speculative
+    /// preallocation is trimmed, and an unlinked inode is freed.
     ///
     /// # Errors
     /// `Poisoned` (the handle is released regardless).
-    pub fn release(&self, ino: Ino) -> Result<()> {
+    pub fn release(&self, fh: Fh) -> Result<()> {
+        let Some((ino, _)) = self.inner.handles.lock().remove(&fh.0) else {
+            return Ok(());
+        };
         let mut m = self.inner.meta.lock();
         let Some(n) = m.open.get_mut(&ino) else {
             return Ok(());
@@ -723,11 +799,15 @@ impl Fs {
             return Ok(());
         }
         m.open.remove(&ino);
+        self.inner.check()?;
         let orphan = m.state.get(ino).is_some_and(|i| i.attrs.nlink == 0);
         if orphan {
-            self.inner.check()?;
             self.free_inode(&mut m, ino)?;
+        } else {
+            self.trim_prealloc(&mut m, ino)?;
         }
+        drop(m);
+        self.reap_dead();
         Ok(())
     }
 }

@@ -3,6 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use stripefs_iomap::cache::CacheConfig;
+use stripefs_iomap::ZeroMode;
 use stripefs_target::FaultInjector;
 
 /// What `mkfs` builds.
@@ -36,6 +38,19 @@ impl Default for MkfsOptions {
 /// How a mounted file system behaves.
 #[derive(Debug, Clone)]
 pub struct MountOptions {
+    /// Page cache: folio size, memory budget, dirty limit, dirty tracking
+    /// (`dirty_tracking = folio` brings back whole-folio writeback), readahead.
+    pub cache: CacheConfig,
+    /// How zero range and EOF zeroing treat dirty cache over holes and unwritten extents
+    /// (`Flush` brings back the Linux 6.12 flush per extending write).
+    pub eof_zeroing: ZeroMode,
+    /// Speculative preallocation beyond EOF for files growing through writeback.
+    pub speculative_prealloc: bool,
+    /// Test knob: route every `ZERO_RANGE` through the cache zeroing path instead of
+    /// converting extents (XFS's `force_zero_range` error tag).
+    pub force_zero_via_cache: bool,
+    /// Background writeback interval (`None`: writeback only on fsync, pressure, unmount).
+    pub writeback_interval: Option<Duration>,
     /// Commit the running transaction this often even without `fsync` (`None`: only on
     /// `fsync`, journal pressure and unmount; deterministic tests use `None`).
     pub commit_interval: Option<Duration>,
@@ -46,6 +61,11 @@ pub struct MountOptions {
 impl Default for MountOptions {
     fn default() -> Self {
         Self {
+            cache: CacheConfig::default(),
+            eof_zeroing: ZeroMode::Cache,
+            speculative_prealloc: true,
+            force_zero_via_cache: false,
+            writeback_interval: Some(Duration::from_secs(5)),
             commit_interval: Some(Duration::from_secs(5)),
             faults: None,
         }

@@ -57,6 +57,10 @@ impl Attr {
     }
 }
 
+/// An open-file handle (see [`crate::Fs::open`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fh(pub u64);
+
 /// A time to set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimeSet {

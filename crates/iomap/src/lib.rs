@@ -9,9 +9,17 @@
 //! journal. A mapping's address is an opaque value of the file system's choosing
 //! ([`IomapOps::Addr`]) that the path hands back to the file system to do I/O.
 
+mod buffered;
+pub mod cache;
+pub mod folio;
 mod iter;
+mod writeback;
+mod zero;
 
+pub use buffered::{balance_dirty, fill, read, write, FileIo};
 pub use iter::{iterate, IterError};
+pub use writeback::{writeback, WbEnd, WbStats, WbWait};
+pub use zero::{invalidate_range, zero_cached, zero_range, ZeroMode};
 
 /// What a range of a file is backed by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,9 +70,14 @@ impl IomapFlags {
 pub enum IomapOp {
     /// Read: holes stay holes.
     Read,
-    /// Write: the file system allocates as needed and may return `NEW` mappings.
+    /// Unbuffered write: the file system allocates as needed and may return `NEW` mappings.
     Write,
-    /// Report only (fiemap, seek): nothing is allocated.
+    /// Buffered write into the page cache: the file system reserves space for holes
+    /// (delayed allocation) and returns `Delalloc` for them; nothing is allocated.
+    BufferedWrite,
+    /// Writeback of dirty cache: the file system allocates delalloc and holes (`NEW`).
+    Writeback,
+    /// Report only (fiemap, seek, zeroing): nothing is allocated or reserved.
     Report,
 }
 

@@ -28,11 +28,12 @@ pub fn dyns(s: &[Arc<SimTarget>]) -> Vec<Arc<dyn Target>> {
     s.iter().map(|t| Arc::clone(t) as Arc<dyn Target>).collect()
 }
 
-/// Mount options for deterministic tests: no background commit thread.
+/// Mount options for deterministic tests: no background commit or writeback threads.
 pub fn quiet() -> MountOptions {
     MountOptions {
         commit_interval: None,
-        faults: None,
+        writeback_interval: None,
+        ..MountOptions::default()
     }
 }
 

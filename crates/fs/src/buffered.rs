@@ -1,0 +1,512 @@
+//! Buffered file I/O: the page cache in front of the targets, writeback completion, the
+//! background flusher, speculative preallocation, and `SEEK_DATA`/`SEEK_HOLE`.
+//!
+//! Sizes: the model's inode size is the on-disk size; buffered writes grow an in-core size
+//! (`MetaCore::isize`) and the on-disk size follows at writeback completion, in the same
+//! transaction as the extents that hold the data (ordered data, like ext4's `i_disksize`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stripefs_core::extent::ExtentState;
+use stripefs_core::inode::Timespec;
+use stripefs_core::record::Record;
+use stripefs_core::{CoreError, Ino};
+use stripefs_iomap::{self as iomap, FileIo, Iomap, IomapFlags, IomapKind, IomapOp, WbEnd, WbWait};
+use stripefs_target::{Batch, BufPool, IoBuf, IoOp, TargetError};
+
+use crate::error::{FsError, Result};
+use crate::fs::Fs;
+use crate::inner::FsInner;
+use crate::mapping::{DevAddr, FileMapper};
+use crate::namespace::inode;
+
+/// Inode flag: the file has explicit preallocation beyond EOF (`fallocate KEEP_SIZE`), so
+/// speculative preallocation is never trimmed from it (XFS's `PREALLOC` flag).
+pub(crate) const FLAG_PREALLOC: u32 = 1;
+
+/// How long a file must go without writes before the flusher trims its speculative
+/// preallocation.
+const IDLE_TRIM: Duration = Duration::from_secs(30);
+
+impl FileIo for FileMapper<'_> {
+    fn size(&self) -> u64 {
+        FileMapper::size(self)
+    }
+
+    fn submit(
+        &self,
+        batch: &Batch,
+        map: &Iomap<DevAddr>,
+        pos: u64,
+        write: bool,
+        buf: IoBuf,
+    ) -> usize {
+        let bs = self.fs.inner.geo.block_size;
+        let offset = bs.to_bytes(map.addr.phys) + (pos - map.offset);
+        let target = self.fs.inner.targets[map.addr.target.index()].as_ref();
+        let op = if write {
+            IoOp::Write {
+                offset,
+                bufs: vec![buf],
+            }
+        } else {
+            IoOp::Read {
+                offset,
+                bufs: vec![buf],
+            }
+        };
+        batch.submit(target, op)
+    }
+
+    fn io_error(&self, e: TargetError) -> FsError {
+        e.into()
+    }
+
+    fn errno(&self, e: &FsError) -> i32 {
+        e.errno()
+    }
+
+    fn contract_error(&self, what: String) -> FsError {
+        CoreError::corrupted("mapping contract", what).into()
+    }
+
+    fn writeback_done(&self, ends: &[WbEnd<DevAddr>], ok: bool) -> Result<()> {
+        if !ok {
+            self.release_new();
+            self.fs.reconcile_delalloc(self.ino);
+            return Ok(());
+        }
+        match self.fs.record_writeback(self.ino, ends) {
+            Ok(()) => {
+                self.keep_new();
+                Ok(())
+            }
+            // The file was freed while its writeback was in flight: nothing to record.
+            Err(FsError::Stale(_)) => {
+                self.release_new();
+                Ok(())
+            }
+            Err(e) => {
+                self.release_new();
+                Err(e)
+            }
+        }
+    }
+
+    fn buffers(&self) -> &BufPool {
+        &self.fs.inner.bufs
+    }
+}
+
+impl Fs {
+    /// Reads up to `buf.len()` bytes at `off` through the page cache; returns the bytes
+    /// read (0 at or past EOF).
+    ///
+    /// # Errors
+    /// `IsDir`, `Invalid` (not a file), `Stale`, target I/O errors, `Poisoned`.
+    pub fn read_at(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.inner.check()?;
+        let lock = self.inner.io_lock(ino);
+        let _shared = lock.read();
+        let mapper = FileMapper::new(self, ino)?;
+        let fc = self.inner.cache.file(ino.0);
+        iomap::read(&self.inner.cache, &mapper, &fc, off, buf)
+    }
+
+    /// Writes `data` at `off` into the page cache; returns the bytes written. Space is
+    /// reserved now (`ENOSPC` here, never at writeback); the data reaches the targets at
+    /// writeback (fsync, memory pressure, the background flusher, unmount).
+    ///
+    /// # Errors
+    /// `FileTooBig`, `NoSpace`, `IsDir`, `Invalid`, `Stale`, I/O errors reading a partial
+    /// block, `Poisoned`.
+    pub fn write_at(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        self.inner.check()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = off
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= crate::MAX_FILE_BYTES)
+            .ok_or(FsError::FileTooBig)?;
+        self.reserve_metadata(256)?;
+        let lock = self.inner.io_lock(ino);
+        let size = self
+            .inner
+            .meta
+            .lock()
+            .size_of(ino)
+            .ok_or(FsError::Stale(ino.0))?;
+        // Writes inside EOF share the inode (the folio locks order them); extending writes
+        // take it exclusively for EOF zeroing and the size change (I-004-7).
+        let _shared;
+        let _excl;
+        if end <= size {
+            _shared = lock.read();
+            if end > self.inner.meta.lock().size_of(ino).unwrap_or(0) {
+                drop(_shared);
+                return self.write_at(ino, off, data);
+            }
+        } else {
+            _excl = lock.write();
+        }
+        let mapper = FileMapper::new(self, ino)?;
+        let fc = self.inner.cache.file(ino.0);
+        let n = iomap::write(
+            &self.inner.cache,
+            &mapper,
+            &fc,
+            off,
+            data,
+            self.inner.opts.eof_zeroing,
+        )?;
+        self.after_write(ino, off + n as u64)?;
+        // Throttling: a writeback error is recorded for fsync; the write itself succeeded.
+        let _ = iomap::balance_dirty(&self.inner.cache, &mapper, &fc);
+        Ok(n)
+    }
+
+    fn after_write(&self, ino: Ino, end: u64) -> Result<()> {
+        let mut m = self.inner.meta.lock();
+        let disk = inode(&m, ino)?.attrs.size;
+        let size = m.size_of(ino).unwrap_or(disk).max(end);
+        if size != disk {
+            m.isize.insert(ino, size);
+        }
+        m.last_write.insert(ino, Instant::now());
+        let mut a = inode(&m, ino)?.attrs.clone();
+        let now = Timespec::now();
+        a.mtime = now;
+        a.ctime = now;
+        self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
+    }
+
+    /// Writes back the dirty cache of `ino` and waits for it.
+    ///
+    /// # Errors
+    /// The writeback error (also recorded for every open handle).
+    pub(crate) fn writeback_file(&self, ino: Ino, wait: WbWait) -> Result<()> {
+        let Some(fc) = self.inner.cache.existing(ino.0) else {
+            return Ok(());
+        };
+        let mapper = match FileMapper::new(self, ino) {
+            Ok(m) => m,
+            Err(FsError::Stale(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        iomap::writeback(&self.inner.cache, &mapper, &fc, 0, u64::MAX, wait).map(drop)
+    }
+
+    /// Writes back every dirty file.
+    ///
+    /// # Errors
+    /// The first writeback error.
+    pub(crate) fn writeback_all(&self, wait: WbWait) -> Result<()> {
+        let mut first = None;
+        for fc in self.inner.cache.dirty_files() {
+            if let Err(e) = self.writeback_file(Ino(fc.key), wait) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Records completed writeback: extents written, delalloc placed, on-disk size grown.
+    fn record_writeback(&self, ino: Ino, ends: &[WbEnd<DevAddr>]) -> Result<()> {
+        let bs = self.inner.geo.block_size;
+        let mut m = self.inner.meta.lock();
+        let objects = inode(&m, ino)?.attrs.layout.count;
+        let mut recs = Vec::new();
+        let mut end_max = 0;
+        for e in ends {
+            self.inner.mark_dirty(e.map.addr.target.index());
+            end_max = end_max.max(e.pos + e.len);
+            let new = e.map.flags.contains(IomapFlags::NEW);
+            if e.map.kind != IomapKind::Unwritten && !new {
+                continue;
+            }
+            let skip = bs.block_of(e.pos - e.map.offset);
+            let (block, len) = (e.map.addr.obj_block + skip, bs.blocks_for(e.len));
+            if new {
+                m.delalloc_mut(ino, e.map.addr.object, objects)
+                    .remove(block, len);
+            }
+            recs.push(Record::ExtentSet {
+                ino,
+                object: e.map.addr.object,
+                block,
+                len,
+                phys: e.map.addr.phys + skip,
+                state: ExtentState::Written,
+                refcount: 1,
+            });
+        }
+        let mut a = inode(&m, ino)?.attrs.clone();
+        let size = m.size_of(ino).unwrap_or(a.size);
+        let grown = end_max.min(size);
+        if grown > a.size {
+            a.size = grown;
+            if grown == size {
+                m.isize.remove(&ino);
+            }
+            recs.push(Record::InodeSet(a));
+        }
+        self.inner.log_all(&mut m, recs)?;
+        if grown > 0 && self.inner.opts.speculative_prealloc {
+            self.speculative_prealloc(&mut m, ino)?;
+        }
+        Ok(())
+    }
+
+    /// Allocates unwritten extents beyond the on-disk EOF, as much as the file's size (64
+    /// KiB to 8 MiB), where nothing is mapped or delayed yet.
+    fn speculative_prealloc(&self, m: &mut crate::inner::MetaCore, ino: Ino) -> Result<()> {
+        let bs = self.inner.geo.block_size;
+        let i = inode(m, ino)?;
+        if i.attrs.flags & FLAG_PREALLOC != 0 {
+            return Ok(());
+        }
+        let size = m.size_of(ino).unwrap_or(i.attrs.size);
+        let (from, want) = (
+            bs.round_up(size),
+            bs.round_up(size.clamp(64 << 10, 8 << 20)),
+        );
+        let l = i.attrs.layout;
+        let n = self.inner.geo.target_count();
+        let mut recs = Vec::new();
+        let mut pos = from;
+        while pos < from + want {
+            let p = l.piece(pos, from + want - pos);
+            let (object, block, blocks) = (p.object, bs.block_of(p.obj_off), bs.block_of(p.len));
+            pos += p.len;
+            let map = &inode(m, ino)?.objects[object as usize];
+            let da = m.delalloc.get(&ino).and_then(|v| v.get(object as usize));
+            let free = map.range(block, blocks).next().is_none()
+                && da.is_none_or(|d| d.overlap(block, blocks) == 0);
+            if !free {
+                continue;
+            }
+            let target = l.target_of(object, n);
+            let goal = match block.checked_sub(1).map(|b| map.lookup(b)) {
+                Some(stripefs_core::extent::Lookup::Mapped { start, ext }) => {
+                    Some(ext.phys + (block - start))
+                }
+                _ => None,
+            };
+            let Some((phys, got)) = m.alloc.alloc(target, goal, blocks) else {
+                break;
+            };
+            recs.push(Record::ExtentSet {
+                ino,
+                object,
+                block,
+                len: got,
+                phys,
+                state: ExtentState::Unwritten,
+                refcount: 1,
+            });
+        }
+        self.inner.log_all(m, recs)
+    }
+
+    /// Frees unwritten extents wholly beyond EOF unless the file has explicit
+    /// preallocation (the speculative preallocation was not used).
+    pub(crate) fn trim_prealloc(&self, m: &mut crate::inner::MetaCore, ino: Ino) -> Result<()> {
+        let bs = self.inner.geo.block_size;
+        let Some(i) = m.state.get(ino) else {
+            return Ok(());
+        };
+        if i.attrs.flags & FLAG_PREALLOC != 0
+            || i.attrs.kind != stripefs_core::inode::FileKind::Regular
+        {
+            return Ok(());
+        }
+        let size = m.size_of(ino).unwrap_or(i.attrs.size);
+        let l = i.attrs.layout;
+        let seq = m.txn.seq;
+        let mut recs = Vec::new();
+        for (object, map) in i.objects.iter().enumerate() {
+            let keep = bs.blocks_for(l.object_len(object as u32, size));
+            let target = l.target_of(object as u32, self.inner.geo.target_count());
+            for (block, e) in map.range(keep, u64::MAX - keep) {
+                if e.state != ExtentState::Unwritten || block < keep {
+                    continue;
+                }
+                recs.push(Record::ExtentClear {
+                    ino,
+                    object: object as u32,
+                    block,
+                    len: e.len,
+                });
+                m.alloc.free_after(target, e.phys, e.len, seq);
+            }
+        }
+        self.inner.log_all(m, recs)
+    }
+
+    /// Drops delalloc ranges that no dirty cache block backs any more (after a failed
+    /// writeback dropped the data), returning their reservations.
+    pub(crate) fn reconcile_delalloc(&self, ino: Ino) {
+        let bs = self.inner.geo.block_size.bytes_u64();
+        let fc = self.inner.cache.existing(ino.0);
+        let (l, maps) = {
+            let m = self.inner.meta.lock();
+            let Some(i) = m.state.get(ino) else { return };
+            let Some(maps) = m.delalloc.get(&ino).cloned() else {
+                return;
+            };
+            (i.attrs.layout, maps)
+        };
+        // Folio locks are taken without the metadata lock (folio before metadata).
+        let mut orphaned = Vec::new();
+        for (object, da) in maps.iter().enumerate() {
+            for (start, len) in da.ranges() {
+                for b in start..start + len {
+                    let pos = l.file_off(object as u32, b * bs);
+                    if !fc
+                        .as_ref()
+                        .is_some_and(|fc| fc.block_dirty(&self.inner.cache, pos))
+                    {
+                        orphaned.push((object as u32, b));
+                    }
+                }
+            }
+        }
+        let n = self.inner.geo.target_count();
+        let mut m = self.inner.meta.lock();
+        for (object, b) in orphaned {
+            let removed = m.delalloc_mut(ino, object, l.count).remove(b, 1);
+            m.alloc.unreserve(l.target_of(object, n), removed);
+        }
+    }
+
+    /// Discards all cache and delayed allocations of `ino` at or beyond file offset `from`
+    /// (truncate, unlink): returns the reservations.
+    pub(crate) fn discard_cache_from(&self, ino: Ino, from: u64) {
+        if let Some(fc) = self.inner.cache.existing(ino.0) {
+            iomap::invalidate_range(&self.inner.cache, &fc, from, u64::MAX);
+        }
+        let bs = self.inner.geo.block_size;
+        let mut m = self.inner.meta.lock();
+        let Some(i) = m.state.get(ino) else { return };
+        let l = i.attrs.layout;
+        let n = self.inner.geo.target_count();
+        for object in 0..l.count {
+            let keep = bs.blocks_for(l.object_len(object, from));
+            let removed = m
+                .delalloc_mut(ino, object, l.count)
+                .remove(keep, u64::MAX / 2);
+            m.alloc.unreserve(l.target_of(object, n), removed);
+        }
+    }
+}
+
+/// The background flusher: writes back dirty files every `interval` or when the cache is
+/// over its background threshold, and trims speculative preallocation of idle files.
+pub(crate) fn flusher(
+    weak: std::sync::Weak<FsInner>,
+    bg: Arc<crate::inner::BgControl>,
+    interval: Duration,
+) {
+    let mut last_full = Instant::now();
+    loop {
+        {
+            let mut stop = bg.stop.lock();
+            if !*stop {
+                bg.wake.wait_for(&mut stop, Duration::from_millis(200));
+            }
+            if *stop {
+                return;
+            }
+        }
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.is_poisoned() {
+            continue;
+        }
+        let fs = Fs { inner };
+        if fs.inner.cache.over_background_threshold() || last_full.elapsed() >= interval {
+            // Errors are recorded in each file's error sequence for fsync to report.
+            let _ = fs.writeback_all(WbWait::SkipBusy);
+            last_full = Instant::now();
+            fs.trim_idle();
+        }
+        fs.reap_dead();
+    }
+}
+
+impl Fs {
+    fn trim_idle(&self) {
+        let idle: Vec<Ino> = {
+            let m = self.inner.meta.lock();
+            m.last_write
+                .iter()
+                .filter(|(_, t)| t.elapsed() >= IDLE_TRIM)
+                .map(|(i, _)| *i)
+                .collect()
+        };
+        for ino in idle {
+            let lock = self.inner.io_lock(ino);
+            let Some(_excl) = lock.try_write() else {
+                continue;
+            };
+            let mut m = self.inner.meta.lock();
+            m.last_write.remove(&ino);
+            if let Err(e) = self.trim_prealloc(&mut m, ino) {
+                tracing::warn!(ino = ino.0, error = %e, "trimming preallocation failed");
+            }
+        }
+    }
+
+    /// The offset of the next data (`Data`) or hole (`Hole`) at or after `off`, as
+    /// `lseek(SEEK_DATA / SEEK_HOLE)`. Unwritten extents are holes unless dirty cache lies
+    /// over them; delalloc is data.
+    ///
+    /// # Errors
+    /// `NoSuchOffset` (ENXIO) at or past EOF, or when no data follows `off`.
+    pub fn seek(&self, ino: Ino, off: u64, what: Whence) -> Result<u64> {
+        self.inner.check()?;
+        let lock = self.inner.io_lock(ino);
+        let _shared = lock.read();
+        let mapper = FileMapper::new(self, ino)?;
+        let size = mapper.size();
+        if off >= size {
+            return Err(FsError::NoSuchOffset);
+        }
+        let fc = self.inner.cache.existing(ino.0);
+        let bs = self.inner.geo.block_size.bytes_u64();
+        let mut cur = off;
+        while cur < size {
+            let map = stripefs_iomap::IomapOps::begin(&mapper, cur, size - cur, IomapOp::Report)?;
+            stripefs_iomap::IomapOps::end(&mapper, &map, cur, 0, IomapOp::Report)?;
+            let piece_end = map.end().min(size);
+            let mut b = cur;
+            while b < piece_end {
+                let data = match map.kind {
+                    IomapKind::Mapped | IomapKind::Delalloc | IomapKind::Shared => true,
+                    IomapKind::Hole | IomapKind::Unwritten => fc
+                        .as_ref()
+                        .is_some_and(|fc| fc.block_dirty(&self.inner.cache, b)),
+                };
+                if data == (what == Whence::Data) {
+                    return Ok(b);
+                }
+                b = (b / bs + 1) * bs;
+            }
+            cur = piece_end;
+        }
+        match what {
+            Whence::Data => Err(FsError::NoSuchOffset),
+            Whence::Hole => Ok(size),
+        }
+    }
+}
+
+/// What [`Fs::seek`] looks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whence {
+    /// `SEEK_DATA`.
+    Data,
+    /// `SEEK_HOLE`.
+    Hole,
+}

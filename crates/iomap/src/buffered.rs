@@ -1,0 +1,379 @@
+//! Buffered read and write through the page cache.
+//!
+//! Read: make the range's blocks uptodate (holes, unwritten and delalloc blocks are zeroed,
+//! mapped blocks read from the device with one wait), read ahead on sequential access, copy
+//! out. Write: EOF zeroing first if the write starts beyond EOF (I-004-7, caller holds the
+//! inode exclusively), then per mapping piece and folio: prepare only the partially covered
+//! blocks that are not uptodate (read if mapped and inside EOF, zero otherwise), copy, and
+//! mark dirty exactly the blocks copied into (I-002-3). Space for holes is reserved by the
+//! file system in `begin` (delayed allocation), so ENOSPC surfaces here, not in writeback.
+
+use std::sync::Arc;
+
+use stripefs_target::{Batch, BufPool, IoBuf, TargetError};
+
+use crate::cache::{FileCache, Folio, FolioCell, PageCache};
+use crate::folio::DirtyTracking;
+use crate::writeback::WbEnd;
+use crate::zero::{zero_range, ZeroMode};
+use crate::{iterate, Iomap, IomapFlags, IomapKind, IomapOp, IomapOps, IterError};
+
+/// Most bytes one read or fill pass keeps locked in the cache.
+const FILL_WINDOW_BYTES: u64 = 8 << 20;
+
+/// What the buffered paths need from the file system beyond the mapping contract.
+pub trait FileIo: IomapOps {
+    /// In-core file size.
+    fn size(&self) -> u64;
+    /// Submits device I/O for bytes `[pos, pos + buf.len())` of mapping `map` (block
+    /// aligned, inside the mapping) into `batch`; returns the completion slot.
+    fn submit(
+        &self,
+        batch: &Batch,
+        map: &Iomap<Self::Addr>,
+        pos: u64,
+        write: bool,
+        buf: IoBuf,
+    ) -> usize;
+    /// Converts a device error.
+    fn io_error(&self, e: TargetError) -> Self::Error;
+    /// The errno of an error (recorded for fsync when writeback fails).
+    fn errno(&self, e: &Self::Error) -> i32;
+    /// The contract was broken (a bug, reported rather than trusted).
+    fn contract_error(&self, what: String) -> Self::Error;
+    /// Writeback I/O for `ends` completed (`ok`: every piece succeeded). The file system
+    /// records allocations and conversions, or frees what it allocated.
+    ///
+    /// # Errors
+    /// The file system's error.
+    fn writeback_done(&self, ends: &[WbEnd<Self::Addr>], ok: bool) -> Result<(), Self::Error>;
+    /// Recycled I/O buffers.
+    fn buffers(&self) -> &BufPool;
+}
+
+pub(crate) fn iter_err<E>(ops: &impl FileIo<Error = E>, e: IterError<E>) -> (u64, E) {
+    match e {
+        IterError::Failed { done, error } => (done, error),
+        IterError::Contract(m) => (0, ops.contract_error(m)),
+    }
+}
+
+/// Reads one block of mapping `map` at file position `block_pos` from the device.
+pub(crate) fn read_block<O: FileIo>(
+    ops: &O,
+    map: &Iomap<O::Addr>,
+    block_pos: u64,
+    bs: usize,
+) -> Result<IoBuf, O::Error> {
+    let batch = Batch::new();
+    ops.submit(&batch, map, block_pos, false, ops.buffers().get(bs));
+    let mut done = batch.wait();
+    let d = done.pop().expect("one completion");
+    d.result.map_err(|e| ops.io_error(e))?;
+    Ok(d.bufs.into_iter().next().expect("read returns its buffer"))
+}
+
+/// Makes block `b` of folio `f` uptodate before a partial overwrite: read it if the mapping
+/// holds written data inside EOF, zero it otherwise (holes, unwritten, delalloc, new, and
+/// post-EOF blocks never need reading).
+pub(crate) fn prepare_block<O: FileIo>(
+    ops: &O,
+    cache: &PageCache,
+    f: &mut Folio,
+    b: u32,
+    map: &Iomap<O::Addr>,
+    size: u64,
+) -> Result<(), O::Error> {
+    if f.state.is_uptodate(b) {
+        return Ok(());
+    }
+    let bs = cache.block_size() as usize;
+    let at = b as usize * bs;
+    let block_pos = f.index * u64::from(cache.config().folio_bytes) + at as u64;
+    let written = map.kind == IomapKind::Mapped && !map.flags.contains(IomapFlags::NEW);
+    if written && block_pos < size && map.covers(block_pos) {
+        let buf = read_block(ops, map, block_pos, bs)?;
+        f.data[at..at + bs].copy_from_slice(&buf);
+        ops.buffers().put_all([buf]);
+    } else {
+        f.data[at..at + bs].fill(0);
+    }
+    f.state.set_uptodate(b, b + 1);
+    Ok(())
+}
+
+/// Makes `[pos, pos + len)` (clipped to the folios it touches) uptodate in the cache and
+/// returns the folios, which stay referenced (and so unevictable) while the caller holds
+/// them.
+///
+/// # Errors
+/// Mapping or device errors; blocks whose read failed stay not uptodate.
+pub fn fill<O: FileIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+    pos: u64,
+    len: u64,
+) -> Result<Vec<Arc<FolioCell>>, O::Error> {
+    let fb = u64::from(cache.config().folio_bytes);
+    let bs = u64::from(cache.block_size());
+    let cells: Vec<Arc<FolioCell>> = (pos / fb..=(pos + len.max(1) - 1) / fb)
+        .map(|i| cache.folio(fc, i))
+        .collect();
+    let first_index = pos / fb;
+    let mut guards: Vec<_> = cells.iter().map(|c| c.lock()).collect();
+    let size = ops.size();
+    let size_blocks_end = size.div_ceil(bs) * bs;
+    // Runs of blocks that are not uptodate, as file byte ranges.
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for g in &mut guards {
+        cache.touch(g);
+        for b in 0..g.state.blocks() {
+            if g.state.is_uptodate(b) {
+                continue;
+            }
+            let at = g.index * fb + u64::from(b) * bs;
+            if at >= size_blocks_end {
+                // Wholly past EOF: reads see nothing there; the cache holds zeros.
+                let o = (u64::from(b) * bs) as usize;
+                g.data[o..o + bs as usize].fill(0);
+                g.state.set_uptodate(b, b + 1);
+                continue;
+            }
+            match runs.last_mut() {
+                Some((_, e)) if *e == at => *e += bs,
+                _ => runs.push((at, at + bs)),
+            }
+        }
+    }
+    let batch = Batch::new();
+    let mut pending: Vec<(usize, u64, u64)> = Vec::new();
+    for (a, e) in runs {
+        iterate(ops, a, e - a, IomapOp::Read, |map, p, n| {
+            if map.kind == IomapKind::Mapped {
+                let slot = ops.submit(&batch, map, p, false, ops.buffers().get(n as usize));
+                pending.push((slot, p, n));
+            } else {
+                for_each_span(&mut guards, first_index, fb, p, n, |g, off, len| {
+                    g.data[off..off + len].fill(0);
+                    mark_uptodate(g, off, len, bs);
+                });
+            }
+            Ok(n)
+        })
+        .map_err(|e| iter_err(ops, e).1)?;
+    }
+    let done = batch.wait();
+    let mut failed = None;
+    for (slot, p, n) in pending {
+        match &done[slot].result {
+            Ok(()) => {
+                let src = &done[slot].bufs[0];
+                for_each_span(&mut guards, first_index, fb, p, n, |g, off, len| {
+                    let from = (g.index * fb + off as u64 - p) as usize;
+                    g.data[off..off + len].copy_from_slice(&src[from..from + len]);
+                    mark_uptodate(g, off, len, bs);
+                });
+            }
+            Err(e) => failed = Some(ops.io_error(e.clone())),
+        }
+    }
+    ops.buffers().put_all(done.into_iter().flat_map(|d| d.bufs));
+    drop(guards);
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(cells),
+    }
+}
+
+fn mark_uptodate(g: &mut Folio, off: usize, len: usize, bs: u64) {
+    let b0 = (off as u64 / bs) as u32;
+    let b1 = ((off + len) as u64).div_ceil(bs) as u32;
+    g.state.set_uptodate(b0, b1);
+}
+
+/// Calls `f(folio, offset in folio, len)` for each folio piece of `[p, p + n)`.
+fn for_each_span(
+    guards: &mut [parking_lot::MutexGuard<'_, Folio>],
+    first_index: u64,
+    fb: u64,
+    p: u64,
+    n: u64,
+    mut f: impl FnMut(&mut Folio, usize, usize),
+) {
+    let mut cur = p;
+    while cur < p + n {
+        let idx = cur / fb;
+        let off = cur % fb;
+        let len = (fb - off).min(p + n - cur);
+        f(
+            &mut guards[(idx - first_index) as usize],
+            off as usize,
+            len as usize,
+        );
+        cur += len;
+    }
+}
+
+/// Reads up to `buf.len()` bytes at `pos` through the cache; returns the bytes read.
+///
+/// # Errors
+/// Mapping or device errors.
+pub fn read<O: FileIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+    pos: u64,
+    buf: &mut [u8],
+) -> Result<usize, O::Error> {
+    let size = ops.size();
+    if pos >= size || buf.is_empty() {
+        return Ok(0);
+    }
+    let n = (buf.len() as u64).min(size - pos);
+    let fb = u64::from(cache.config().folio_bytes);
+    let sequential = fc
+        .next_read
+        .swap(pos + n, std::sync::atomic::Ordering::Relaxed)
+        == pos;
+    let mut done = 0u64;
+    while done < n {
+        let at = pos + done;
+        let chunk = (n - done).min(FILL_WINDOW_BYTES - at % fb);
+        let ahead = if sequential && done + chunk == n {
+            cache.config().readahead_bytes.min(size - at - chunk)
+        } else {
+            0
+        };
+        let cells = fill(cache, ops, fc, at, chunk + ahead)?;
+        let mut cur = at;
+        for cell in &cells {
+            let g = cell.lock();
+            let start = g.index * fb;
+            if cur >= at + chunk || cur < start || cur >= start + fb {
+                continue;
+            }
+            let len = (start + fb - cur).min(at + chunk - cur);
+            let off = (cur - start) as usize;
+            let dst = (cur - pos) as usize;
+            buf[dst..dst + len as usize].copy_from_slice(&g.data[off..off + len as usize]);
+            cur += len;
+        }
+        done += chunk;
+    }
+    Ok(n as usize)
+}
+
+/// Writes `data` at `pos` into the cache; returns the bytes written (short only if an
+/// error struck after some bytes were copied). The caller updates the in-core size.
+///
+/// # Errors
+/// `ENOSPC`-style errors from the reservation in `begin`, device errors from preparing a
+/// partial block, when nothing was written.
+pub fn write<O: FileIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+    pos: u64,
+    data: &[u8],
+    eof_zeroing: ZeroMode,
+) -> Result<usize, O::Error> {
+    let size = ops.size();
+    if pos > size {
+        zero_range(cache, ops, fc, size, pos - size, eof_zeroing)?;
+    }
+    let fb = u64::from(cache.config().folio_bytes);
+    let len = data.len() as u64;
+    if cache.config().dirty_tracking == DirtyTracking::Folio {
+        // Pre-6.6 behaviour: the folio is the unit, so it must be wholly uptodate.
+        let first = pos / fb * fb;
+        drop(fill(
+            cache,
+            ops,
+            fc,
+            first,
+            (pos + len).div_ceil(fb) * fb - first,
+        )?);
+    }
+    let walked = iterate(ops, pos, len, IomapOp::BufferedWrite, |map, p, n| {
+        copy_in(
+            cache,
+            ops,
+            fc,
+            map,
+            p,
+            &data[(p - pos) as usize..(p - pos + n) as usize],
+            size,
+        )?;
+        Ok(n)
+    });
+    match walked {
+        Ok(n) => Ok(n as usize),
+        Err(e) => match iter_err(ops, e) {
+            (0, err) => Err(err),
+            (done, _) => Ok(done as usize),
+        },
+    }
+}
+
+/// Copies `src` (file position `p`, inside mapping `map`) into the cache folio by folio.
+fn copy_in<O: FileIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+    map: &Iomap<O::Addr>,
+    p: u64,
+    src: &[u8],
+    size: u64,
+) -> Result<(), O::Error> {
+    let fb = u64::from(cache.config().folio_bytes);
+    let bs = u64::from(cache.block_size());
+    let mut cur = p;
+    let end = p + src.len() as u64;
+    while cur < end {
+        let idx = cur / fb;
+        let off = cur % fb;
+        let len = (fb - off).min(end - cur);
+        let cell = cache.folio(fc, idx);
+        let mut g = cell.lock();
+        let b0 = (off / bs) as u32;
+        let b1 = (off + len).div_ceil(bs) as u32;
+        if !off.is_multiple_of(bs) {
+            prepare_block(ops, cache, &mut g, b0, map, size)?;
+        }
+        if !(off + len).is_multiple_of(bs) {
+            prepare_block(ops, cache, &mut g, b1 - 1, map, size)?;
+        }
+        let s = (cur - p) as usize;
+        g.data[off as usize..(off + len) as usize].copy_from_slice(&src[s..s + len as usize]);
+        g.state.set_uptodate(b0, b1);
+        let newly = g.state.set_dirty(b0, b1);
+        cache.add_dirty_blocks(newly);
+        cache.touch(&mut g);
+        cur += len;
+    }
+    Ok(())
+}
+
+/// Throttles a writer while dirty bytes exceed the limit: writes back `fc` itself, then
+/// waits (bounded) for background writeback to bring the total down.
+///
+/// # Errors
+/// Writeback errors of `fc` (also recorded for fsync).
+pub fn balance_dirty<O: FileIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+) -> Result<(), O::Error> {
+    if !cache.over_dirty_limit() {
+        return Ok(());
+    }
+    crate::writeback(cache, ops, fc, 0, u64::MAX, crate::WbWait::SkipBusy)?;
+    for _ in 0..40 {
+        if !cache.over_dirty_limit() {
+            break;
+        }
+        cache.wait_dirty_fell(std::time::Duration::from_millis(25));
+    }
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! Zeroing through the cache: zero range, EOF zeroing, and invalidation.
+//!
+//! I-004-1: after `zero_range` every byte of the range reads zero through the cache and
+//! will read zero from disk after writeback, whatever the extent state. The rule per piece:
+//! - cached folio: zero the bytes in cache (preparing partial blocks first); mark them dirty
+//!   if the mapping holds data on disk (mapped, delalloc) or the blocks were dirty or under
+//!   writeback (I-004-5: dirtying clean unwritten blocks would be harmless, missing dirty
+//!   ones is not);
+//! - nothing cached over a hole or unwritten extent: skip, it reads zero (I-004-2);
+//! - nothing cached over mapped blocks: create the folio, zero, dirty.
+//!
+//! I-004-2: the skip decision is made with the folio locked *after* the mapping lookup and
+//! re-validated with the mapping's sequence cookie, so a writeback completion that converted
+//! the extent in between is caught and the piece re-mapped. No flush happens in
+//! [`ZeroMode::Cache`] (I-004-3); [`ZeroMode::Flush`] restores the Linux 6.12 behaviour of
+//! writing back and waiting whenever zeroing meets dirty cache over a hole or unwritten
+//! extent, kept as a switch so the benchmark can show the cost.
+
+use crate::buffered::{prepare_block, FileIo};
+use crate::cache::{FileCache, PageCache};
+use crate::writeback::{writeback, WbWait};
+use crate::{IomapKind, IomapOp};
+
+/// How zeroing treats dirty cache over holes and unwritten extents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ZeroMode {
+    /// Zero in cache, never flush (iomap since 6.13/6.19).
+    #[default]
+    Cache,
+    /// Write back and wait first (iomap in 6.12: the metamix regression).
+    Flush,
+}
+
+/// Zeroes `[pos, pos + len)` through the cache (see the module documentation).
+///
+/// # Errors
+/// Mapping or device errors (reading a partial block, or the flush in `Flush` mode).
+pub fn zero_range<O: FileIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+    pos: u64,
+    len: u64,
+    mode: ZeroMode,
+) -> Result<(), O::Error> {
+    if len == 0 {
+        return Ok(());
+    }
+    let end = pos + len;
+    if mode == ZeroMode::Flush
+        && range_busy(cache, fc, pos, end)
+        && has_hole_or_unwritten(ops, pos, len)?
+    {
+        let fb = u64::from(cache.config().folio_bytes);
+        writeback(cache, ops, fc, pos / fb * fb, end, WbWait::Busy)?;
+    }
+    let fb = u64::from(cache.config().folio_bytes);
+    let size = ops.size();
+    let mut cur = pos;
+    while cur < end {
+        let map = ops.begin(cur, end - cur, IomapOp::Report)?;
+        let piece_end = map.end().min(end).min((cur / fb + 1) * fb);
+        let n = piece_end - cur;
+        let on_disk = matches!(
+            map.kind,
+            IomapKind::Mapped | IomapKind::Delalloc | IomapKind::Shared
+        );
+        let cell = match fc.get(cur / fb) {
+            Some(c) => Some(c),
+            None if on_disk => Some(cache.folio(fc, cur / fb)),
+            None => None,
+        };
+        let Some(cell) = cell else {
+            ops.end(&map, cur, n, IomapOp::Report)?;
+            cur = piece_end;
+            continue;
+        };
+        let mut g = cell.lock();
+        if !ops.still_valid(&map) {
+            drop(g);
+            ops.end(&map, cur, 0, IomapOp::Report)?;
+            continue; // Extents changed under us: look again.
+        }
+        let bs = u64::from(cache.block_size());
+        let off = cur % fb;
+        let (b0, b1) = ((off / bs) as u32, (off + n).div_ceil(bs) as u32);
+        if !off.is_multiple_of(bs) {
+            prepare_block(ops, cache, &mut g, b0, &map, size)?;
+        }
+        if !(off + n).is_multiple_of(bs) {
+            prepare_block(ops, cache, &mut g, b1 - 1, &map, size)?;
+        }
+        g.data[off as usize..(off + n) as usize].fill(0);
+        g.state.set_uptodate(b0, b1);
+        let was_dirty = (b0..b1).any(|b| g.state.is_dirty(b));
+        if on_disk || was_dirty || g.writeback {
+            let newly = g.state.set_dirty(b0, b1);
+            cache.add_dirty_blocks(newly);
+        }
+        cache.touch(&mut g);
+        drop(g);
+        ops.end(&map, cur, n, IomapOp::Report)?;
+        cur = piece_end;
+    }
+    Ok(())
+}
+
+/// True if a cached folio over `[pos, end)` is dirty or under writeback (folio
+/// granularity, as Linux's `filemap_range_needs_writeback`).
+fn range_busy(cache: &PageCache, fc: &FileCache, pos: u64, end: u64) -> bool {
+    let fb = u64::from(cache.config().folio_bytes);
+    fc.range(pos / fb, (end - 1) / fb).iter().any(|c| {
+        let g = c.lock();
+        g.writeback || g.state.folio_dirty()
+    })
+}
+
+fn has_hole_or_unwritten<O: FileIo>(ops: &O, pos: u64, len: u64) -> Result<bool, O::Error> {
+    let mut cur = pos;
+    while cur < pos + len {
+        let map = ops.begin(cur, pos + len - cur, IomapOp::Report)?;
+        let n = map.end().min(pos + len) - cur;
+        ops.end(&map, cur, n, IomapOp::Report)?;
+        if matches!(map.kind, IomapKind::Hole | IomapKind::Unwritten) {
+            return Ok(true);
+        }
+        cur += n;
+    }
+    Ok(false)
+}
+
+/// Zeroes the cached bytes of `[pos, end)` without changing block state (truncate: the
+/// bytes past the new EOF in its block must read zero if the file grows again).
+pub fn zero_cached(cache: &PageCache, fc: &FileCache, pos: u64, end: u64) {
+    if pos >= end {
+        return;
+    }
+    let fb = u64::from(cache.config().folio_bytes);
+    for cell in fc.range(pos / fb, (end - 1) / fb) {
+        let mut g = cell.lock();
+        let start = g.index * fb;
+        let a = pos.max(start) - start;
+        let b = end.min(start + fb) - start;
+        g.data[a as usize..b as usize].fill(0);
+    }
+}
+
+/// Discards the cache over `[pos, end)`: whole blocks inside the range lose their data and
+/// dirty state (after any writeback in flight on their folio has finished), partial blocks
+/// are zeroed in place. Returns the dirty blocks discarded.
+pub fn invalidate_range(cache: &PageCache, fc: &FileCache, pos: u64, end: u64) -> u32 {
+    if pos >= end {
+        return 0;
+    }
+    let fb = u64::from(cache.config().folio_bytes);
+    let bs = u64::from(cache.block_size());
+    let last = if end == u64::MAX {
+        u64::MAX
+    } else {
+        (end - 1) / fb
+    };
+    let mut discarded = 0;
+    for cell in fc.range(pos / fb, last) {
+        let index = {
+            let mut g = cell.lock_idle();
+            let start = g.index * fb;
+            let a = pos.max(start) - start;
+            let b = end.min(start + fb) - start;
+            g.data[a as usize..b as usize].fill(0);
+            let (b0, b1) = (a.div_ceil(bs) as u32, (b / bs) as u32);
+            if b0 < b1 {
+                let d = g.state.invalidate(b0, b1);
+                cache.sub_dirty_blocks(d);
+                discarded += d;
+            }
+            g.index
+        };
+        drop(cell);
+        cache.drop_if_empty(fc, index);
+    }
+    discarded
+}
