@@ -195,7 +195,35 @@ impl Fs {
             Err(FsError::Stale(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
-        iomap::writeback(&self.inner.cache, &mapper, &fc, 0, u64::MAX, wait).map(drop)
+        iomap::writeback(&self.inner.cache, &mapper, &fc, 0, u64::MAX, wait)?;
+        self.settle_size(ino, &fc)
+    }
+
+    /// Once no dirty cache remains inside EOF, the on-disk size catches up with the
+    /// in-core size. Writeback completion grows it only as far as data was written; a tail
+    /// whose dirty data was punched, zeroed or never existed (holes, unwritten blocks)
+    /// would otherwise keep it short forever. Raising it can only expose blocks that read
+    /// as zeros, never stale data.
+    fn settle_size(&self, ino: Ino, fc: &stripefs_iomap::cache::FileCache) -> Result<()> {
+        let size = match self.inner.meta.lock().isize.get(&ino) {
+            Some(&s) => s,
+            None => return Ok(()),
+        };
+        if fc.has_dirty_below(&self.inner.cache, size) {
+            return Ok(());
+        }
+        let mut m = self.inner.meta.lock();
+        if m.isize.get(&ino) != Some(&size) || m.delalloc_blocks(ino) > 0 {
+            return Ok(());
+        }
+        let mut a = inode(&m, ino)?.attrs.clone();
+        m.isize.remove(&ino);
+        if a.size < size {
+            a.size = size;
+            m.mark_data(ino);
+            self.inner.log_all(&mut m, vec![Record::InodeSet(a)])?;
+        }
+        Ok(())
     }
 
     /// Writes back every dirty file.
@@ -203,9 +231,24 @@ impl Fs {
     /// # Errors
     /// The first writeback error.
     pub(crate) fn writeback_all(&self, wait: WbWait) -> Result<()> {
+        let mut files: Vec<Ino> = self
+            .inner
+            .cache
+            .dirty_files()
+            .iter()
+            .map(|fc| Ino(fc.key))
+            .collect();
+        // Files whose in-core size is ahead with nothing dirty still need settling.
+        files.extend(self.inner.meta.lock().isize.keys().copied());
+        files.sort_unstable();
+        files.dedup();
         let mut first = None;
-        for fc in self.inner.cache.dirty_files() {
-            if let Err(e) = self.writeback_file(Ino(fc.key), wait) {
+        for ino in files {
+            let r = match self.inner.cache.existing(ino.0) {
+                Some(_) => self.writeback_file(ino, wait),
+                None => self.settle_size(ino, &self.inner.cache.file(ino.0)),
+            };
+            if let Err(e) = r {
                 first.get_or_insert(e);
             }
         }
@@ -499,6 +542,39 @@ impl Fs {
             Whence::Data => Err(FsError::NoSuchOffset),
             Whence::Hole => Ok(size),
         }
+    }
+}
+
+impl Fs {
+    /// Test hook modelling fsx's EOF pollution (`-e 1`): writes garbage into the cached
+    /// EOF folio past EOF and marks it dirty, as an mmap store past EOF in the EOF page
+    /// would (I-002-4: such a store dirties the whole folio). Size-changing operations must
+    /// then zero it. No-op if the EOF block is not cached or EOF is folio-aligned.
+    ///
+    /// # Errors
+    /// Mapping or device errors bringing the EOF folio in.
+    #[doc(hidden)]
+    pub fn debug_pollute_past_eof(&self, ino: Ino, seed: u8) -> Result<()> {
+        let lock = self.inner.io_lock(ino);
+        let _excl = lock.write();
+        let mapper = FileMapper::new(self, ino)?;
+        let size = mapper.size();
+        let fb = u64::from(self.inner.cache.config().folio_bytes);
+        if size % fb == 0 {
+            return Ok(());
+        }
+        let fc = self.inner.cache.file(ino.0);
+        let cells = iomap::fill(&self.inner.cache, &mapper, &fc, size / fb * fb, fb)?;
+        let mut g = cells[0].lock();
+        let off = (size % fb) as usize;
+        for (i, b) in g.data[off..].iter_mut().enumerate() {
+            *b = seed.wrapping_add(i as u8) | 0x80;
+        }
+        let blocks = g.state.blocks();
+        g.state.set_uptodate(0, blocks);
+        let newly = g.state.set_dirty(0, blocks);
+        self.inner.cache.add_dirty_blocks(newly);
+        Ok(())
     }
 }
 

@@ -24,8 +24,11 @@ pub enum FsckStage {
 pub struct FsckReport {
     /// Violated invariants, one sentence each. Empty means clean.
     pub problems: Vec<String>,
-    /// Facts that are not errors (pending journal replay, orphans to free).
+    /// Facts that are not errors (pending journal replay, orphans to free, crash leftovers
+    /// past EOF).
     pub notes: Vec<String>,
+    /// Files with non-zero bytes past EOF in their last block (none after a clean unmount).
+    pub eof_tails_not_zero: Vec<u64>,
     pub inodes: u64,
     pub extents: u64,
     pub data_blocks_used: u64,
@@ -78,9 +81,17 @@ pub fn fsck(
         }
     }
     let r = check::check(&l.state, &l.geo);
+    let tails = eof_tails_not_zero(&l)?;
+    if !tails.is_empty() {
+        notes.push(format!(
+            "{} files hold non-zero bytes past EOF in their last block (left by a crash; zeroed before they can become file content): inodes {tails:?}",
+            tails.len()
+        ));
+    }
     progress(FsckStage::Checked);
     let data_blocks = l.geo.targets.iter().map(|t| t.data_blocks()).sum();
     Ok(FsckReport {
+        eof_tails_not_zero: tails,
         problems: r.problems,
         notes,
         inodes: r.inodes,
@@ -88,6 +99,45 @@ pub fn fsck(
         data_blocks_used: r.data_blocks_used,
         data_blocks,
     })
+}
+
+/// Files whose last block holds non-zero bytes past EOF on disk. After a clean unmount
+/// there are none (writeback and truncate zero them); after a crash an extension's data can
+/// be on disk without its size, which is harmless because every extension zeroes that tail
+/// first (format invariant 4).
+fn eof_tails_not_zero(l: &recovery::Loaded) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    use stripefs_core::extent::{ExtentState, Lookup};
+    let bs = l.geo.block_size;
+    for inode in l.state.inodes.values() {
+        let a = &inode.attrs;
+        let tail = bs.offset_in_block(a.size);
+        if a.kind != stripefs_core::inode::FileKind::Regular || tail == 0 {
+            continue;
+        }
+        let eof_block = bs.round_down(a.size);
+        let piece = a.layout.piece(eof_block, 1);
+        let Some(map) = inode.objects.get(piece.object as usize) else {
+            continue;
+        };
+        let Lookup::Mapped { start, ext } = map.lookup(bs.block_of(piece.obj_off)) else {
+            continue;
+        };
+        if ext.state != ExtentState::Written {
+            continue;
+        }
+        let phys = ext.phys + (bs.block_of(piece.obj_off) - start);
+        let target = l.targets[a
+            .layout
+            .target_of(piece.object, l.geo.target_count())
+            .index()]
+        .as_ref();
+        let block = target.read_sync(bs.to_bytes(phys), bs.bytes() as usize)?;
+        if block[tail as usize..].iter().any(|&b| b != 0) {
+            out.push(a.ino.0);
+        }
+    }
+    Ok(out)
 }
 
 /// A read-only look at a file system's on-disk state, for `stripefs inspect`.

@@ -148,7 +148,9 @@ impl Fs {
         let size = mapper.size();
         if off > size {
             // EOF zeroing of the cached EOF block: the gap must read zero (I-004-7).
-            if let Some(fc) = self.inner.cache.existing(ino.0) {
+            {
+                // EOF zeroing, also of bytes a crash may have left past EOF on disk.
+                let fc = self.inner.cache.file(ino.0);
                 stripefs_iomap::zero_range(
                     &self.inner.cache,
                     &mapper,
@@ -320,7 +322,9 @@ impl Fs {
             }
             self.zero_block_tail(&mapper, size)?;
         } else if size > old {
-            if let Some(fc) = self.inner.cache.existing(ino.0) {
+            {
+                // EOF zeroing, also of bytes a crash may have left past EOF on disk.
+                let fc = self.inner.cache.file(ino.0);
                 stripefs_iomap::zero_range(
                     &self.inner.cache,
                     &mapper,
@@ -421,14 +425,14 @@ impl Fs {
         match mode {
             FallocMode::Allocate | FallocMode::KeepSize => {
                 self.allocate_unwritten(&mapper, off, len)?;
-                self.falloc_size(ino, end, mode == FallocMode::KeepSize)
+                self.falloc_size(&mapper, end, mode == FallocMode::KeepSize)
             }
             FallocMode::PunchHole => {
                 let (a, b) = self.zero_partial_blocks(&mapper, off, end, size)?;
                 if a < b {
                     self.drop_blocks(&mapper, a, b, BlockFate::Free)?;
                 }
-                self.falloc_size(ino, size, true)
+                self.falloc_size(&mapper, size, true)
             }
             FallocMode::ZeroRange { keep_size } => {
                 if self.inner.opts.force_zero_via_cache {
@@ -450,7 +454,7 @@ impl Fs {
                         self.allocate_unwritten(&mapper, a, b - a)?;
                     }
                 }
-                self.falloc_size(ino, end, keep_size)
+                self.falloc_size(&mapper, end, keep_size)
             }
             FallocMode::CollapseRange | FallocMode::InsertRange | FallocMode::UnshareRange => {
                 unreachable!("refused above")
@@ -493,7 +497,24 @@ impl Fs {
     /// Updates size and times after a fallocate that ends at `end`: with `keep`, the size
     /// stays and preallocation past EOF marks the file (its preallocation is never
     /// trimmed); without, the size grows to `end`.
-    fn falloc_size(&self, ino: Ino, end: u64, keep: bool) -> Result<()> {
+    fn falloc_size(&self, mapper: &FileMapper<'_>, end: u64, keep: bool) -> Result<()> {
+        let ino = mapper.ino;
+        let old = mapper.size();
+        if !keep && end > old {
+            // EOF zeroing: whatever the cache holds past the old EOF must read zero.
+            {
+                // EOF zeroing, also of bytes a crash may have left past EOF on disk.
+                let fc = self.inner.cache.file(ino.0);
+                stripefs_iomap::zero_range(
+                    &self.inner.cache,
+                    mapper,
+                    &fc,
+                    old,
+                    end - old,
+                    self.inner.opts.eof_zeroing,
+                )?;
+            }
+        }
         let mut m = self.inner.meta.lock();
         let size = m.size_of(ino).ok_or(FsError::Stale(ino.0))?;
         let mut a = inode(&m, ino)?.attrs.clone();

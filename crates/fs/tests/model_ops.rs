@@ -1,18 +1,47 @@
 //! Model-based test: seeded random namespace and data operations over several files,
-//! every read compared byte for byte with an in-memory model (fsx-style), over stripe
-//! counts {1, 3, 8} and block sizes {1 KiB, 4 KiB, 64 KiB}. On a mismatch the seed and the
+//! every read compared byte for byte with an in-memory model (fsx-style). Buffered and
+//! direct reads and writes mix on the same files (fsx `-Z`), with truncate, fallocate
+//! (allocate, keep-size, punch, zero), SEEK_DATA/SEEK_HOLE, links, renames, unlinks of
+//! open files and remounts. Configurations: stripe counts {1, 3, 8} x block sizes
+//! {1 KiB, 4 KiB, 64 KiB}, and stripe counts {1, 3, 8} x folio sizes {4 KiB, 2 MiB} (64
+//! KiB is the default of the first group); plus an EOF-pollution mode (fsx `-e 1`:
+//! garbage is written into the cache past EOF before every size-changing operation) and
+//! a mode that routes every zero range through the cache. On a mismatch the seed and the
 //! tail of the operation log are printed.
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
 
 use common::*;
-use stripefs::{CreateParams, FallocMode, File, Fs, FsError, Ino, MkfsOptions, RenameMode};
+use stripefs::{
+    CreateParams, FallocMode, File, Fs, FsError, Ino, MkfsOptions, MountOptions, RenameMode, Whence,
+};
 use stripefs_target::{Rng, SimTarget};
 
 const TARGETS: usize = 8;
 const TARGET_BYTES: u64 = 24 << 20;
 const MAX_FILE: u64 = 1 << 20;
+
+/// A test configuration.
+#[derive(Debug, Clone, Copy)]
+struct Cfg {
+    stripe_count: u32,
+    block_size: u32,
+    folio_bytes: u32,
+    /// fsx `-e 1`: pollute the cache past EOF before size-changing operations.
+    pollute: bool,
+    /// Route every zero range through the cache zeroing path.
+    force_zero: bool,
+}
+
+impl Cfg {
+    fn mount_options(&self) -> MountOptions {
+        let mut o = quiet();
+        o.cache.folio_bytes = self.folio_bytes;
+        o.force_zero_via_cache = self.force_zero;
+        o
+    }
+}
 
 struct Model {
     /// (dir index, name) -> file id.
@@ -29,10 +58,10 @@ struct Sut {
 }
 
 struct Run {
+    c: Cfg,
     rng: Rng,
     log: Vec<String>,
     seed: u64,
-    cfg: String,
     model: Model,
     sut: Sut,
     targets: Vec<std::sync::Arc<SimTarget>>,
@@ -41,29 +70,19 @@ struct Run {
 
 impl Run {
     fn fail(&self, what: &str) -> ! {
-        let tail: Vec<&String> = self
-            .log
-            .iter()
-            .rev()
-            .take(40)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
+        let start = self.log.len().saturating_sub(40);
+        let tail: Vec<String> = self.log[start..].iter().map(|s| format!("  {s}")).collect();
         panic!(
-            "model mismatch ({}, seed {}): {what}\nlast ops:\n{}",
-            self.cfg,
+            "model mismatch ({:?}, seed {}): {what}\nlast ops:\n{}",
+            self.c,
             self.seed,
-            tail.iter()
-                .map(|s| format!("  {s}"))
-                .collect::<Vec<_>>()
-                .join("\n")
+            tail.join("\n")
         );
     }
 
     fn pick_name(&mut self) -> (usize, String) {
         (
-            (self.rng.below(2)) as usize,
+            self.rng.below(2) as usize,
             format!("f{}", self.rng.below(6)),
         )
     }
@@ -79,20 +98,60 @@ impl Run {
     fn step(&mut self) {
         self.ops += 1;
         match self.rng.below(100) {
-            0..=29 => self.op_write(),
-            30..=44 => self.op_read(),
-            45..=52 => self.op_create(),
-            53..=60 => self.op_truncate(),
-            61..=65 => self.op_sync(),
-            66..=73 => self.op_rename(),
-            74..=79 => self.op_unlink(),
-            80..=82 => self.op_link(),
-            83..=87 => self.op_falloc(),
-            88..=91 => self.op_open_handle(),
-            92..=94 => self.op_close_handle(),
-            95..=96 => self.op_remount(),
+            0..=24 => self.op_write(),
+            25..=36 => self.op_read(),
+            37..=41 => self.op_create(),
+            42..=47 => self.op_truncate(),
+            48..=51 => self.op_sync(),
+            52..=57 => self.op_rename(),
+            58..=61 => self.op_unlink(),
+            62..=63 => self.op_link(),
+            64..=67 => self.op_falloc(),
+            68..=71 => self.op_punch_or_zero(),
+            72..=75 => self.op_seek(),
+            76..=78 => self.op_open_handle(),
+            79..=80 => self.op_close_handle(),
+            81..=82 => self.op_remount(),
+            83..=96 => self.op_direct(),
             _ => self.verify_all(),
         }
+        self.check_sizes();
+    }
+
+    /// Every file's size matches the model after every operation (cheap, and it points at
+    /// the operation that went wrong).
+    fn check_sizes(&mut self) {
+        let ids: Vec<u32> = self.model.data.keys().copied().collect();
+        for id in ids {
+            let got = self.sut.fs.getattr(self.sut.inos[&id]).map(|a| a.size);
+            let want = self.model.data[&id].len() as u64;
+            if got.as_ref().ok() != Some(&want) {
+                self.fail(&format!(
+                    "file {id} size {got:?} after the last operation, model {want}"
+                ));
+            }
+        }
+    }
+
+    /// fsx `-e 1`: garbage past EOF in the cached EOF folio, not in the model.
+    fn pollute(&mut self, id: u32) {
+        if !self.c.pollute {
+            return;
+        }
+        let seed = self.rng.next_u64() as u8;
+        self.log.push(format!("pollute file {id} past EOF"));
+        if let Err(e) = self.sut.fs.debug_pollute_past_eof(self.sut.inos[&id], seed) {
+            self.fail(&format!("pollute failed: {e}"));
+        }
+    }
+
+    fn model_write(&mut self, id: u32, off: u64, data: &[u8]) {
+        let m = self.model.data.get_mut(&id).expect("file");
+        let end = off as usize + data.len();
+        if m.len() < end {
+            m.resize(end, 0);
+        }
+        m[off as usize..end].copy_from_slice(data);
     }
 
     fn op_create(&mut self) {
@@ -115,11 +174,7 @@ impl Run {
         }
     }
 
-    fn op_write(&mut self) {
-        let Some((name, id)) = self.existing() else {
-            return self.op_create();
-        };
-        let size = self.model.data[&id].len() as u64;
+    fn random_range(&mut self, size: u64, max_len: u64) -> (u64, u64) {
         let off = match self.rng.below(3) {
             0 => self.rng.below(size + 65536) & !4095,
             1 => self.rng.below(size + 65536) & !511,
@@ -127,24 +182,64 @@ impl Run {
         }
         .min(MAX_FILE - 1);
         let len = if self.rng.one_in(4) {
-            self.rng.range(1, 300_000)
+            self.rng.range(1, max_len)
         } else {
             self.rng.range(1, 9000)
+        };
+        (off, len.min(MAX_FILE - off))
+    }
+
+    fn op_write(&mut self) {
+        let Some((name, id)) = self.existing() else {
+            return self.op_create();
+        };
+        let size = self.model.data[&id].len() as u64;
+        let (off, len) = self.random_range(size, 300_000);
+        let data = pattern(self.rng.next_u64(), off, len as usize);
+        if off + len > size {
+            self.pollute(id);
         }
-        .min(MAX_FILE - off);
-        let seed = self.rng.next_u64();
-        let data = pattern(seed, off, len as usize);
         self.log
             .push(format!("write {}/{} off={off} len={len}", name.0, name.1));
-        if let Err(e) = self.sut.fs.write_at(self.sut.inos[&id], off, &data) {
-            self.fail(&format!("write failed: {e}"));
+        match self.sut.fs.write_at(self.sut.inos[&id], off, &data) {
+            Ok(n) if n as u64 == len => {}
+            other => self.fail(&format!("write returned {other:?}")),
         }
-        let m = self.model.data.get_mut(&id).expect("file");
-        let end = (off + len) as usize;
-        if m.len() < end {
-            m.resize(end, 0);
+        self.model_write(id, off, &data);
+    }
+
+    /// Direct reads and writes on the same files as buffered ones (fsx `-Z`).
+    fn op_direct(&mut self) {
+        let Some((name, id)) = self.existing() else {
+            return;
+        };
+        let size = self.model.data[&id].len() as u64;
+        let (off, len) = self.random_range(size, 70_000);
+        if self.rng.one_in(2) {
+            self.log
+                .push(format!("dread {}/{} off={off} len={len}", name.0, name.1));
+            let mut buf = vec![0u8; len as usize];
+            let n = match self.sut.fs.read_direct(self.sut.inos[&id], off, &mut buf) {
+                Ok(n) => n,
+                Err(e) => self.fail(&format!("direct read: {e}")),
+            };
+            let m = &self.model.data[&id];
+            let want = (m.len() as u64).saturating_sub(off).min(len) as usize;
+            if n != want || (n > 0 && buf[..n] != m[off as usize..off as usize + n]) {
+                self.fail(&format!("direct read of file {id} at {off}: {n} bytes (model {want}) or content differs"));
+            }
+            return;
         }
-        m[off as usize..end].copy_from_slice(&data);
+        let data = pattern(self.rng.next_u64(), off, len as usize);
+        if off + len > size {
+            self.pollute(id);
+        }
+        self.log
+            .push(format!("dwrite {}/{} off={off} len={len}", name.0, name.1));
+        if let Err(e) = self.sut.fs.write_direct(self.sut.inos[&id], off, &data) {
+            self.fail(&format!("direct write failed: {e}"));
+        }
+        self.model_write(id, off, &data);
     }
 
     fn op_read(&mut self) {
@@ -175,8 +270,10 @@ impl Run {
         if n > 0 && buf[..n] != m[off as usize..off as usize + n] {
             let first = (0..n).find(|&i| buf[i] != m[off as usize + i]).unwrap_or(0);
             self.fail(&format!(
-                "file {id} differs at byte {} (read at {off})",
-                off as usize + first
+                "file {id} differs at byte {} (read at {off}): got {:#x}, model {:#x}",
+                off as usize + first,
+                buf[first],
+                m[off as usize + first]
             ));
         }
     }
@@ -187,6 +284,7 @@ impl Run {
         };
         let size = self.model.data[&id].len() as u64;
         let new = self.rng.below(size + size / 2 + 10_000).min(MAX_FILE);
+        self.pollute(id);
         self.log
             .push(format!("truncate {}/{} {size} -> {new}", name.0, name.1));
         if let Err(e) = self.sut.fs.set_len(self.sut.inos[&id], new) {
@@ -290,6 +388,9 @@ impl Run {
         let off = self.rng.below(size + 100_000).min(MAX_FILE - 1);
         let len = self.rng.range(1, 200_000).min(MAX_FILE - off);
         let keep = self.rng.one_in(2);
+        if !keep {
+            self.pollute(id);
+        }
         self.log.push(format!(
             "falloc{} {}/{} off={off} len={len}",
             if keep { " -k" } else { "" },
@@ -307,6 +408,72 @@ impl Run {
         let m = self.model.data.get_mut(&id).expect("file");
         if !keep && (m.len() as u64) < off + len {
             m.resize((off + len) as usize, 0);
+        }
+    }
+
+    fn op_punch_or_zero(&mut self) {
+        let Some((name, id)) = self.existing() else {
+            return;
+        };
+        let size = self.model.data[&id].len() as u64;
+        let off = self.rng.below(size + 20_000).min(MAX_FILE - 1);
+        let len = self.rng.range(1, 150_000).min(MAX_FILE - off);
+        let (mode, what) = match self.rng.below(3) {
+            0 => (FallocMode::PunchHole, "punch"),
+            1 => (FallocMode::ZeroRange { keep_size: true }, "zero -k"),
+            _ => (FallocMode::ZeroRange { keep_size: false }, "zero"),
+        };
+        let extends = mode == FallocMode::ZeroRange { keep_size: false } && off + len > size;
+        if extends {
+            self.pollute(id);
+        }
+        self.log
+            .push(format!("{what} {}/{} off={off} len={len}", name.0, name.1));
+        if let Err(e) = self.sut.fs.fallocate(self.sut.inos[&id], mode, off, len) {
+            self.fail(&format!("{what} failed: {e}"));
+        }
+        let m = self.model.data.get_mut(&id).expect("file");
+        let end = ((off + len) as usize).min(m.len());
+        if (off as usize) < end {
+            m[off as usize..end].fill(0);
+        }
+        if extends {
+            m.resize((off + len) as usize, 0);
+        }
+    }
+
+    /// SEEK_DATA may skip only zeros and may fail only when no non-zero byte follows;
+    /// SEEK_HOLE must land on a zero byte or at EOF.
+    fn op_seek(&mut self) {
+        let Some((name, id)) = self.existing() else {
+            return;
+        };
+        let size = self.model.data[&id].len() as u64;
+        let off = self.rng.below(size + 2);
+        let what = if self.rng.one_in(2) {
+            Whence::Data
+        } else {
+            Whence::Hole
+        };
+        self.log
+            .push(format!("seek {what:?} {}/{} off={off}", name.0, name.1));
+        let r = self.sut.fs.seek(self.sut.inos[&id], off, what);
+        let m = &self.model.data[&id];
+        let first_data = m
+            .iter()
+            .enumerate()
+            .skip(off as usize)
+            .find(|(_, &b)| b != 0)
+            .map(|(i, _)| i as u64);
+        let ok = match (what, &r) {
+            (_, Err(FsError::NoSuchOffset)) if off >= size => true,
+            (Whence::Data, Err(FsError::NoSuchOffset)) => first_data.is_none(),
+            (Whence::Data, Ok(r)) => *r >= off && *r < size && first_data.is_none_or(|d| *r <= d),
+            (Whence::Hole, Ok(r)) => *r >= off && *r <= size && (*r == size || m[*r as usize] == 0),
+            _ => false,
+        };
+        if !ok {
+            self.fail(&format!("seek {what:?} from {off} in a {size}-byte file returned {r:?} (first data at {first_data:?})"));
         }
     }
 
@@ -346,11 +513,14 @@ impl Run {
         if let Err(e) = self.sut.fs.unmount() {
             self.fail(&format!("unmount failed: {e}"));
         }
-        let (fs, _) = Fs::mount(dyns(&self.targets), quiet())
-            .unwrap_or_else(|e| self.fail(&format!("mount failed: {e}")));
-        let d = fs
-            .lookup(Ino::ROOT, "d".as_ref())
-            .unwrap_or_else(|e| self.fail(&format!("lookup d: {e}")));
+        let fs = match Fs::mount(dyns(&self.targets), self.c.mount_options()) {
+            Ok((fs, _)) => fs,
+            Err(e) => self.fail(&format!("mount failed: {e}")),
+        };
+        let d = match fs.lookup(Ino::ROOT, "d".as_ref()) {
+            Ok(d) => d,
+            Err(e) => self.fail(&format!("lookup d: {e}")),
+        };
         self.sut.fs = fs;
         self.sut.dirs = [Ino::ROOT, d.ino];
     }
@@ -379,11 +549,10 @@ impl Run {
         }
         let ids: Vec<u32> = self.model.data.keys().copied().collect();
         for id in ids {
-            let a = self
-                .sut
-                .fs
-                .getattr(self.sut.inos[&id])
-                .unwrap_or_else(|e| self.fail(&format!("getattr: {e}")));
+            let a = match self.sut.fs.getattr(self.sut.inos[&id]) {
+                Ok(a) => a,
+                Err(e) => self.fail(&format!("getattr: {e}")),
+            };
             let links = self.model.names.values().filter(|&&v| v == id).count() as u32;
             if a.size != self.model.data[&id].len() as u64 || a.nlink != links {
                 self.fail(&format!(
@@ -393,30 +562,29 @@ impl Run {
                     self.model.data[&id].len()
                 ));
             }
-            let len = a.size.max(1);
-            self.check_range(id, 0, len);
+            self.check_range(id, 0, a.size.max(1));
         }
     }
 }
 
-fn run_model(stripe_count: u32, bs: u32, seed: u64, ops: u64) -> u64 {
+fn run_model(c: Cfg, seed: u64, ops: u64) -> u64 {
     let targets = sims(TARGETS, TARGET_BYTES);
     let opts = MkfsOptions {
-        block_size: bs,
-        stripe_unit: bs * 4,
-        stripe_count: Some(stripe_count),
+        block_size: c.block_size,
+        stripe_unit: c.block_size.max(4096) * 4,
+        stripe_count: Some(c.stripe_count),
         ..MkfsOptions::default()
     };
     Fs::mkfs(&dyns(&targets), &opts).expect("mkfs");
-    let (fs, _) = Fs::mount(dyns(&targets), quiet()).expect("mount");
+    let (fs, _) = Fs::mount(dyns(&targets), c.mount_options()).expect("mount");
     let d = fs
         .mkdir(Ino::ROOT, "d".as_ref(), CreateParams::with_perm(0o755))
         .expect("mkdir");
     let mut run = Run {
+        c,
         rng: Rng::new(seed),
         log: Vec::new(),
         seed,
-        cfg: format!("stripe count {stripe_count}, block size {bs}"),
         model: Model {
             names: BTreeMap::new(),
             data: HashMap::new(),
@@ -440,9 +608,14 @@ fn run_model(stripe_count: u32, bs: u32, seed: u64, ops: u64) -> u64 {
     let report = stripefs::fsck::fsck(dyns(&run.targets), &mut |_| {}).expect("fsck");
     assert!(
         report.is_clean(),
-        "fsck after model run ({}): {:?}",
-        run.cfg,
+        "fsck after model run ({c:?}): {:?}",
         report.problems
+    );
+    // After a clean unmount the bytes past EOF in every last block are zero on disk.
+    assert!(
+        report.eof_tails_not_zero.is_empty(),
+        "non-zero bytes past EOF after a clean unmount ({c:?}): {:?}",
+        report.eof_tails_not_zero
     );
     run.ops
 }
@@ -454,29 +627,84 @@ fn ops_per_config() -> u64 {
         .unwrap_or(3000)
 }
 
+fn cfg(stripe_count: u32, block_size: u32, folio_bytes: u32) -> Cfg {
+    Cfg {
+        stripe_count,
+        block_size,
+        folio_bytes,
+        pollute: false,
+        force_zero: false,
+    }
+}
+
 macro_rules! model_case {
-    ($name:ident, $count:expr, $bs:expr) => {
+    ($name:ident, $cfg:expr) => {
         #[test]
         fn $name() {
             let ops = ops_per_config();
+            let c: Cfg = $cfg;
             for seed in [1u64, 2] {
-                run_model(
-                    $count,
-                    $bs,
-                    seed ^ ($count as u64) << 8 ^ ($bs as u64) << 16,
-                    ops,
-                );
+                let seed = seed
+                    ^ u64::from(c.stripe_count) << 8
+                    ^ u64::from(c.block_size) << 16
+                    ^ u64::from(c.folio_bytes) << 32;
+                run_model(c, seed, ops);
             }
         }
     };
 }
 
-model_case!(stripes1_bs1k, 1, 1024);
-model_case!(stripes1_bs4k, 1, 4096);
-model_case!(stripes1_bs64k, 1, 65536);
-model_case!(stripes3_bs1k, 3, 1024);
-model_case!(stripes3_bs4k, 3, 4096);
-model_case!(stripes3_bs64k, 3, 65536);
-model_case!(stripes8_bs1k, 8, 1024);
-model_case!(stripes8_bs4k, 8, 4096);
-model_case!(stripes8_bs64k, 8, 65536);
+// Stripe counts x block sizes (64 KiB folios).
+model_case!(stripes1_bs1k, cfg(1, 1024, 65536));
+model_case!(stripes1_bs4k, cfg(1, 4096, 65536));
+model_case!(stripes1_bs64k, cfg(1, 65536, 65536));
+model_case!(stripes3_bs1k, cfg(3, 1024, 65536));
+model_case!(stripes3_bs4k, cfg(3, 4096, 65536));
+model_case!(stripes3_bs64k, cfg(3, 65536, 65536));
+model_case!(stripes8_bs1k, cfg(8, 1024, 65536));
+model_case!(stripes8_bs4k, cfg(8, 4096, 65536));
+model_case!(stripes8_bs64k, cfg(8, 65536, 65536));
+// Stripe counts x folio sizes (4 KiB blocks; 64 KiB folios are covered above).
+model_case!(stripes1_folio4k, cfg(1, 4096, 4096));
+model_case!(stripes1_folio2m, cfg(1, 4096, 2 << 20));
+model_case!(stripes3_folio4k, cfg(3, 4096, 4096));
+model_case!(stripes3_folio2m, cfg(3, 4096, 2 << 20));
+model_case!(stripes8_folio4k, cfg(8, 4096, 4096));
+model_case!(stripes8_folio2m, cfg(8, 4096, 2 << 20));
+// fsx -e 1 (EOF pollution) and zero range forced through the cache.
+model_case!(
+    eof_pollution_folio64k,
+    Cfg {
+        pollute: true,
+        ..cfg(3, 4096, 65536)
+    }
+);
+model_case!(
+    eof_pollution_bs1k,
+    Cfg {
+        pollute: true,
+        ..cfg(3, 1024, 65536)
+    }
+);
+model_case!(
+    eof_pollution_folio2m,
+    Cfg {
+        pollute: true,
+        ..cfg(1, 4096, 2 << 20)
+    }
+);
+model_case!(
+    force_zero_via_cache,
+    Cfg {
+        force_zero: true,
+        ..cfg(3, 4096, 65536)
+    }
+);
+model_case!(
+    force_zero_and_pollution,
+    Cfg {
+        force_zero: true,
+        pollute: true,
+        ..cfg(8, 1024, 4096)
+    }
+);

@@ -163,6 +163,26 @@ impl FileCache {
             .is_dirty(((pos % fb) / u64::from(cache.block_size())) as u32)
     }
 
+    /// True if any cached block starting below `end` is dirty.
+    #[must_use]
+    pub fn has_dirty_below(&self, cache: &PageCache, end: u64) -> bool {
+        let fb = u64::from(cache.config().folio_bytes);
+        let bs = u64::from(cache.block_size());
+        let folios: Vec<Arc<FolioCell>> = self
+            .folios
+            .read()
+            .range(..end.div_ceil(fb).max(1))
+            .map(|(_, c)| Arc::clone(c))
+            .collect();
+        folios.iter().any(|c| {
+            let g = c.lock();
+            g.state
+                .dirty_runs()
+                .iter()
+                .any(|r| g.index * fb + u64::from(r.first) * bs < end)
+        })
+    }
+
     /// Records a writeback error.
     pub fn record_error(&self, errno: i32) {
         let mut e = self.wb_err.lock();
