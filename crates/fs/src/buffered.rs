@@ -45,6 +45,12 @@ impl FileIo for FileMapper<'_> {
         let bs = self.fs.inner.geo.block_size;
         let offset = bs.to_bytes(map.addr.phys) + (pos - map.offset);
         let target = self.fs.inner.targets[map.addr.target.index()].as_ref();
+        let counter = if write {
+            &self.fs.inner.data_bytes_written
+        } else {
+            &self.fs.inner.data_bytes_read
+        };
+        counter.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let op = if write {
             IoOp::Write {
                 offset,
@@ -170,9 +176,13 @@ impl Fs {
     fn after_write(&self, ino: Ino, end: u64) -> Result<()> {
         let mut m = self.inner.meta.lock();
         let disk = inode(&m, ino)?.attrs.size;
-        let size = m.size_of(ino).unwrap_or(disk).max(end);
+        let before = m.size_of(ino).unwrap_or(disk);
+        let size = before.max(end);
         if size != disk {
             m.isize.insert(ino, size);
+        }
+        if size > before && self.inner.opts.speculative_prealloc {
+            self.speculative_prealloc(&mut m, ino)?;
         }
         m.last_write.insert(ino, Instant::now());
         let mut a = inode(&m, ino)?.attrs.clone();
@@ -295,15 +305,14 @@ impl Fs {
             }
             recs.push(Record::InodeSet(a));
         }
-        self.inner.log_all(&mut m, recs)?;
-        if grown > 0 && self.inner.opts.speculative_prealloc {
-            self.speculative_prealloc(&mut m, ino)?;
-        }
-        Ok(())
+        self.inner.log_all(&mut m, recs)
     }
 
-    /// Allocates unwritten extents beyond the on-disk EOF, as much as the file's size (64
-    /// KiB to 8 MiB), where nothing is mapped or delayed yet.
+    /// Speculative preallocation for an extending write: when nothing is mapped or delayed
+    /// right after the new EOF, allocates unwritten extents beyond it, as much as the file's
+    /// size (64 KiB to 8 MiB, so it grows with the file). Later extending writes land in
+    /// them without allocating; unused space is trimmed at last close, when idle, and at
+    /// unmount. Best effort: a full target just means no preallocation.
     fn speculative_prealloc(&self, m: &mut crate::inner::MetaCore, ino: Ino) -> Result<()> {
         let bs = self.inner.geo.block_size;
         let i = inode(m, ino)?;
@@ -315,6 +324,20 @@ impl Fs {
             bs.round_up(size),
             bs.round_up(size.clamp(64 << 10, 8 << 20)),
         );
+        let next = i.attrs.layout.piece(from, 1);
+        let next_block = bs.block_of(next.obj_off);
+        let mapped = matches!(
+            i.objects[next.object as usize].lookup(next_block),
+            stripefs_core::extent::Lookup::Mapped { .. }
+        );
+        let delayed = m
+            .delalloc
+            .get(&ino)
+            .and_then(|v| v.get(next.object as usize))
+            .is_some_and(|d| d.covering(next_block).is_some());
+        if mapped || delayed {
+            return Ok(());
+        }
         let l = i.attrs.layout;
         let n = self.inner.geo.target_count();
         let mut recs = Vec::new();

@@ -360,6 +360,10 @@ impl Fs {
             metadata_capacity: self.inner.geo.ckpt_payload_capacity(),
             busy_blocks: m.alloc.busy_blocks(),
             poisoned: self.inner.is_poisoned(),
+            data_bytes_written: self.inner.data_bytes_written.load(Ordering::Relaxed),
+            data_bytes_read: self.inner.data_bytes_read.load(Ordering::Relaxed),
+            meta_bytes_written: self.inner.meta_bytes_written.load(Ordering::Relaxed),
+            cache: self.inner.cache.stats(),
         }
     }
 

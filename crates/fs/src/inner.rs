@@ -190,6 +190,12 @@ pub(crate) struct FsInner {
     pub next_fh: std::sync::atomic::AtomicU64,
     /// Error sequence seen by inode-based `fsync` calls (no handle).
     pub anon_seen: Mutex<HashMap<Ino, u64>>,
+    /// Bytes written to targets for file data (writeback and direct writes).
+    pub data_bytes_written: std::sync::atomic::AtomicU64,
+    /// Bytes read from targets for file data.
+    pub data_bytes_read: std::sync::atomic::AtomicU64,
+    /// Bytes written to the journal and checkpoints.
+    pub meta_bytes_written: std::sync::atomic::AtomicU64,
 }
 
 /// Idle I/O buffers kept for reuse.
@@ -225,6 +231,9 @@ impl FsInner {
             handles: Mutex::new(HashMap::new()),
             next_fh: std::sync::atomic::AtomicU64::new(1),
             anon_seen: Mutex::new(HashMap::new()),
+            data_bytes_written: std::sync::atomic::AtomicU64::new(0),
+            data_bytes_read: std::sync::atomic::AtomicU64::new(0),
+            meta_bytes_written: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

@@ -247,6 +247,9 @@ impl Fs {
             }
         }
         buf[head..tail].copy_from_slice(data);
+        self.inner
+            .data_bytes_written
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         batch.submit(
             target,
             IoOp::Write {

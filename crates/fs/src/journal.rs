@@ -173,6 +173,8 @@ impl Journal {
         for d in batch.wait() {
             d.result?;
         }
+        fs.meta_bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         fs.fault(FaultPoint::JournalFlush)?;
         t0.flush_sync()?;
         pos.head += w.units;
@@ -205,6 +207,10 @@ impl Journal {
             time_sec: Timespec::now().sec,
         };
         write_checkpoint(fs.targets[0].as_ref(), &fs.geo, hdr, snap)?;
+        fs.meta_bytes_written.fetch_add(
+            snap.len() as u64 + u64::from(fs.geo.block_size.bytes()),
+            Ordering::Relaxed,
+        );
         *pos = JournalPosition {
             head: pos.head,
             tail: pos.head,

@@ -181,6 +181,13 @@ pub struct FsStatus {
     pub metadata_capacity: u64,
     pub busy_blocks: u64,
     pub poisoned: bool,
+    /// Bytes of file data written to / read from the targets since mount.
+    pub data_bytes_written: u64,
+    pub data_bytes_read: u64,
+    /// Bytes written to the journal and checkpoints since mount.
+    pub meta_bytes_written: u64,
+    /// Page cache counters.
+    pub cache: stripefs_iomap::cache::CacheStats,
 }
 
 /// One target's space.

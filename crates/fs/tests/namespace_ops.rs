@@ -172,8 +172,11 @@ fn attributes_xattrs_statfs() {
     let before = fs.statfs().unwrap();
     fs.write_at(f.ino, 0, &vec![1u8; 1 << 20]).unwrap();
     let after = fs.statfs().unwrap();
-    assert_eq!(before.blocks_free - after.blocks_free, 256);
-    assert_eq!(fs.getattr(f.ino).unwrap().blocks, 2048);
+    // Speculative preallocation beyond EOF is counted honestly: statfs and st_blocks agree
+    // on everything the file holds (1 MiB of delayed data plus its preallocation).
+    let used = before.blocks_free - after.blocks_free;
+    assert!(used >= 256, "{used}");
+    assert_eq!(fs.getattr(f.ino).unwrap().blocks, used * 8, "st_blocks (512-byte units) matches statfs");
     let x = |n: &str| std::ffi::OsString::from(n);
     fs.setxattr(f.ino, &x("user.a"), b"1", XattrMode::Create)
         .unwrap();
