@@ -1,5 +1,6 @@
 //! `stripefs`: create, check, inspect and drive stripefs file systems.
 
+mod bench;
 mod fsck;
 mod inspect;
 mod io;
@@ -24,6 +25,7 @@ enum Cmd {
     Fsck(fsck::FsckArgs),
     Io(io::IoArgs),
     Inspect(inspect::InspectArgs),
+    Bench(bench::BenchArgs),
 }
 
 fn main() {
@@ -40,6 +42,7 @@ fn main() {
         Cmd::Fsck(a) => fsck::run(a),
         Cmd::Io(a) => io::run(a),
         Cmd::Inspect(a) => inspect::run(a),
+        Cmd::Bench(a) => bench::run(a),
     };
     match res {
         Ok(code) => std::process::exit(code),

@@ -86,7 +86,7 @@ pub fn run(a: &MkfsArgs) -> Result<i32, String> {
 }
 
 /// Writes zeros over every target, `ZERO_DEPTH` chunks in flight per target.
-fn prezero(targets: &[Arc<dyn Target>]) -> Result<(), String> {
+pub(crate) fn prezero(targets: &[Arc<dyn Target>]) -> Result<(), String> {
     let total: u64 = targets.iter().map(|t| t.info().size_bytes).sum();
     if total == 0 {
         return Ok(());

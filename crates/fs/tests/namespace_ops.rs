@@ -176,7 +176,11 @@ fn attributes_xattrs_statfs() {
     // on everything the file holds (1 MiB of delayed data plus its preallocation).
     let used = before.blocks_free - after.blocks_free;
     assert!(used >= 256, "{used}");
-    assert_eq!(fs.getattr(f.ino).unwrap().blocks, used * 8, "st_blocks (512-byte units) matches statfs");
+    assert_eq!(
+        fs.getattr(f.ino).unwrap().blocks,
+        used * 8,
+        "st_blocks (512-byte units) matches statfs"
+    );
     let x = |n: &str| std::ffi::OsString::from(n);
     fs.setxattr(f.ino, &x("user.a"), b"1", XattrMode::Create)
         .unwrap();

@@ -2,10 +2,10 @@
 //!
 //! I-004-1: after `zero_range` every byte of the range reads zero through the cache and
 //! will read zero from disk after writeback, whatever the extent state. The rule per piece:
-//! - cached folio: zero the bytes in cache (preparing partial blocks first); mark them dirty
-//!   if the mapping holds data on disk (mapped, delalloc) or the blocks were dirty or under
-//!   writeback (I-004-5: dirtying clean unwritten blocks would be harmless, missing dirty
-//!   ones is not);
+//! - cached folio: zero the bytes in cache (preparing partial blocks first); mark a block
+//!   dirty if the mapping holds data on disk (mapped, delalloc), the block was dirty, or the
+//!   folio is under writeback (I-004-5: dirtying clean unwritten blocks would be harmless,
+//!   missing dirty ones is not; we dirty per block, so no zeros are written needlessly);
 //! - nothing cached over a hole or unwritten extent: skip, it reads zero (I-004-2);
 //! - nothing cached over mapped blocks: create the folio, zero, dirty.
 //!
@@ -92,10 +92,14 @@ pub fn zero_range<O: FileIo>(
         }
         g.data[off as usize..(off + n) as usize].fill(0);
         g.state.set_uptodate(b0, b1);
-        let was_dirty = (b0..b1).any(|b| g.state.is_dirty(b));
-        if on_disk || was_dirty || g.writeback {
-            let newly = g.state.set_dirty(b0, b1);
-            cache.add_dirty_blocks(newly);
+        // Per block: zeros must reach the disk where the disk holds data (mapped,
+        // delalloc), where the block was dirty, or where writeback is in flight on the
+        // folio; a clean block over a hole or unwritten extent already reads zero there.
+        for b in b0..b1 {
+            if on_disk || g.writeback || g.state.is_dirty(b) {
+                let newly = g.state.set_dirty(b, b + 1);
+                cache.add_dirty_blocks(newly);
+            }
         }
         cache.touch(&mut g);
         drop(g);

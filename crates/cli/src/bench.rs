@@ -1,0 +1,383 @@
+//! `stripefs bench`: the seed workloads, each variant side by side in the same run
+//! (alternating, so machine noise hits both alike), medians of several runs.
+//!
+//! - `w2-subblock-dirty` (seed 002): a prewritten 128 MiB file, 4 KiB random buffered
+//!   writes each followed by fsync, 64 KiB folios; `dirty_tracking = block` vs `folio`.
+//! - `w4-metamix` (seed 004): the stress-ng metamix pattern over several threads on a file
+//!   system whose extending writes leave unwritten preallocation beyond EOF;
+//!   `eof_zeroing = cache` vs `flush`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use stripefs::{CreateParams, Fs, Ino, MkfsOptions, MountOptions};
+use stripefs_iomap::folio::DirtyTracking;
+use stripefs_iomap::ZeroMode;
+use stripefs_target::{Rng, Target};
+
+use crate::mkfs::prezero;
+use crate::targets::open_one;
+
+/// Run the seed benchmarks on file-backed targets.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Workloads: w2-subblock-dirty, w4-metamix (default: both).
+    #[arg(short = 'w', long = "workload")]
+    workloads: Vec<String>,
+    /// Runs per variant; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Directory for the target files (created; the files are removed afterwards).
+    #[arg(long, default_value = "bench-data")]
+    dir: PathBuf,
+    /// Operations per run: fsync'd writes for w2, files per thread for w4.
+    #[arg(long)]
+    ops: Option<u64>,
+    /// Threads for w4.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One variant's results over all runs.
+struct Variant {
+    name: &'static str,
+    /// Per run: (primary metric, secondary metrics...).
+    runs: Vec<Vec<f64>>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+impl Variant {
+    fn median(&self, i: usize) -> f64 {
+        median(self.runs.iter().map(|r| r[i]).collect())
+    }
+}
+
+/// Runs the benchmarks.
+pub fn run(a: &BenchArgs) -> Result<i32, String> {
+    let wanted: Vec<&str> = if a.workloads.is_empty() {
+        vec!["w2-subblock-dirty", "w4-metamix"]
+    } else {
+        a.workloads.iter().map(String::as_str).collect()
+    };
+    std::fs::create_dir_all(&a.dir).map_err(|e| format!("{}: {e}", a.dir.display()))?;
+    let runs = a.runs.max(1);
+    let mut json = Vec::new();
+    if !a.json {
+        println!("machine: {}", machine());
+    }
+    for w in wanted {
+        let out = match w {
+            "w2-subblock-dirty" => w2(&a.dir, runs, a.ops.unwrap_or(2000), a.json)?,
+            "w4-metamix" => w4(&a.dir, runs, a.ops.unwrap_or(12), a.threads.max(1), a.json)?,
+            other => {
+                return Err(format!(
+                    "unknown workload {other:?} (w2-subblock-dirty, w4-metamix)"
+                ))
+            }
+        };
+        json.push(out);
+    }
+    if a.json {
+        println!(
+            "{{\"machine\":{:?},\"workloads\":[{}]}}",
+            machine(),
+            json.join(",")
+        );
+    }
+    Ok(0)
+}
+
+/// A short description of this machine.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<u64>().ok())
+        })
+        .map_or_else(|| "?".into(), |kib| format!("{} GiB", kib >> 20));
+    format!("{cpu}, {cores} cores, {mem} RAM")
+}
+
+/// Creates `n` target files of `size` in `dir`, pre-zeroed, and a file system on them.
+fn make_fs(dir: &Path, n: usize, size: u64) -> Result<Vec<PathBuf>, String> {
+    let paths: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("bench-t{i}"))).collect();
+    for p in &paths {
+        let _ = std::fs::remove_file(p);
+    }
+    let targets: Vec<Arc<dyn Target>> = paths
+        .iter()
+        .map(|p| open_one(p, Some(size)))
+        .collect::<Result<_, _>>()?;
+    prezero(&targets)?;
+    Fs::mkfs(&targets, &MkfsOptions::default()).map_err(|e| e.to_string())?;
+    Ok(paths)
+}
+
+fn mount(paths: &[PathBuf], opts: MountOptions) -> Result<Fs, String> {
+    let targets: Vec<Arc<dyn Target>> = paths
+        .iter()
+        .map(|p| open_one(p, None))
+        .collect::<Result<_, _>>()?;
+    Fs::mount(targets, opts)
+        .map(|(fs, _)| fs)
+        .map_err(|e| e.to_string())
+}
+
+fn quiet() -> MountOptions {
+    MountOptions {
+        commit_interval: None,
+        writeback_interval: None,
+        ..MountOptions::default()
+    }
+}
+
+fn cleanup(paths: &[PathBuf]) {
+    for p in paths {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+const W2_FILE: u64 = 128 << 20;
+const W2_IO: u64 = 4096;
+
+fn w2(dir: &Path, runs: usize, ops: u64, json: bool) -> Result<String, String> {
+    let paths = make_fs(dir, 4, 64 << 20)?;
+    {
+        let fs = mount(&paths, quiet())?;
+        let f = fs
+            .create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o644))
+            .map_err(|e| e.to_string())?;
+        let chunk = vec![0x5au8; 4 << 20];
+        for off in (0..W2_FILE).step_by(chunk.len()) {
+            fs.write_at(f.ino, off, &chunk).map_err(|e| e.to_string())?;
+        }
+        fs.unmount().map_err(|e| e.to_string())?;
+    }
+    let mut variants = [
+        Variant {
+            name: "block",
+            runs: Vec::new(),
+        },
+        Variant {
+            name: "folio",
+            runs: Vec::new(),
+        },
+    ];
+    for run in 0..runs {
+        for (v, tracking) in variants
+            .iter_mut()
+            .zip([DirtyTracking::Block, DirtyTracking::Folio])
+        {
+            let mut opts = quiet();
+            opts.cache.dirty_tracking = tracking;
+            opts.cache.folio_bytes = 64 << 10;
+            let fs = mount(&paths, opts)?;
+            let ino = fs
+                .lookup(Ino::ROOT, "f".as_ref())
+                .map_err(|e| e.to_string())?
+                .ino;
+            let h = fs.open_file(ino).map_err(|e| e.to_string())?;
+            let before = fs.status();
+            let mut rng = Rng::new(run as u64 + 1);
+            let buf = vec![0xa5u8; W2_IO as usize];
+            let t = Instant::now();
+            for _ in 0..ops {
+                let off = rng.below(W2_FILE / W2_IO) * W2_IO;
+                h.write_at(off, &buf).map_err(|e| e.to_string())?;
+                h.sync_all().map_err(|e| e.to_string())?;
+            }
+            let secs = t.elapsed().as_secs_f64();
+            let after = fs.status();
+            drop(h);
+            fs.unmount().map_err(|e| e.to_string())?;
+            let app = (ops * W2_IO) as f64;
+            v.runs.push(vec![
+                ops as f64 / secs,
+                (after.data_bytes_written - before.data_bytes_written) as f64 / app,
+                (after.meta_bytes_written - before.meta_bytes_written) as f64 / ops as f64,
+                (after.data_bytes_read - before.data_bytes_read) as f64 / ops as f64,
+            ]);
+        }
+    }
+    cleanup(&paths);
+    let (b, f) = (&variants[0], &variants[1]);
+    if !json {
+        println!("\nw2-subblock-dirty: 128 MiB prewritten file over 4 targets, 4 KiB random buffered writes each followed by fsync, 64 KiB folios; {ops} writes per run, median of {runs} runs");
+        println!("| dirty_tracking | IOPS | write amplification (data) | journal bytes/op | data read bytes/op |");
+        println!("|---|---|---|---|---|");
+        for v in &variants {
+            println!(
+                "| {} | {:.0} | {:.2} | {:.0} | {:.0} |",
+                v.name,
+                v.median(0),
+                v.median(1),
+                v.median(2),
+                v.median(3)
+            );
+        }
+        println!(
+            "ratio block/folio: IOPS {:.2}x, amplification {:.2} vs {:.2}",
+            b.median(0) / f.median(0),
+            b.median(1),
+            f.median(1)
+        );
+    }
+    Ok(format!(
+        "{{\"workload\":\"w2-subblock-dirty\",\"ops_per_run\":{ops},\"runs\":{runs},\"variants\":[{}]}}",
+        variants.iter().map(|v| format!(
+            "{{\"dirty_tracking\":\"{}\",\"iops\":{:.1},\"write_amplification\":{:.3},\"journal_bytes_per_op\":{:.0},\"read_bytes_per_op\":{:.0},\"iops_runs\":{:?}}}",
+            v.name, v.median(0), v.median(1), v.median(2), v.median(3), v.runs.iter().map(|r| r[0].round()).collect::<Vec<_>>()
+        )).collect::<Vec<_>>().join(",")
+    ))
+}
+
+/// stress-ng metamix's default file span.
+const W4_BYTES: u64 = 1 << 20;
+
+/// One metamix file: create, 256 strided writes each starting beyond EOF (every 64th
+/// rounded up to a page), sometimes fdatasync, size check, fdatasync, read back in a
+/// shuffled order and verify, unlink. Returns the verification errors.
+fn metamix_file(fs: &Fs, name: &str, rng: &mut Rng) -> Result<u64, String> {
+    let e = |x: stripefs::FsError| x.to_string();
+    let a = fs
+        .create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
+        .map_err(e)?;
+    let h = fs.open_file(a.ino).map_err(e)?;
+    let mut off = rng.below(W4_BYTES / 4);
+    let mut pieces = Vec::with_capacity(256);
+    for n in 0..256u64 {
+        let len = 4 + rng.below(60);
+        let seed = rng.next_u64();
+        let data: Vec<u8> = (0..len)
+            .map(|i| (seed >> (i % 8 * 8)) as u8 ^ i as u8)
+            .collect();
+        h.write_at(off, &data).map_err(e)?;
+        pieces.push((off, data));
+        off += (W4_BYTES - off) / (256 - n);
+        if n % 64 == 63 {
+            off = off.next_multiple_of(4096);
+        }
+    }
+    if rng.one_in(16) {
+        h.sync_data().map_err(e)?;
+    }
+    let end = pieces
+        .iter()
+        .map(|(o, d)| o + d.len() as u64)
+        .max()
+        .unwrap_or(0);
+    let mut errors = u64::from(h.stat().map_err(e)?.size != end);
+    h.sync_data().map_err(e)?;
+    for i in (1..pieces.len()).rev() {
+        pieces.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    for (o, d) in &pieces {
+        let mut buf = vec![0u8; d.len()];
+        let n = h.read_at(*o, &mut buf).map_err(e)?;
+        errors += u64::from(n != d.len() || buf != *d);
+    }
+    drop(h);
+    fs.unlink(Ino::ROOT, name.as_ref()).map_err(e)?;
+    Ok(errors)
+}
+
+fn w4(dir: &Path, runs: usize, files: u64, threads: usize, json: bool) -> Result<String, String> {
+    let paths = make_fs(dir, 4, 128 << 20)?;
+    let mut variants = [
+        Variant {
+            name: "cache",
+            runs: Vec::new(),
+        },
+        Variant {
+            name: "flush",
+            runs: Vec::new(),
+        },
+    ];
+    for run in 0..runs {
+        for (v, mode) in variants.iter_mut().zip([ZeroMode::Cache, ZeroMode::Flush]) {
+            let mut opts = quiet();
+            opts.eof_zeroing = mode;
+            opts.speculative_prealloc = true;
+            let fs = mount(&paths, opts)?;
+            let t = Instant::now();
+            let results: Vec<Result<u64, String>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|th| {
+                        let fs = fs.clone();
+                        s.spawn(move || {
+                            let mut rng = Rng::new((run * 131 + th) as u64 + 7);
+                            let mut errors = 0;
+                            for i in 0..files {
+                                errors += metamix_file(&fs, &format!("mm-{th}-{i}"), &mut rng)?;
+                            }
+                            Ok(errors)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
+                    .collect()
+            });
+            let secs = t.elapsed().as_secs_f64();
+            let errors: u64 = results
+                .into_iter()
+                .collect::<Result<Vec<u64>, String>>()?
+                .iter()
+                .sum();
+            fs.unmount().map_err(|e| e.to_string())?;
+            v.runs
+                .push(vec![(files * threads as u64) as f64 / secs, errors as f64]);
+        }
+    }
+    cleanup(&paths);
+    let (c, f) = (&variants[0], &variants[1]);
+    let errors: f64 = variants
+        .iter()
+        .flat_map(|v| v.runs.iter().map(|r| r[1]))
+        .sum();
+    if !json {
+        println!("\nw4-metamix: stress-ng metamix pattern (256 strided writes beyond EOF per file, verify, unlink), {threads} threads x {files} files per run, speculative preallocation on; median of {runs} runs");
+        println!("| eof_zeroing | ops/s (files) | verification errors |");
+        println!("|---|---|---|");
+        for v in &variants {
+            println!(
+                "| {} | {:.1} | {} |",
+                v.name,
+                v.median(0),
+                v.runs.iter().map(|r| r[1]).sum::<f64>()
+            );
+        }
+        println!(
+            "ratio cache/flush: {:.1}x; verification errors in all runs: {errors}",
+            c.median(0) / f.median(0)
+        );
+    }
+    Ok(format!(
+        "{{\"workload\":\"w4-metamix\",\"threads\":{threads},\"files_per_thread\":{files},\"runs\":{runs},\"verification_errors\":{errors},\"variants\":[{}]}}",
+        variants.iter().map(|v| format!(
+            "{{\"eof_zeroing\":\"{}\",\"ops_per_sec\":{:.2},\"ops_runs\":{:?}}}",
+            v.name, v.median(0), v.runs.iter().map(|r| (r[0] * 100.0).round() / 100.0).collect::<Vec<_>>()
+        )).collect::<Vec<_>>().join(",")
+    ))
+}
