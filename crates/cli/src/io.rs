@@ -2,7 +2,8 @@
 //!
 //! Commands run in order against the file system on the given targets; most act on the
 //! file opened last. Output follows xfs_io's format so that scripts and eyes trained on it
-//! read it directly. Differences: the default I/O buffer (`-b`) is 1 MiB rather than 4 KiB,
+//! read it directly. I/O goes through the page cache unless the file was opened with
+//! `open -d` (direct: bypasses the cache, which is written back and invalidated around it). Differences: the default I/O buffer (`-b`) is 1 MiB rather than 4 KiB,
 //! so that a plain `pwrite 0 1g` exercises striping; `-S` fills with one byte value.
 
 use std::os::unix::ffi::OsStrExt;
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use stripefs::{
-    Attr, CreateParams, FallocMode, File, FileKind, Follow, Fs, MountOptions, RenameMode,
+    Attr, CreateParams, FallocMode, File, FileKind, Follow, Fs, MountOptions, RenameMode, Whence,
 };
 
 use crate::size::{human, parse_size};
@@ -37,6 +38,9 @@ const COMMANDS_HELP: &str = "Commands:
   pread [-v] [-b BS] OFF LEN read LEN bytes at OFF (-v dumps them)
   truncate LEN               set the file size
   falloc [-k] OFF LEN        preallocate (-k keeps the size)
+  fpunch OFF LEN             deallocate a range (reads as zeros)
+  fzero [-k] OFF LEN         zero a range (-k keeps the size)
+  seek -d|-h OFF             next data (-d) or hole (-h) at or after OFF
   fsync | fdatasync          flush the current file
   sync                       commit the whole file system
   stat                       attributes of the current file
@@ -125,6 +129,9 @@ impl Runner {
                 self.file()?.set_len(parse_size(len)?).map_err(e)
             }
             "falloc" => self.falloc(args),
+            "fpunch" => self.fpunch_fzero(args, "fpunch"),
+            "fzero" => self.fpunch_fzero(args, "fzero"),
+            "seek" => self.seek(args),
             "fsync" => self.file()?.sync_all().map_err(e),
             "fdatasync" => self.file()?.sync_data().map_err(e),
             "sync" => self.fs.sync().map_err(e),
@@ -198,13 +205,21 @@ impl Runner {
             .unwrap_or(0xcd);
         let (off, len) = two_sizes(&a)?;
         let buf = vec![seed as u8; bs.min(len.max(1)) as usize];
-        let f = self.file()?;
+        let c = self
+            .cur
+            .as_ref()
+            .ok_or("no file is open (use 'open PATH')")?;
         let t = Instant::now();
         let (mut done, mut ops) = (0u64, 0u64);
         while done < len {
             let n = (len - done).min(bs) as usize;
-            f.write_at(off + done, &buf[..n])
-                .map_err(|e| e.to_string())?;
+            let at = off + done;
+            let r = if c.direct {
+                self.fs.write_direct(c.file.ino(), at, &buf[..n])
+            } else {
+                c.file.write_at(at, &buf[..n])
+            };
+            r.map_err(|e| e.to_string())?;
             done += n as u64;
             ops += 1;
         }
@@ -223,14 +238,21 @@ impl Runner {
             .max(1);
         let (off, len) = two_sizes(&a)?;
         let mut buf = vec![0u8; bs.min(len.max(1)) as usize];
-        let f = self.file()?;
+        let c = self
+            .cur
+            .as_ref()
+            .ok_or("no file is open (use 'open PATH')")?;
         let t = Instant::now();
         let (mut done, mut ops) = (0u64, 0u64);
         while done < len {
             let want = (len - done).min(bs) as usize;
-            let n = f
-                .read_at(off + done, &mut buf[..want])
-                .map_err(|e| e.to_string())?;
+            let at = off + done;
+            let r = if c.direct {
+                self.fs.read_direct(c.file.ino(), at, &mut buf[..want])
+            } else {
+                c.file.read_at(at, &mut buf[..want])
+            };
+            let n = r.map_err(|e| e.to_string())?;
             ops += 1;
             if verbose {
                 dump(off + done, &buf[..n]);
@@ -257,6 +279,39 @@ impl Runner {
         self.file()?
             .fallocate(mode, off, len)
             .map_err(|e| e.to_string())
+    }
+
+    fn fpunch_fzero(&mut self, args: &[&str], which: &str) -> Result<(), String> {
+        let mut a: Vec<&str> = args.to_vec();
+        let keep = flag(&mut a, "-k");
+        let a: Vec<String> = a.iter().map(|s| (*s).to_string()).collect();
+        let (off, len) = two_sizes(&a)?;
+        let mode = match which {
+            "fpunch" => FallocMode::PunchHole,
+            _ => FallocMode::ZeroRange { keep_size: keep },
+        };
+        self.file()?
+            .fallocate(mode, off, len)
+            .map_err(|e| e.to_string())
+    }
+
+    fn seek(&self, args: &[&str]) -> Result<(), String> {
+        let c = self
+            .cur
+            .as_ref()
+            .ok_or("no file is open (use 'open PATH')")?;
+        let (what, name, off) = match args {
+            ["-d", off] => (Whence::Data, "DATA", parse_size(off)?),
+            ["-h", off] => (Whence::Hole, "HOLE", parse_size(off)?),
+            _ => return Err("usage: seek -d|-h OFFSET".into()),
+        };
+        println!("Whence\tResult");
+        match self.fs.seek(c.file.ino(), off, what) {
+            Ok(r) => println!("{name}\t{r}"),
+            Err(stripefs::FsError::NoSuchOffset) => println!("{name}\tEOF"),
+            Err(e) => return Err(e.to_string()),
+        }
+        Ok(())
     }
 
     fn stat(&self) -> Result<(), String> {

@@ -135,3 +135,70 @@ fn fsck_reports_damage_with_status_4() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn punch_zero_seek_and_direct() {
+    let d = dir("punch");
+    let t = targets(&d, 2);
+    assert_eq!(
+        run(bin()
+            .args([
+                "mkfs",
+                "--size",
+                "32m",
+                "--stripe-unit",
+                "64k",
+                "--no-prezero"
+            ])
+            .args(&t))
+        .0,
+        0
+    );
+    let (code, out, err) = run(bin().arg("io").args(&t).args([
+        "-c",
+        "open -f /s",
+        "-c",
+        "pwrite -S 0x41 0 64k",
+        "-c",
+        "fpunch 16k 16k",
+        "-c",
+        "seek -h 0",
+        "-c",
+        "seek -d 16k",
+        "-c",
+        "fzero 0 4k",
+        "-c",
+        "pread -v 0 16",
+        "-c",
+        "fsync",
+        "-c",
+        "bmap",
+        "-c",
+        "open -d /s",
+        "-c",
+        "pwrite -S 0x42 100 1000",
+        "-c",
+        "pread -v 96 8",
+        "-c",
+        "stat",
+    ]));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("HOLE\t16384"), "{out}");
+    assert!(out.contains("DATA\t32768"), "{out}");
+    assert!(
+        out.contains("00000000:  00 00 00 00"),
+        "fzero reads zeros: {out}"
+    );
+    assert!(
+        out.contains("00000060:  00 00 00 00 42 42 42 42"),
+        "direct write over zeroed block: {out}"
+    );
+    assert!(
+        out.contains("fd.flags = non-sync,direct,read-write"),
+        "{out}"
+    );
+    assert!(out.contains("hole"), "punched range shows as a hole: {out}");
+    let (code, out, err) = run(bin().arg("fsck").args(&t));
+    assert_eq!(code, 0, "{out}{err}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
