@@ -144,24 +144,25 @@ impl Fs {
         let lock = self.inner.io_lock(ino);
         let _excl = lock.write();
         let mapper = FileMapper::new(self, ino)?;
-        self.coherent_range(ino, off, data.len() as u64)?;
         let size = mapper.size();
         if off > size {
-            // EOF zeroing of the cached EOF block: the gap must read zero (I-004-7).
-            {
-                // EOF zeroing, also of bytes a crash may have left past EOF on disk.
-                let fc = self.inner.cache.file(ino.0);
-                stripefs_iomap::zero_range(
-                    &self.inner.cache,
-                    &mapper,
-                    &fc,
-                    size,
-                    off - size,
-                    self.inner.opts.eof_zeroing,
-                )?;
-                self.writeback_file(ino, stripefs_iomap::WbWait::Busy)?;
-            }
+            // EOF zeroing first (I-004-7), also of bytes a crash may have left past EOF on
+            // disk; it may dirty cache over the range about to be written directly (a whole
+            // folio with folio tracking), so coherence comes after it.
+            let fc = self.inner.cache.file(ino.0);
+            stripefs_iomap::zero_range(
+                &self.inner.cache,
+                &mapper,
+                &fc,
+                size,
+                off - size,
+                self.inner.opts.eof_zeroing,
+            )?;
+            self.writeback_file(ino, stripefs_iomap::WbWait::Busy)?;
         }
+        // Dirty cache over the range goes to disk and the range leaves the cache, so the
+        // direct write is neither overwritten by later writeback nor hidden from readers.
+        self.coherent_range(ino, off, data.len() as u64)?;
         let batch = Batch::new();
         let mut ioends = Vec::new();
         let walked = iterate(

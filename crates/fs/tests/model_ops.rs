@@ -32,6 +32,8 @@ struct Cfg {
     pollute: bool,
     /// Route every zero range through the cache zeroing path.
     force_zero: bool,
+    /// Whole-folio dirty tracking (the pre-6.6 switch).
+    folio_tracking: bool,
 }
 
 impl Cfg {
@@ -39,6 +41,9 @@ impl Cfg {
         let mut o = quiet();
         o.cache.folio_bytes = self.folio_bytes;
         o.force_zero_via_cache = self.force_zero;
+        if self.folio_tracking {
+            o.cache.dirty_tracking = stripefs_iomap::folio::DirtyTracking::Folio;
+        }
         o
     }
 }
@@ -634,6 +639,7 @@ fn cfg(stripe_count: u32, block_size: u32, folio_bytes: u32) -> Cfg {
         folio_bytes,
         pollute: false,
         force_zero: false,
+        folio_tracking: false,
     }
 }
 
@@ -705,6 +711,23 @@ model_case!(
     Cfg {
         force_zero: true,
         pollute: true,
+        ..cfg(8, 1024, 4096)
+    }
+);
+// The dirty_tracking = folio switch (whole folios written back).
+model_case!(
+    folio_tracking_folio64k,
+    Cfg {
+        folio_tracking: true,
+        pollute: true,
+        ..cfg(3, 4096, 65536)
+    }
+);
+model_case!(
+    folio_tracking_bs1k_folio4k,
+    Cfg {
+        folio_tracking: true,
+        force_zero: true,
         ..cfg(8, 1024, 4096)
     }
 );

@@ -75,6 +75,12 @@ pub fn zero_range<O: FileIo>(
             cur = piece_end;
             continue;
         };
+        // Folio tracking dirties whole folios, which must then be wholly uptodate.
+        let _held = if cache.config().dirty_tracking == crate::folio::DirtyTracking::Folio {
+            Some(crate::buffered::fill(cache, ops, fc, cur / fb * fb, fb)?)
+        } else {
+            None
+        };
         let mut g = cell.lock();
         if !ops.still_valid(&map) {
             drop(g);
