@@ -120,22 +120,40 @@ impl Fs {
         iomap::read(&self.inner.cache, &mapper, &fc, off, buf)
     }
 
-    /// Writes `data` at `off` into the page cache; returns the bytes written. Space is
-    /// reserved now (`ENOSPC` here, never at writeback); the data reaches the targets at
-    /// writeback (fsync, memory pressure, the background flusher, unmount).
+    /// Writes `data` at `off` into the page cache; returns the bytes written (short only if
+    /// an error struck after some bytes were written). Space is reserved now (`ENOSPC`
+    /// here, never at writeback); the data reaches the targets at writeback (fsync, memory
+    /// pressure, the background flusher, unmount). Large writes are throttled every quarter
+    /// of the dirty limit, so one call cannot dirty more memory than the limit allows.
     ///
     /// # Errors
     /// `FileTooBig`, `NoSpace`, `IsDir`, `Invalid`, `Stale`, I/O errors reading a partial
-    /// block, `Poisoned`.
+    /// block, `Poisoned` (when nothing was written).
     pub fn write_at(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
         self.inner.check()?;
         if data.is_empty() {
             return Ok(0);
         }
-        let end = off
-            .checked_add(data.len() as u64)
+        off.checked_add(data.len() as u64)
             .filter(|&e| e <= crate::MAX_FILE_BYTES)
             .ok_or(FsError::FileTooBig)?;
+        let cfg = self.inner.cache.config();
+        let step = (cfg.dirty_limit_bytes / 4).max(u64::from(cfg.folio_bytes)) as usize;
+        let mut done = 0;
+        while done < data.len() {
+            let n = step.min(data.len() - done);
+            match self.write_chunk(ino, off + done as u64, &data[done..done + n]) {
+                Ok(w) if w == n => done += w,
+                Ok(w) => return Ok(done + w),
+                Err(e) if done == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(done)
+    }
+
+    fn write_chunk(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
+        let end = off + data.len() as u64;
         self.reserve_metadata(256)?;
         let lock = self.inner.io_lock(ino);
         let size = self

@@ -179,6 +179,24 @@ fn run_workload(fs: &Fs, rec: &Recorder, seed: u64) -> Workload {
                 inos.push(a.ino);
                 w.files.push(FileState::new(name));
             }
+            18 => {
+                // Preallocation: later writes into it convert unwritten extents at
+                // writeback completion, another ordered-data step a crash can cut.
+                let size = w.files[id].content.len() as u64;
+                let off = rng.below(size + 30_000);
+                let len = rng.range(1, 60_000);
+                let keep = rng.one_in(2);
+                let mode = if keep {
+                    stripefs::FallocMode::KeepSize
+                } else {
+                    stripefs::FallocMode::Allocate
+                };
+                fs.fallocate(inos[id], mode, off, len).unwrap();
+                if !keep && off + len > size {
+                    w.files[id].content.resize((off + len) as usize, 0);
+                    w.files[id].changes.push((opno, start));
+                }
+            }
             17 => {
                 fs.sync().unwrap();
                 let t = now();

@@ -236,12 +236,20 @@ pub fn read<O: FileIo>(
         .next_read
         .swap(pos + n, std::sync::atomic::Ordering::Relaxed)
         == pos;
+    // The folios of one fill pass stay pinned: bound the pass by the memory budget.
+    let window = FILL_WINDOW_BYTES
+        .min(cache.config().budget_bytes / 4)
+        .max(fb);
+    let readahead = cache
+        .config()
+        .readahead_bytes
+        .min(cache.config().budget_bytes / 8);
     let mut done = 0u64;
     while done < n {
         let at = pos + done;
-        let chunk = (n - done).min(FILL_WINDOW_BYTES - at % fb);
+        let chunk = (n - done).min(window - at % fb);
         let ahead = if sequential && done + chunk == n {
-            cache.config().readahead_bytes.min(size - at - chunk)
+            readahead.min(size - at - chunk)
         } else {
             0
         };
