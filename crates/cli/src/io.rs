@@ -10,9 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use stripefs::{
-    Attr, CreateParams, FallocMode, File, FileKind, Follow, Fs, MountOptions, RenameMode, Whence,
-};
+use stripefs::{Attr, CreateParams, FallocMode, File, FileKind, Follow, Fs, RenameMode, Whence};
 
 use crate::size::{human, parse_size};
 use crate::targets::open_all;
@@ -26,6 +24,11 @@ pub struct IoArgs {
     /// A command to run; repeat for several (run in order). See the list below.
     #[arg(short = 'c', long = "command", required = true)]
     commands: Vec<String>,
+    /// Mount options, `key=value[,...]`: folio_size, cache_size, dirty_limit, readahead,
+    /// dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off,
+    /// commit_interval, writeback_interval.
+    #[arg(short = 'o', long = "options")]
+    options: Vec<String>,
     /// All targets of the file system (any order).
     #[arg(required = true)]
     targets: Vec<PathBuf>,
@@ -63,8 +66,8 @@ struct Runner {
 /// Runs the commands; returns 0 if all succeeded, 1 otherwise.
 pub fn run(a: &IoArgs) -> Result<i32, String> {
     let targets = open_all(&a.targets)?;
-    let (fs, report) =
-        Fs::mount(targets, MountOptions::default()).map_err(|e| format!("mount failed: {e}"))?;
+    let (fs, report) = Fs::mount(targets, crate::mount_opts::parse(&a.options)?)
+        .map_err(|e| format!("mount failed: {e}"))?;
     if report.replayed_txns > 0 || report.orphans_freed > 0 {
         eprintln!(
             "recovered: {} journal transactions replayed, {} orphans freed",

@@ -5,6 +5,7 @@ mod fsck;
 mod inspect;
 mod io;
 mod mkfs;
+mod mount_opts;
 mod progress;
 mod size;
 mod targets;

@@ -314,3 +314,51 @@ fn injected_alloc_enospc_is_not_fatal() {
         .expect("next allocation succeeds");
     fs.unmount().unwrap();
 }
+
+/// A writeback error reaches every handle that was open when it happened, once; a handle
+/// opened later does not inherit it; the file system is not shut down for it.
+#[test]
+fn writeback_error_is_reported_once_per_handle() {
+    let faults = Arc::new(FaultInjector::new());
+    let sims = faulty_sims(&faults);
+    Fs::mkfs(&dyns(&sims), &MkfsOptions::default()).unwrap();
+    let (fs, _) = Fs::mount(
+        dyns(&sims),
+        MountOptions {
+            faults: Some(Arc::clone(&faults)),
+            ..quiet()
+        },
+    )
+    .unwrap();
+    let f = fs
+        .create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o644))
+        .unwrap();
+    let h1 = fs.open_file(f.ino).unwrap();
+    let h2 = fs.open_file(f.ino).unwrap();
+    fs.write_at(f.ino, 0, &[1u8; 8192]).unwrap();
+    faults.arm(
+        PointMatch::AnyTargetWrite,
+        1,
+        FaultKind::Eio,
+        Persistence::Once,
+    );
+    let e = h1.sync_all().unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert_eq!(
+        faults.fired(),
+        vec![FaultPoint::TargetWrite(faults.fired()[0].target_index())]
+    );
+    h1.sync_all().expect("already reported to this handle");
+    let e = h2.sync_data().unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "the other handle is told too");
+    h2.sync_all().expect("once per handle");
+    let h3 = fs.open_file(f.ino).unwrap();
+    h3.sync_all()
+        .expect("a handle opened after the error does not inherit it");
+    assert!(!fs.is_poisoned());
+    // New data after the error is written and synced normally.
+    fs.write_at(f.ino, 0, &[2u8; 4096]).unwrap();
+    h3.sync_all().unwrap();
+    drop((h1, h2, h3));
+    fs.unmount().unwrap();
+}

@@ -30,6 +30,17 @@ pub enum FaultPoint {
 }
 
 impl FaultPoint {
+    /// The target of a target-level point (0 for runtime points).
+    #[must_use]
+    pub fn target_index(self) -> u32 {
+        match self {
+            FaultPoint::TargetRead(t) | FaultPoint::TargetWrite(t) | FaultPoint::TargetFlush(t) => {
+                t
+            }
+            _ => 0,
+        }
+    }
+
     /// True for points raised by the target layer itself.
     #[must_use]
     pub fn is_target_io(self) -> bool {

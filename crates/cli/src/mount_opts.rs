@@ -1,0 +1,99 @@
+//! `-o key=value[,key=value...]` mount options, shared by the commands that mount.
+
+use std::time::Duration;
+
+use stripefs::MountOptions;
+use stripefs_iomap::folio::DirtyTracking;
+use stripefs_iomap::ZeroMode;
+
+use crate::size::parse_size;
+
+/// The keys `-o` understands, for help texts and errors.
+pub const KEYS: &str = "folio_size=SIZE, cache_size=SIZE, dirty_limit=SIZE, readahead=SIZE, \
+dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
+commit_interval=SECS (0: off), writeback_interval=SECS (0: off)";
+
+/// Parses `-o` values into mount options (defaults for anything not given).
+///
+/// # Errors
+/// A sentence naming the bad key or value.
+pub fn parse(list: &[String]) -> Result<MountOptions, String> {
+    let mut o = MountOptions::default();
+    for item in list
+        .iter()
+        .flat_map(|s| s.split(','))
+        .filter(|s| !s.is_empty())
+    {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| format!("mount option {item:?} is not key=value (known: {KEYS})"))?;
+        let secs = |v: &str| -> Result<Option<Duration>, String> {
+            let n: u64 = v
+                .parse()
+                .map_err(|_| format!("{k}: {v:?} is not a number of seconds"))?;
+            Ok((n > 0).then(|| Duration::from_secs(n)))
+        };
+        match k {
+            "folio_size" => {
+                o.cache.folio_bytes =
+                    u32::try_from(parse_size(v)?).map_err(|_| format!("{k} too large"))?
+            }
+            "cache_size" => o.cache.budget_bytes = parse_size(v)?,
+            "dirty_limit" => o.cache.dirty_limit_bytes = parse_size(v)?,
+            "readahead" => o.cache.readahead_bytes = parse_size(v)?,
+            "dirty_tracking" => {
+                o.cache.dirty_tracking = match v {
+                    "block" => DirtyTracking::Block,
+                    "folio" => DirtyTracking::Folio,
+                    _ => return Err(format!("dirty_tracking must be block or folio, not {v:?}")),
+                }
+            }
+            "eof_zeroing" => {
+                o.eof_zeroing = match v {
+                    "cache" => ZeroMode::Cache,
+                    "flush" => ZeroMode::Flush,
+                    _ => return Err(format!("eof_zeroing must be cache or flush, not {v:?}")),
+                }
+            }
+            "prealloc" => {
+                o.speculative_prealloc = match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(format!("prealloc must be on or off, not {v:?}")),
+                }
+            }
+            "commit_interval" => o.commit_interval = secs(v)?,
+            "writeback_interval" => o.writeback_interval = secs(v)?,
+            _ => return Err(format!("unknown mount option {k:?} (known: {KEYS})")),
+        }
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_errors() {
+        let o = parse(&[
+            "dirty_tracking=folio,eof_zeroing=flush".into(),
+            "folio_size=16k".into(),
+            "commit_interval=0".into(),
+        ])
+        .unwrap();
+        assert_eq!(o.cache.dirty_tracking, DirtyTracking::Folio);
+        assert_eq!(o.eof_zeroing, ZeroMode::Flush);
+        assert_eq!(o.cache.folio_bytes, 16384);
+        assert_eq!(o.commit_interval, None);
+        assert!(parse(&["dirty_tracking=page".into()])
+            .unwrap_err()
+            .contains("block or folio"));
+        assert!(parse(&["bogus=1".into()])
+            .unwrap_err()
+            .contains("unknown mount option"));
+        assert!(parse(&["novalue".into()])
+            .unwrap_err()
+            .contains("key=value"));
+    }
+}
