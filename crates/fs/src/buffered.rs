@@ -186,7 +186,12 @@ impl Fs {
             self.inner.opts.eof_zeroing,
         )?;
         self.after_write(ino, off + n as u64)?;
-        // Throttling: a writeback error is recorded for fsync; the write itself succeeded.
+        // Past half the dirty limit the flusher starts now (it overlaps with this writer);
+        // at the limit the writer is throttled. A writeback error is recorded for fsync:
+        // the write itself succeeded.
+        if self.inner.cache.over_background_threshold() {
+            self.inner.bg.flush_kick.notify_one();
+        }
         let _ = iomap::balance_dirty(&self.inner.cache, &mapper, &fc);
         Ok(n)
     }
@@ -498,7 +503,8 @@ pub(crate) fn flusher(
         {
             let mut stop = bg.stop.lock();
             if !*stop {
-                bg.wake.wait_for(&mut stop, Duration::from_millis(200));
+                bg.flush_kick
+                    .wait_for(&mut stop, Duration::from_millis(200));
             }
             if *stop {
                 return;

@@ -218,6 +218,7 @@ impl Fs {
     fn stop_background(&self) {
         *self.inner.bg.stop.lock() = true;
         self.inner.bg.wake.notify_all();
+        self.inner.bg.flush_kick.notify_all();
         let threads = std::mem::take(&mut *self.inner.bg_thread.lock());
         for h in threads {
             let _ = h.join();

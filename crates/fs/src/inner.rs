@@ -160,7 +160,10 @@ impl MetaCore {
 #[derive(Debug, Default)]
 pub(crate) struct BgControl {
     pub stop: Mutex<bool>,
+    /// Wakes the commit thread (and everything at stop).
     pub wake: Condvar,
+    /// Wakes the flusher (writers over the background threshold).
+    pub flush_kick: Condvar,
 }
 
 /// The shared state of a mounted file system.

@@ -230,6 +230,10 @@ pub struct PageCache {
     clock: AtomicU64,
     /// Signalled when dirty bytes drop (throttled writers wait on it).
     dirty_fell: (Mutex<()>, Condvar),
+    /// Data buffers of dropped folios, reused for new ones (at most 1/8 of the budget).
+    /// A reused buffer holds old bytes: harmless, since no byte of a folio is read before
+    /// its block is made uptodate (read, zeroed or wholly written).
+    spare: Mutex<Vec<Box<[u8]>>>,
 }
 
 impl PageCache {
@@ -252,6 +256,7 @@ impl PageCache {
             evicted: AtomicU64::new(0),
             clock: AtomicU64::new(0),
             dirty_fell: (Mutex::new(()), Condvar::new()),
+            spare: Mutex::new(Vec::new()),
         }
     }
 
@@ -340,7 +345,9 @@ impl PageCache {
             Arc::new(FolioCell {
                 folio: Mutex::new(Folio {
                     index,
-                    data: vec![0u8; self.cfg.folio_bytes as usize].into_boxed_slice(),
+                    data: self.spare.lock().pop().unwrap_or_else(|| {
+                        vec![0u8; self.cfg.folio_bytes as usize].into_boxed_slice()
+                    }),
                     state: FolioState::new(self.blocks_per_folio(), self.cfg.dirty_tracking),
                     writeback: false,
                     last_use: 0,
@@ -348,6 +355,18 @@ impl PageCache {
                 wb_done: Condvar::new(),
             })
         }))
+    }
+
+    /// Keeps a dropped folio's buffer for reuse if the spare list has room.
+    fn recycle(&self, cell: Arc<FolioCell>) {
+        let Ok(cell) = Arc::try_unwrap(cell) else {
+            return;
+        };
+        let data = cell.folio.into_inner().data;
+        let mut spare = self.spare.lock();
+        if (spare.len() as u64 + 1) * u64::from(self.cfg.folio_bytes) <= self.cfg.budget_bytes / 8 {
+            spare.push(data);
+        }
     }
 
     /// Stamps a folio as just used.
@@ -382,10 +401,11 @@ impl PageCache {
                 .try_lock()
                 .is_some_and(|g| !g.writeback && !g.state.folio_dirty());
             if evictable && Arc::strong_count(cell) == 1 {
-                map.remove(&idx);
+                let cell = map.remove(&idx).expect("folio just looked up");
                 self.resident
                     .fetch_sub(u64::from(self.cfg.folio_bytes), Ordering::Relaxed);
                 self.evicted.fetch_add(1, Ordering::Relaxed);
+                self.recycle(cell);
             }
         }
     }
@@ -400,9 +420,10 @@ impl PageCache {
                 && !(0..g.state.blocks()).any(|b| g.state.is_uptodate(b))
         });
         if empty && Arc::strong_count(cell) == 1 {
-            map.remove(&index);
+            let cell = map.remove(&index).expect("folio just looked up");
             self.resident
                 .fetch_sub(u64::from(self.cfg.folio_bytes), Ordering::Relaxed);
+            self.recycle(cell);
         }
     }
 

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use stripefs_target::Batch;
+use stripefs_target::{Batch, IoBuf};
 
 use crate::buffered::{iter_err, FileIo};
 use crate::cache::{FileCache, FolioCell, PageCache};
@@ -98,25 +98,31 @@ fn write_chunk<O: FileIo>(
     let batch = Batch::new();
     let mut ends: Vec<WbEnd<O::Addr>> = Vec::new();
     let mut map_err = None;
-    for (pos, data) in &runs {
-        let walked = iterate(
-            ops,
-            *pos,
-            data.len() as u64,
-            IomapOp::Writeback,
-            |map, p, n| {
-                let mut buf = ops.buffers().get(n as usize);
-                let s = (p - pos) as usize;
-                buf.copy_from_slice(&data[s..s + n as usize]);
-                ops.submit(&batch, map, p, true, buf);
-                ends.push(WbEnd {
-                    map: *map,
-                    pos: p,
-                    len: n,
-                });
-                Ok(n)
-            },
-        );
+    for (pos, data) in runs {
+        let len = data.len() as u64;
+        let mut whole = Some(data);
+        let walked = iterate(ops, pos, len, IomapOp::Writeback, |map, p, n| {
+            let buf = match whole.take() {
+                // The run is one mapping piece: submit its buffer as is.
+                Some(b) if p == pos && n == len => b,
+                Some(b) => {
+                    let piece = copy_piece(ops, &b, p - pos, n);
+                    whole = Some(b);
+                    piece
+                }
+                None => unreachable!("the whole-run buffer is only given away for a single piece"),
+            };
+            ops.submit(&batch, map, p, true, buf);
+            ends.push(WbEnd {
+                map: *map,
+                pos: p,
+                len: n,
+            });
+            Ok(n)
+        });
+        if let Some(b) = whole {
+            ops.buffers().put_all([b]);
+        }
         if let Err(e) = walked {
             map_err.get_or_insert(iter_err(ops, e).1);
         }
@@ -141,12 +147,41 @@ fn write_chunk<O: FileIo>(
     Ok(())
 }
 
+fn copy_piece<O: FileIo>(ops: &O, run: &IoBuf, from: u64, n: u64) -> IoBuf {
+    let mut buf = ops.buffers().get(n as usize);
+    buf.copy_from_slice(&run[from as usize..(from + n) as usize]);
+    buf
+}
+
+/// Largest run staged in one buffer; runs never cross a multiple of it, so with stripe
+/// units that are multiples of it a full run is exactly one mapping piece.
+const RUN_BYTES: u64 = 1 << 20;
+
 /// Dirty runs taken for writeback (file position, bytes) and the folios now under
 /// writeback.
-type Collected = (Vec<(u64, Vec<u8>)>, Vec<Arc<FolioCell>>);
+type Collected = (Vec<(u64, IoBuf)>, Vec<Arc<FolioCell>>);
 
-/// Takes the dirty runs (clamped to EOF) out of `folios`: copies them, clears their dirty
-/// bits and marks the folios under writeback. Returns contiguous runs and the busy folios.
+/// A run being staged.
+struct Staging {
+    pos: u64,
+    len: usize,
+    buf: IoBuf,
+}
+
+fn finish<O: FileIo>(ops: &O, runs: &mut Vec<(u64, IoBuf)>, s: Staging) {
+    if s.len == s.buf.len() {
+        runs.push((s.pos, s.buf));
+        return;
+    }
+    let mut exact = ops.buffers().get(s.len);
+    exact.copy_from_slice(&s.buf[..s.len]);
+    ops.buffers().put_all([s.buf]);
+    runs.push((s.pos, exact));
+}
+
+/// Takes the dirty runs (clamped to EOF) out of `folios`: copies them into staging
+/// buffers (zeroing bytes past EOF), clears their dirty bits and marks the folios under
+/// writeback. Returns the runs and the busy folios.
 fn collect<O: FileIo>(
     cache: &PageCache,
     ops: &O,
@@ -155,8 +190,9 @@ fn collect<O: FileIo>(
 ) -> Collected {
     let fb = u64::from(cache.config().folio_bytes);
     let bs = u64::from(cache.block_size());
-    let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut runs: Vec<(u64, IoBuf)> = Vec::new();
     let mut busy = Vec::new();
+    let mut cur: Option<Staging> = None;
     for cell in folios {
         let mut g = match wait {
             WbWait::Busy => cell.lock_idle(),
@@ -176,26 +212,51 @@ fn collect<O: FileIo>(
                 continue; // Wholly past EOF: not written, stays dirty until EOF moves.
             }
             let b = (a + u64::from(r.count) * bs).min(size.div_ceil(bs) * bs);
-            let (oa, ob) = ((a - g.index * fb) as usize, (b - g.index * fb) as usize);
-            let mut bytes = g.data[oa..ob].to_vec();
-            if b > size {
-                let keep = (size - a) as usize;
-                bytes[keep..].fill(0);
+            let mut at = a;
+            while at < b {
+                let fresh = match &cur {
+                    Some(s) => {
+                        s.pos + s.len as u64 != at
+                            || s.len as u64 == RUN_BYTES
+                            || at % RUN_BYTES == 0
+                    }
+                    None => true,
+                };
+                if fresh {
+                    if let Some(s) = cur.take() {
+                        finish(ops, &mut runs, s);
+                    }
+                    cur = Some(Staging {
+                        pos: at,
+                        len: 0,
+                        buf: ops.buffers().get(RUN_BYTES as usize),
+                    });
+                }
+                let s = cur.as_mut().expect("staging run");
+                let boundary = (at / RUN_BYTES + 1) * RUN_BYTES;
+                let n = (b - at).min(boundary - at) as usize;
+                let from = (at - g.index * fb) as usize;
+                s.buf[s.len..s.len + n].copy_from_slice(&g.data[from..from + n]);
+                if at + n as u64 > size {
+                    // The EOF block's bytes past EOF go out as zeros.
+                    let keep = size.saturating_sub(at) as usize;
+                    s.buf[s.len + keep..s.len + n].fill(0);
+                }
+                s.len += n;
+                at += n as u64;
             }
-            let cleared = g
-                .state
-                .clear_dirty((oa as u64 / bs) as u32, (ob as u64 / bs) as u32);
+            let (oa, ob) = (a - g.index * fb, b - g.index * fb);
+            let cleared = g.state.clear_dirty((oa / bs) as u32, (ob / bs) as u32);
             cache.sub_dirty_blocks(cleared);
             took = true;
-            match runs.last_mut() {
-                Some((p, d)) if *p + d.len() as u64 == a => d.extend_from_slice(&bytes),
-                _ => runs.push((a, bytes)),
-            }
         }
         if took {
             g.writeback = true;
             busy.push(Arc::clone(cell));
         }
+    }
+    if let Some(s) = cur.take() {
+        finish(ops, &mut runs, s);
     }
     (runs, busy)
 }
