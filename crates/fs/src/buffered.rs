@@ -413,23 +413,17 @@ impl Fs {
         }
         let size = m.size_of(ino).unwrap_or(i.attrs.size);
         let l = i.attrs.layout;
-        let seq = m.txn.seq;
         let mut recs = Vec::new();
-        for (object, map) in i.objects.iter().enumerate() {
-            let keep = bs.blocks_for(l.object_len(object as u32, size));
-            let target = l.target_of(object as u32, self.inner.geo.target_count());
-            for (block, e) in map.range(keep, u64::MAX - keep) {
-                if e.state != ExtentState::Unwritten || block < keep {
-                    continue;
-                }
-                recs.push(Record::ExtentClear {
-                    ino,
-                    object: object as u32,
-                    block,
-                    len: e.len,
-                });
-                m.alloc.free_after(target, e.phys, e.len, seq);
-            }
+        for object in 0..l.count {
+            let keep = bs.blocks_for(l.object_len(object, size));
+            self.clear_object_range(
+                m,
+                ino,
+                object,
+                (keep, u64::MAX),
+                Some(ExtentState::Unwritten),
+                &mut recs,
+            )?;
         }
         self.inner.log_all(m, recs)
     }

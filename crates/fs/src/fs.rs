@@ -405,25 +405,51 @@ impl Fs {
         }
     }
 
+    /// Unmaps object blocks `[from, from + len)` of `ino`'s object `object` (only extents
+    /// in state `only`, if given): appends an `ExtentClear` per mapped piece to `recs` and
+    /// frees the blocks once the running transaction commits (busy extents).
+    pub(crate) fn clear_object_range(
+        &self,
+        m: &mut MetaCore,
+        ino: Ino,
+        object: u32,
+        (from, len): (u64, u64),
+        only: Option<stripefs_core::extent::ExtentState>,
+        recs: &mut Vec<Record>,
+    ) -> Result<()> {
+        let i = m.state.get(ino).ok_or(FsError::Stale(ino.0))?;
+        let target = i
+            .attrs
+            .layout
+            .target_of(object, self.inner.geo.target_count());
+        let end = from.saturating_add(len);
+        let pieces: Vec<(u64, u64, u64)> = i.objects[object as usize]
+            .range(from, end - from)
+            .filter(|(_, e)| only.is_none_or(|s| e.state == s))
+            .map(|(s, e)| {
+                let a = s.max(from);
+                (a, (s + e.len).min(end) - a, e.phys + (a - s))
+            })
+            .collect();
+        let seq = m.txn.seq;
+        for (block, n, phys) in pieces {
+            recs.push(Record::ExtentClear {
+                ino,
+                object,
+                block,
+                len: n,
+            });
+            m.alloc.free_after(target, phys, n, seq);
+        }
+        Ok(())
+    }
+
     /// Frees `ino` and its blocks (blocks become reusable when this transaction commits).
     pub(crate) fn free_inode(&self, m: &mut MetaCore, ino: Ino) -> Result<()> {
         let inode = m.state.get(ino).ok_or(FsError::Stale(ino.0))?.clone();
-        let seq = m.txn.seq;
         let mut recs = Vec::new();
-        for (object, map) in inode.objects.iter().enumerate() {
-            let target = inode
-                .attrs
-                .layout
-                .target_of(object as u32, self.inner.geo.target_count());
-            for (block, e) in map.iter() {
-                recs.push(Record::ExtentClear {
-                    ino,
-                    object: object as u32,
-                    block,
-                    len: e.len,
-                });
-                m.alloc.free_after(target, e.phys, e.len, seq);
-            }
+        for object in 0..inode.objects.len() as u32 {
+            self.clear_object_range(m, ino, object, (0, u64::MAX), None, &mut recs)?;
         }
         recs.push(Record::InodeFree(ino));
         self.inner.log_all(m, recs)?;

@@ -343,25 +343,9 @@ impl Fs {
         let i = inode(&m, ino)?.clone();
         let mut recs = Vec::new();
         if size < old {
-            let seq = m.txn.seq;
-            for (object, map) in i.objects.iter().enumerate() {
-                let keep = bs.blocks_for(i.attrs.layout.object_len(object as u32, size));
-                let target = i
-                    .attrs
-                    .layout
-                    .target_of(object as u32, self.inner.geo.target_count());
-                for (block, e) in map.range(keep, u64::MAX - keep) {
-                    let from = block.max(keep);
-                    let len = block + e.len - from;
-                    recs.push(Record::ExtentClear {
-                        ino,
-                        object: object as u32,
-                        block: from,
-                        len,
-                    });
-                    m.alloc
-                        .free_after(target, e.phys + (from - block), len, seq);
-                }
+            for object in 0..i.attrs.layout.count {
+                let keep = bs.blocks_for(i.attrs.layout.object_len(object, size));
+                self.clear_object_range(&mut m, ino, object, (keep, u64::MAX), None, &mut recs)?;
             }
         }
         let mut a = i.attrs;
@@ -576,47 +560,54 @@ impl Fs {
         let l = mapper.layout;
         let n = self.inner.geo.target_count();
         let mut m = self.inner.meta.lock();
-        let seq = m.txn.seq;
-        let i = inode(&m, ino)?.clone();
         let mut recs = Vec::new();
         let mut pos = a;
         while pos < b {
             let p = l.piece(pos, b - pos);
             pos += p.len;
             let (object, block, blocks) = (p.object, bs.block_of(p.obj_off), bs.block_of(p.len));
-            let target = l.target_of(object, n);
             let removed = m.delalloc_mut(ino, object, l.count).remove(block, blocks);
-            m.alloc.unreserve(target, removed);
-            for (s, e) in i.objects[object as usize].range(block, blocks) {
-                let from = s.max(block);
-                let len = (s + e.len).min(block + blocks) - from;
-                let phys = e.phys + (from - s);
-                match fate {
-                    BlockFate::Free => {
-                        recs.push(Record::ExtentClear {
-                            ino,
-                            object,
-                            block: from,
-                            len,
-                        });
-                        m.alloc.free_after(target, phys, len, seq);
-                    }
-                    BlockFate::Unwritten if e.state == ExtentState::Written => {
-                        recs.push(Record::ExtentSet {
-                            ino,
-                            object,
-                            block: from,
-                            len,
-                            phys,
-                            state: ExtentState::Unwritten,
-                            refcount: e.refcount,
-                        });
-                    }
-                    BlockFate::Unwritten => {}
+            m.alloc.unreserve(l.target_of(object, n), removed);
+            match fate {
+                BlockFate::Free => {
+                    self.clear_object_range(&mut m, ino, object, (block, blocks), None, &mut recs)?
+                }
+                BlockFate::Unwritten => {
+                    recs.extend(self.unwritten_records(&m, ino, object, block, blocks)?)
                 }
             }
         }
         self.inner.log_all(&mut m, recs)
+    }
+
+    /// Records turning the written extents of object blocks `[block, block + blocks)`
+    /// unwritten (same blocks; reads become zeros).
+    fn unwritten_records(
+        &self,
+        m: &crate::inner::MetaCore,
+        ino: Ino,
+        object: u32,
+        block: u64,
+        blocks: u64,
+    ) -> Result<Vec<Record>> {
+        let i = inode(m, ino)?;
+        Ok(i.objects[object as usize]
+            .range(block, blocks)
+            .filter(|(_, e)| e.state == ExtentState::Written)
+            .map(|(s, e)| {
+                let from = s.max(block);
+                let len = (s + e.len).min(block + blocks) - from;
+                Record::ExtentSet {
+                    ino,
+                    object,
+                    block: from,
+                    len,
+                    phys: e.phys + (from - s),
+                    state: ExtentState::Unwritten,
+                    refcount: e.refcount,
+                }
+            })
+            .collect())
     }
 
     /// Makes the file's data and metadata durable (`fsync`), or its data and the metadata

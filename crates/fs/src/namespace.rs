@@ -319,23 +319,37 @@ impl Fs {
     /// `NotFound`, `IsDir`, `NotDir`.
     pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<()> {
         self.inner.check()?;
-        let mut m = self.inner.meta.lock();
+        let m = self.inner.meta.lock();
         let name = name.as_bytes();
         let d = dir(&m, parent)?;
         let e = *d.entries.get(name).ok_or(FsError::NotFound)?;
         if e.kind == FileKind::Directory {
             return Err(FsError::IsDir);
         }
+        self.remove_entry(m, parent, name, e.ino, 0)
+    }
+
+    /// Removes entry `name` (for `child`) from `parent`, adjusts the parent's times and
+    /// link count by `dlink`, drops the child's link, and reaps freed caches.
+    fn remove_entry(
+        &self,
+        mut m: parking_lot::MutexGuard<'_, MetaCore>,
+        parent: Ino,
+        name: &[u8],
+        child: Ino,
+        dlink: i32,
+    ) -> Result<()> {
         let now = Timespec::now();
+        let d = dir(&m, parent)?;
         let recs = vec![
             Record::DirRemove {
                 dir: parent,
                 name: name.to_vec(),
             },
-            touched_dir(d, now, 0),
+            touched_dir(d, now, dlink),
         ];
         self.inner.log_all(&mut m, recs)?;
-        self.drop_link(&mut m, e.ino, now)?;
+        self.drop_link(&mut m, child, now)?;
         drop(m);
         self.reap_dead();
         Ok(())
@@ -369,7 +383,7 @@ impl Fs {
             b".." => return Err(FsError::NotEmpty),
             _ => {}
         }
-        let mut m = self.inner.meta.lock();
+        let m = self.inner.meta.lock();
         let name = name.as_bytes();
         let d = dir(&m, parent)?;
         let e = *d.entries.get(name).ok_or(FsError::NotFound)?;
@@ -379,19 +393,7 @@ impl Fs {
         if !dir(&m, e.ino)?.entries.is_empty() {
             return Err(FsError::NotEmpty);
         }
-        let now = Timespec::now();
-        let recs = vec![
-            Record::DirRemove {
-                dir: parent,
-                name: name.to_vec(),
-            },
-            touched_dir(d, now, -1),
-        ];
-        self.inner.log_all(&mut m, recs)?;
-        self.drop_link(&mut m, e.ino, now)?;
-        drop(m);
-        self.reap_dead();
-        Ok(())
+        self.remove_entry(m, parent, name, e.ino, -1)
     }
 
     /// Renames `parent/name` to `newparent/newname` atomically.
