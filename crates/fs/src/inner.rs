@@ -156,6 +156,55 @@ impl MetaCore {
     }
 }
 
+/// Per-inode I/O serialisation: the inode lock (shared or exclusive) and the count of
+/// direct I/Os in flight, which exclusive operations drain (`inode_dio_wait`).
+#[derive(Debug, Default)]
+pub(crate) struct InodeIo {
+    lock: RwLock<()>,
+    dio: Mutex<u64>,
+    dio_idle: Condvar,
+}
+
+impl InodeIo {
+    /// The inode lock, shared.
+    pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        self.lock.read()
+    }
+
+    /// The inode lock, exclusive.
+    pub fn write(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        self.lock.write()
+    }
+
+    /// The inode lock, exclusive, if free now.
+    pub fn try_write(&self) -> Option<parking_lot::RwLockWriteGuard<'_, ()>> {
+        self.lock.try_write()
+    }
+
+    /// A direct I/O starts (taken while holding the inode lock).
+    pub fn dio_begin(&self) {
+        *self.dio.lock() += 1;
+    }
+
+    /// A direct I/O finished, completion work included.
+    pub fn dio_end(&self) {
+        let mut n = self.dio.lock();
+        *n -= 1;
+        if *n == 0 {
+            self.dio_idle.notify_all();
+        }
+    }
+
+    /// Waits until no direct I/O is in flight. Proves something only while the caller
+    /// holds the inode lock exclusively, which stops new direct I/O (I-000-5).
+    pub fn dio_drain(&self) {
+        let mut n = self.dio.lock();
+        while *n != 0 {
+            self.dio_idle.wait(&mut n);
+        }
+    }
+}
+
 /// Background commit thread control.
 #[derive(Debug, Default)]
 pub(crate) struct BgControl {
@@ -173,7 +222,7 @@ pub(crate) struct FsInner {
     pub targets: Vec<Arc<dyn Target>>,
     pub meta: Mutex<MetaCore>,
     pub journal: Journal,
-    pub io_locks: Mutex<HashMap<Ino, Arc<RwLock<()>>>>,
+    pub io_locks: Mutex<HashMap<Ino, Arc<InodeIo>>>,
     /// Targets with completed writes not yet covered by a flush.
     pub dirty: Vec<AtomicBool>,
     poisoned: AtomicBool,
@@ -199,6 +248,11 @@ pub(crate) struct FsInner {
     pub data_bytes_read: std::sync::atomic::AtomicU64,
     /// Bytes written to the journal and checkpoints.
     pub meta_bytes_written: std::sync::atomic::AtomicU64,
+    /// Direct writes run under the shared / exclusive inode lock, and stripe pieces they
+    /// submitted.
+    pub dio_shared: std::sync::atomic::AtomicU64,
+    pub dio_exclusive: std::sync::atomic::AtomicU64,
+    pub dio_pieces: std::sync::atomic::AtomicU64,
 }
 
 /// Idle I/O buffers kept for reuse.
@@ -237,6 +291,9 @@ impl FsInner {
             data_bytes_written: std::sync::atomic::AtomicU64::new(0),
             data_bytes_read: std::sync::atomic::AtomicU64::new(0),
             meta_bytes_written: std::sync::atomic::AtomicU64::new(0),
+            dio_shared: std::sync::atomic::AtomicU64::new(0),
+            dio_exclusive: std::sync::atomic::AtomicU64::new(0),
+            dio_pieces: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -279,7 +336,7 @@ impl FsInner {
     }
 
     /// The I/O lock of `ino` (created on first use).
-    pub fn io_lock(&self, ino: Ino) -> Arc<RwLock<()>> {
+    pub fn io_lock(&self, ino: Ino) -> Arc<InodeIo> {
         Arc::clone(self.io_locks.lock().entry(ino).or_default())
     }
 

@@ -22,6 +22,7 @@
 
 mod buffered;
 mod delalloc;
+mod direct;
 mod error;
 mod file;
 mod fs;
@@ -43,7 +44,7 @@ pub use fs::{Fs, MountReport};
 pub use io::{MappedRange, MAX_FILE_BYTES};
 pub use journal::JournalPosition;
 pub use namespace::{XattrMode, LINK_MAX};
-pub use options::{MkfsOptions, MountOptions};
+pub use options::{DioSubmit, MkfsOptions, MountOptions};
 pub use path::Follow;
 pub use stripefs_core::inode::{FileKind, Timespec};
 pub use stripefs_core::layout::StripeLayout;

@@ -58,6 +58,8 @@ pub(crate) struct FileMapper<'a> {
     hint: RefCell<HashMap<u32, (u64, u64)>>,
     /// Every allocation made by this operation (freed if it fails).
     pub allocated: RefCell<Vec<NewBlocks>>,
+    /// Blocks reserved per target for this direct write; `Write` allocations draw on it.
+    dio_reserved: RefCell<HashMap<TargetId, u64>>,
 }
 
 impl<'a> FileMapper<'a> {
@@ -80,6 +82,7 @@ impl<'a> FileMapper<'a> {
             layout,
             hint: RefCell::new(HashMap::new()),
             allocated: RefCell::new(Vec::new()),
+            dio_reserved: RefCell::new(HashMap::new()),
         })
     }
 
@@ -89,6 +92,23 @@ impl<'a> FileMapper<'a> {
         let mut m = self.fs.inner.meta.lock();
         for n in self.allocated.borrow_mut().drain(..) {
             m.alloc.free_now(n.target, n.phys, n.len);
+        }
+    }
+
+    /// Hands this operation a reservation (blocks per target) for its allocations.
+    pub fn set_dio_reservation(&self, r: HashMap<TargetId, u64>) {
+        *self.dio_reserved.borrow_mut() = r;
+    }
+
+    /// Returns whatever of the reservation was not allocated.
+    pub fn release_dio_reservation(&self) {
+        let left = std::mem::take(&mut *self.dio_reserved.borrow_mut());
+        if left.values().all(|&n| n == 0) {
+            return;
+        }
+        let mut m = self.fs.inner.meta.lock();
+        for (t, n) in left {
+            m.alloc.unreserve(t, n);
         }
     }
 
@@ -298,7 +318,20 @@ impl FileMapper<'_> {
             .map_or(hole, |n| (n - obj_block).min(hole));
         match op {
             IomapOp::Write | IomapOp::Writeback => {
-                let (phys, got) = self.allocate(m, target, object, obj_block, blocks, false)?;
+                let reserved = self
+                    .dio_reserved
+                    .borrow()
+                    .get(&target)
+                    .copied()
+                    .unwrap_or(0);
+                let (phys, got) = if reserved > 0 {
+                    let want = blocks.min(reserved);
+                    let r = self.allocate(m, target, object, obj_block, want, true)?;
+                    *self.dio_reserved.borrow_mut().entry(target).or_default() -= r.1;
+                    r
+                } else {
+                    self.allocate(m, target, object, obj_block, blocks, false)?
+                };
                 Ok((IomapKind::Mapped, IomapFlags::NEW, phys, got))
             }
             IomapOp::BufferedWrite => {

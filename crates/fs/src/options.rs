@@ -35,6 +35,16 @@ impl Default for MkfsOptions {
     }
 }
 
+/// How a direct I/O submits its stripe pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DioSubmit {
+    /// Submit every piece, then wait once (Lustre LU-13798).
+    #[default]
+    Parallel,
+    /// Submit one piece and wait before the next.
+    Serial,
+}
+
 /// How a mounted file system behaves.
 #[derive(Debug, Clone)]
 pub struct MountOptions {
@@ -49,6 +59,12 @@ pub struct MountOptions {
     /// Test knob: route every `ZERO_RANGE` through the cache zeroing path instead of
     /// converting extents (XFS's `force_zero_range` error tag).
     pub force_zero_via_cache: bool,
+    /// `dio_unaligned = exclusive` brings back exclusive locking for every sub-block
+    /// direct write (ext4 before 6.5).
+    pub dio_unaligned: stripefs_iomap::direct::UnalignedPolicy,
+    /// `dio_submit = serial` submits one stripe piece and waits before the next (Lustre
+    /// before 2.15).
+    pub dio_submit: DioSubmit,
     /// Background writeback interval (`None`: writeback only on fsync, pressure, unmount).
     pub writeback_interval: Option<Duration>,
     /// Commit the running transaction this often even without `fsync` (`None`: only on
@@ -65,6 +81,8 @@ impl Default for MountOptions {
             eof_zeroing: ZeroMode::Cache,
             speculative_prealloc: true,
             force_zero_via_cache: false,
+            dio_unaligned: stripefs_iomap::direct::UnalignedPolicy::Shared,
+            dio_submit: DioSubmit::Parallel,
             writeback_interval: Some(Duration::from_secs(5)),
             commit_interval: Some(Duration::from_secs(5)),
             faults: None,

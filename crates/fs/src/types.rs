@@ -188,6 +188,11 @@ pub struct FsStatus {
     pub meta_bytes_written: u64,
     /// Page cache counters.
     pub cache: stripefs_iomap::cache::CacheStats,
+    /// Direct writes run under the shared / exclusive inode lock since mount.
+    pub dio_shared: u64,
+    pub dio_exclusive: u64,
+    /// Stripe pieces submitted by direct writes since mount.
+    pub dio_pieces: u64,
 }
 
 /// One target's space.

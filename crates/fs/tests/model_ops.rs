@@ -219,7 +219,13 @@ impl Run {
             return;
         };
         let size = self.model.data[&id].len() as u64;
+        // Direct I/O is sector-granular: offsets and lengths are multiples of 512.
         let (off, len) = self.random_range(size, 70_000);
+        let off = off / 512 * 512;
+        let len = len
+            .next_multiple_of(512)
+            .min((MAX_FILE - off) / 512 * 512)
+            .max(512);
         if self.rng.one_in(2) {
             self.log
                 .push(format!("dread {}/{} off={off} len={len}", name.0, name.1));

@@ -427,6 +427,30 @@ impl PageCache {
         }
     }
 
+    /// Drops the clean, idle folios with index in `[first, last]` (after a direct write:
+    /// cached copies of the old bytes must go; dirty ones are left alone, they belong to
+    /// a concurrent buffered writer and will be written back).
+    pub fn drop_clean(&self, fc: &FileCache, first: u64, last: u64) {
+        let mut map = fc.folios.write();
+        let idle: Vec<u64> = map
+            .range(first..=last)
+            .filter(|(_, c)| {
+                Arc::strong_count(c) == 1
+                    && c.folio
+                        .try_lock()
+                        .is_some_and(|g| !g.writeback && !g.state.folio_dirty())
+            })
+            .map(|(&i, _)| i)
+            .collect();
+        for i in idle {
+            if let Some(cell) = map.remove(&i) {
+                self.resident
+                    .fetch_sub(u64::from(self.cfg.folio_bytes), Ordering::Relaxed);
+                self.recycle(cell);
+            }
+        }
+    }
+
     /// Accounts `blocks` newly dirty blocks.
     pub fn add_dirty_blocks(&self, blocks: u32) {
         self.dirty.fetch_add(

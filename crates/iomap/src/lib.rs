@@ -11,6 +11,7 @@
 
 mod buffered;
 pub mod cache;
+pub mod direct;
 pub mod folio;
 mod iter;
 mod writeback;

@@ -11,24 +11,42 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::{IoDone, IoOp, Target};
 
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("state", &*self.state.lock())
+            .finish()
+    }
+}
+
 /// A set of in-flight operations with a single wait.
 #[derive(Debug, Default)]
 pub struct Batch {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Inner {
     state: Mutex<State>,
     all_done: Condvar,
 }
 
-#[derive(Debug)]
 struct State {
     /// Operations not yet completed, plus one for the submission bias until `wait`.
     pending: usize,
     /// Completion per submission slot, in submission order.
     results: Vec<Option<IoDone>>,
+    /// Runs (on the last completion's thread) once everything completed, instead of a
+    /// waiter: set by [`Batch::finish_with`].
+    on_done: Option<Box<dyn FnOnce(Vec<IoDone>) + Send>>,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("pending", &self.pending)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for State {
@@ -36,8 +54,16 @@ impl Default for State {
         Self {
             pending: 1,
             results: Vec::new(),
+            on_done: None,
         }
     }
+}
+
+fn take_results(st: &mut State) -> Vec<IoDone> {
+    std::mem::take(&mut st.results)
+        .into_iter()
+        .map(|r| r.expect("every submitted operation completed exactly once"))
+        .collect()
 }
 
 impl Batch {
@@ -64,6 +90,12 @@ impl Batch {
                 st.results[slot] = Some(done);
                 st.pending -= 1;
                 if st.pending == 0 {
+                    if let Some(f) = st.on_done.take() {
+                        let results = take_results(&mut st);
+                        drop(st);
+                        f(results);
+                        return;
+                    }
                     inner.all_done.notify_all();
                 }
             }),
@@ -92,9 +124,54 @@ impl Batch {
         while st.pending != 0 {
             self.inner.all_done.wait(&mut st);
         }
-        std::mem::take(&mut st.results)
-            .into_iter()
-            .map(|r| r.expect("every submitted operation completed exactly once"))
-            .collect()
+        take_results(&mut st)
+    }
+
+    /// Drops the submission bias without waiting: `f` gets the completions in submission
+    /// order once every operation has completed, on the thread of the last completion
+    /// (or right here if they all already have). Asynchronous I/O's completion anchor.
+    pub fn finish_with(self, f: impl FnOnce(Vec<IoDone>) + Send + 'static) {
+        let mut st = self.inner.state.lock();
+        st.pending -= 1;
+        if st.pending == 0 {
+            let results = take_results(&mut st);
+            drop(st);
+            f(results);
+            return;
+        }
+        st.on_done = Some(Box::new(f));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IoBuf, SimTarget};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn finish_with_runs_once_after_all_completions() {
+        let t = SimTarget::new("t", 8192, 512);
+        let b = Batch::new();
+        for i in 0..4u64 {
+            b.submit(
+                &t,
+                IoOp::Write {
+                    offset: i * 512,
+                    bufs: vec![IoBuf::zeroed(512)],
+                },
+            );
+        }
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = Arc::clone(&calls);
+        b.finish_with(move |done| {
+            assert_eq!(done.len(), 4);
+            c.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "synchronous target: completed already"
+        );
     }
 }
