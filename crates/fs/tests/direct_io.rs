@@ -1,0 +1,399 @@
+//! Direct I/O: the lock policy under concurrency, stripe-parallel submission, and the
+//! error semantics of Lustre's sanity 398 cases in our terms.
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use stripefs::{CreateParams, FallocMode, Fs, Ino, MkfsOptions, MountOptions, StripeLayout};
+use stripefs_target::fault::{Persistence, PointMatch};
+use stripefs_target::{
+    Completion, FaultInjector, FaultKind, FaultPoint, IoOp, SimTarget, Target, TargetInfo,
+};
+
+fn p() -> CreateParams {
+    CreateParams::with_perm(0o644)
+}
+
+/// N threads write disjoint 512-byte sectors of one 4 KiB block.
+fn sector_writers(fs: &Fs, ino: Ino, block_off: u64) {
+    std::thread::scope(|s| {
+        for i in 0..8u64 {
+            let fs = fs.clone();
+            s.spawn(move || {
+                fs.write_direct(ino, block_off + i * 512, &[i as u8 + 1; 512])
+                    .unwrap();
+            });
+        }
+    });
+}
+
+fn check_sectors(fs: &Fs, ino: Ino, block_off: u64) {
+    let mut buf = vec![0u8; 4096];
+    fs.read_direct(ino, block_off, &mut buf).unwrap();
+    for i in 0..8usize {
+        assert!(
+            buf[i * 512..(i + 1) * 512]
+                .iter()
+                .all(|&b| b == i as u8 + 1),
+            "sector {i} was lost or zeroed by another writer"
+        );
+    }
+}
+
+#[test]
+fn sub_block_writers_share_written_blocks_and_serialize_elsewhere() {
+    let s = sims(2, 16 << 20);
+    let fs = fresh(&s, 4096, 65536);
+    let f = fs.create(Ino::ROOT, "f".as_ref(), p()).unwrap();
+    fs.write_direct(f.ino, 0, &[9u8; 16384]).unwrap();
+    let before = fs.status();
+    // (a) written blocks inside EOF: every sub-block write runs under the shared lock.
+    sector_writers(&fs, f.ino, 4096);
+    let mid = fs.status();
+    assert_eq!(
+        mid.dio_shared - before.dio_shared,
+        8,
+        "all eight sector writes ran shared"
+    );
+    assert_eq!(
+        mid.dio_exclusive, before.dio_exclusive,
+        "none took the exclusive lock"
+    );
+    check_sectors(&fs, f.ino, 4096);
+    // (b) unwritten blocks: a sub-block write must zero the rest of its block, so it runs
+    // exclusively and none zeroes another's sectors. The first one converts the whole
+    // block to written, so writers that come after it are pure overwrites and may share.
+    fs.fallocate(f.ino, FallocMode::KeepSize, 8192, 4096)
+        .unwrap();
+    fs.fallocate(f.ino, FallocMode::ZeroRange { keep_size: true }, 8192, 4096)
+        .unwrap();
+    sector_writers(&fs, f.ino, 8192);
+    let after = fs.status();
+    assert!(
+        after.dio_exclusive - mid.dio_exclusive >= 1,
+        "the first write over the unwritten block is exclusive"
+    );
+    assert_eq!(
+        after.dio_exclusive + after.dio_shared - mid.dio_exclusive - mid.dio_shared,
+        8
+    );
+    check_sectors(&fs, f.ino, 8192);
+    // (c) across EOF: the block past EOF, written sector by sector from 8 threads.
+    sector_writers(&fs, f.ino, 16384);
+    // (c) across EOF: whichever writer extends EOF runs exclusively; a lower sector
+    // written after that lies inside EOF over a written block and may share.
+    assert!(
+        fs.status().dio_exclusive - after.dio_exclusive >= 1,
+        "writes that move EOF are exclusive"
+    );
+    check_sectors(&fs, f.ino, 16384);
+    assert_eq!(fs.getattr(f.ino).unwrap().size, 20480);
+    fs.unmount().unwrap();
+    let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+#[test]
+fn unaligned_direct_io_is_einval() {
+    let s = sims(1, 8 << 20);
+    let fs = fresh(&s, 4096, 65536);
+    let f = fs.create(Ino::ROOT, "f".as_ref(), p()).unwrap();
+    assert_eq!(
+        fs.write_direct(f.ino, 100, &[1u8; 512])
+            .unwrap_err()
+            .errno(),
+        libc::EINVAL
+    );
+    assert_eq!(
+        fs.write_direct(f.ino, 0, &[1u8; 100]).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    let mut b = vec![0u8; 700];
+    assert_eq!(
+        fs.read_direct(f.ino, 0, &mut b).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn every_stripe_piece_is_in_flight_before_the_wait() {
+    let sims = sims(8, 8 << 20);
+    let fs = fresh(&sims, 4096, 1 << 20);
+    let layout = StripeLayout {
+        count: 8,
+        unit_bytes: 1 << 20,
+        first_target: 0,
+    };
+    let f = fs
+        .create(
+            Ino::ROOT,
+            "wide".as_ref(),
+            CreateParams {
+                layout: Some(layout),
+                ..p()
+            },
+        )
+        .unwrap();
+    fs.write_direct(f.ino, 0, &vec![1u8; 8 << 20]).unwrap();
+    fs.unmount().unwrap();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let views: Vec<Arc<dyn Target>> = sims
+        .iter()
+        .map(|s| {
+            Arc::new(CountingView {
+                inner: Arc::clone(s),
+                in_flight: Arc::clone(&in_flight),
+                peak: Arc::clone(&peak),
+            }) as Arc<dyn Target>
+        })
+        .collect();
+    let (fs, _) = Fs::mount(views, quiet()).unwrap();
+    let before = fs.status().dio_pieces;
+    fs.write_direct(f.ino, 0, &vec![2u8; 8 << 20]).unwrap();
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        8,
+        "all eight stripe pieces were in flight at once, before the wait"
+    );
+    assert_eq!(fs.status().dio_pieces - before, 8);
+    let mut back = vec![0u8; 8 << 20];
+    fs.read_direct(f.ino, 0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 2));
+    fs.unmount().unwrap();
+}
+
+/// Counts writes submitted and holds their completions until all of a request's pieces
+/// are in: each completion is deferred to the moment the in-flight count stops growing
+/// (the caller's wait), which a caller waiting per piece would never reach.
+#[derive(Debug)]
+struct CountingView {
+    inner: Arc<SimTarget>,
+    in_flight: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl Target for CountingView {
+    fn info(&self) -> &TargetInfo {
+        self.inner.info()
+    }
+    fn submit(&self, op: IoOp, done: Completion) {
+        if !matches!(op, IoOp::Write { .. }) {
+            return self.inner.submit(op, done);
+        }
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        // Complete on another thread after a pause: a submitter that waits per piece
+        // would see the count go back to zero before submitting the next one.
+        let inner = Arc::clone(&self.inner);
+        let counter = Arc::clone(&self.in_flight);
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            counter.fetch_sub(1, Ordering::SeqCst);
+            inner.submit(op, done);
+        });
+    }
+}
+
+fn faulty(faults: &Arc<FaultInjector>, n: usize, bytes: u64) -> Vec<Arc<SimTarget>> {
+    (0..n)
+        .map(|i| {
+            Arc::new(
+                SimTarget::from_image(&format!("sim{i}"), vec![GARBAGE; bytes as usize], 512)
+                    .with_faults(i as u32, Arc::clone(faults)),
+            )
+        })
+        .collect()
+}
+
+fn mount_faulty(s: &[Arc<SimTarget>], faults: &Arc<FaultInjector>) -> Fs {
+    Fs::mkfs(
+        &dyns(s),
+        &MkfsOptions {
+            stripe_unit: 1 << 20,
+            ..MkfsOptions::default()
+        },
+    )
+    .unwrap();
+    Fs::mount(
+        dyns(s),
+        MountOptions {
+            faults: Some(Arc::clone(faults)),
+            ..quiet()
+        },
+    )
+    .unwrap()
+    .0
+}
+
+/// sanity 398 (first and middle piece): any failed piece fails the call with nothing
+/// recorded: the size does not move and no new block becomes visible; the file system
+/// stays consistent.
+#[test]
+fn failed_piece_fails_the_call_and_exposes_nothing() {
+    for failing in [0u32, 2] {
+        let faults = Arc::new(FaultInjector::new());
+        let s = faulty(&faults, 4, 16 << 20);
+        let fs = mount_faulty(&s, &faults);
+        let f = fs
+            .create(
+                Ino::ROOT,
+                "f".as_ref(),
+                CreateParams {
+                    layout: Some(StripeLayout {
+                        count: 4,
+                        unit_bytes: 1 << 20,
+                        first_target: 0,
+                    }),
+                    ..p()
+                },
+            )
+            .unwrap();
+        fs.write_direct(f.ino, 0, &vec![1u8; 1 << 20]).unwrap();
+        faults.arm(
+            PointMatch::Exact(FaultPoint::TargetWrite(failing)),
+            1,
+            FaultKind::Eio,
+            Persistence::Once,
+        );
+        let e = fs
+            .write_direct(f.ino, 1 << 20, &vec![2u8; 4 << 20])
+            .unwrap_err();
+        assert_eq!(e.errno(), libc::EIO, "{e}");
+        assert_eq!(
+            fs.getattr(f.ino).unwrap().size,
+            1 << 20,
+            "size not extended by a failed write"
+        );
+        let mut buf = vec![0u8; 5 << 20];
+        let n = fs.read_direct(f.ino, 0, &mut buf).unwrap();
+        assert_eq!(n, 1 << 20);
+        assert!(buf[..n].iter().all(|&b| b == 1), "earlier data intact");
+        assert!(!fs.is_poisoned());
+        fs.unmount().unwrap();
+        let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
+        assert!(r.is_clean(), "piece {failing}: {:?}", r.problems);
+    }
+}
+
+/// sanity 398 (ENOSPC on an intermediate target): a contiguous short write, the size equal
+/// to the bytes reported, the data correct, never a gap.
+#[test]
+fn enospc_on_an_intermediate_target_is_a_contiguous_short_write() {
+    let s = sims(4, 16 << 20);
+    Fs::mkfs(
+        &dyns(&s),
+        &MkfsOptions {
+            stripe_unit: 1 << 20,
+            ..MkfsOptions::default()
+        },
+    )
+    .unwrap();
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).unwrap();
+    // Fill target 2.
+    let filler = fs
+        .create(
+            Ino::ROOT,
+            "filler".as_ref(),
+            CreateParams {
+                layout: Some(StripeLayout {
+                    count: 1,
+                    unit_bytes: 1 << 20,
+                    first_target: 2,
+                }),
+                ..p()
+            },
+        )
+        .unwrap();
+    let mut off = 0;
+    while fs
+        .write_direct(filler.ino, off, &vec![7u8; 1 << 20])
+        .is_ok()
+    {
+        off += 1 << 20;
+    }
+    let f = fs
+        .create(
+            Ino::ROOT,
+            "f".as_ref(),
+            CreateParams {
+                layout: Some(StripeLayout {
+                    count: 4,
+                    unit_bytes: 1 << 20,
+                    first_target: 0,
+                }),
+                ..p()
+            },
+        )
+        .unwrap();
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8 + 1).collect();
+    let n = fs
+        .write_direct(f.ino, 0, &data)
+        .expect("a short write, not an error");
+    assert!(n < data.len(), "target 2 is full");
+    assert_eq!(n as u64 % (1 << 20), 0, "stopped at a stripe-unit boundary");
+    assert_eq!(
+        fs.getattr(f.ino).unwrap().size,
+        n as u64,
+        "size equals the bytes reported"
+    );
+    let mut back = vec![0u8; n];
+    fs.read_direct(f.ino, 0, &mut back).unwrap();
+    assert!(back == data[..n], "the prefix is exactly the data");
+    fs.unmount().unwrap();
+    let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+/// EAGAIN from a target is passed up, never taken as proof of anything (I-000-4), and
+/// failures at every point of a striped direct write leave a consistent file system.
+#[test]
+fn eagain_and_eio_at_every_point_of_a_striped_direct_write() {
+    for kind in [FaultKind::Eagain, FaultKind::Eio] {
+        let mut nth = 1;
+        loop {
+            let faults = Arc::new(FaultInjector::new());
+            let s = faulty(&faults, 3, 16 << 20);
+            let fs = mount_faulty(&s, &faults);
+            let f = fs.create(Ino::ROOT, "f".as_ref(), p()).unwrap();
+            fs.write_direct(f.ino, 0, &vec![1u8; 3 << 20]).unwrap();
+            faults.arm(PointMatch::Any, nth, kind, Persistence::Once);
+            let r = fs.write_direct(f.ino, 2 << 20, &vec![2u8; 3 << 20]);
+            let fired = !faults.fired().is_empty();
+            faults.disarm();
+            match r {
+                Ok(_) if !fired => break,
+                Ok(n) => panic!("{kind:?} at hit {nth} went unreported (wrote {n})"),
+                Err(e) => {
+                    let want = if kind == FaultKind::Eagain {
+                        libc::EAGAIN
+                    } else {
+                        libc::EIO
+                    };
+                    assert!(
+                        e.errno() == want || e.errno() == libc::ENOSPC,
+                        "{kind:?} at hit {nth}: {e}"
+                    );
+                }
+            }
+            let size = fs.getattr(f.ino).unwrap().size;
+            assert!(
+                size == 3 << 20 || size == 5 << 20,
+                "size {size} after failure at hit {nth}"
+            );
+            if !fs.is_poisoned() {
+                fs.unmount().unwrap();
+            } else {
+                std::mem::forget(fs);
+            }
+            let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
+            assert!(r.is_clean(), "{kind:?} at hit {nth}: {:?}", r.problems);
+            nth += 1;
+            assert!(nth < 200);
+        }
+        assert!(nth > 3, "{kind:?}: the write hit several fault points");
+    }
+}
