@@ -37,8 +37,9 @@ pub struct IoArgs {
 const COMMANDS_HELP: &str = "Commands:
   open [-f] [-t] [-d] PATH   open PATH (-f create, -t truncate, -d direct I/O)
   close                      close the current file
-  pwrite [-b BS] [-S SEED] OFF LEN   write LEN bytes at OFF in BS-sized calls
-  pread [-v] [-b BS] OFF LEN read LEN bytes at OFF (-v dumps them)
+  pwrite [-b BS] [-S SEED] [-q DEPTH] OFF LEN   write LEN bytes at OFF in BS-sized calls
+                             (-q: direct files only, DEPTH I/Os in flight at once)
+  pread [-v] [-b BS] [-q DEPTH] OFF LEN   read LEN bytes at OFF (-v dumps them)
   truncate LEN               set the file size
   falloc [-k] OFF LEN        preallocate (-k keeps the size)
   fpunch OFF LEN             deallocate a range (reads as zeros)
@@ -206,7 +207,13 @@ impl Runner {
             .map(|v| parse_size(&v))
             .transpose()?
             .unwrap_or(0xcd);
+        let depth = opt_value(&mut a, "-q")?
+            .map(|v| parse_size(&v))
+            .transpose()?;
         let (off, len) = two_sizes(&a)?;
+        if let Some(depth) = depth {
+            return self.queued(true, off, len, bs, depth, seed as u8);
+        }
         let buf = vec![seed as u8; bs.min(len.max(1)) as usize];
         let c = self
             .cur
@@ -239,7 +246,13 @@ impl Runner {
             .transpose()?
             .unwrap_or(DEFAULT_BUF)
             .max(1);
+        let depth = opt_value(&mut a, "-q")?
+            .map(|v| parse_size(&v))
+            .transpose()?;
         let (off, len) = two_sizes(&a)?;
+        if let Some(depth) = depth {
+            return self.queued(false, off, len, bs, depth, 0);
+        }
         let mut buf = vec![0u8; bs.min(len.max(1)) as usize];
         let c = self
             .cur
@@ -266,6 +279,71 @@ impl Runner {
             }
         }
         report("read", done, len, off, ops, t.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// `-q DEPTH`: keeps DEPTH direct I/Os of `bs` bytes in flight through the queue.
+    fn queued(
+        &self,
+        write: bool,
+        off: u64,
+        len: u64,
+        bs: u64,
+        depth: u64,
+        fill: u8,
+    ) -> Result<(), String> {
+        let c = self
+            .cur
+            .as_ref()
+            .ok_or("no file is open (use 'open PATH')")?;
+        if !c.direct {
+            return Err("-q needs a file opened with 'open -d'".into());
+        }
+        let q = self.fs.dio_queue();
+        let buf = vec![fill; bs as usize];
+        let ino = c.file.ino();
+        let t = Instant::now();
+        let (mut next, mut done, mut ops) = (0u64, 0u64, 0u64);
+        let mut first_err = None;
+        while done < len && first_err.is_none() {
+            while next < len && (q.in_flight() as u64) < depth.max(1) {
+                let n = (len - next).min(bs);
+                let at = off + next;
+                let r = if write {
+                    q.submit_write(at, ino, at, &buf[..n as usize])
+                } else {
+                    q.submit_read(at, ino, at, n as usize)
+                };
+                r.map_err(|e| e.to_string())?;
+                next += n;
+            }
+            for comp in q.reap(1) {
+                ops += 1;
+                match comp.result {
+                    Ok(n) => done += n as u64,
+                    Err(e) => first_err = Some(e.to_string()),
+                }
+            }
+            if next >= len && q.in_flight() == 0 && done < len {
+                break; // short reads at EOF
+            }
+        }
+        for comp in q.reap(q.in_flight()) {
+            if let Err(e) = comp.result {
+                first_err.get_or_insert(e.to_string());
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        report(
+            if write { "wrote" } else { "read" },
+            done,
+            len,
+            off,
+            ops,
+            t.elapsed().as_secs_f64(),
+        );
         Ok(())
     }
 

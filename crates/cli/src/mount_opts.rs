@@ -62,6 +62,24 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
                     _ => return Err(format!("prealloc must be on or off, not {v:?}")),
                 }
             }
+            "dio_unaligned" => {
+                o.dio_unaligned = match v {
+                    "shared" => stripefs_iomap::direct::UnalignedPolicy::Shared,
+                    "exclusive" => stripefs_iomap::direct::UnalignedPolicy::Exclusive,
+                    _ => {
+                        return Err(format!(
+                            "dio_unaligned must be shared or exclusive, not {v:?}"
+                        ))
+                    }
+                }
+            }
+            "dio_submit" => {
+                o.dio_submit = match v {
+                    "parallel" => stripefs::DioSubmit::Parallel,
+                    "serial" => stripefs::DioSubmit::Serial,
+                    _ => return Err(format!("dio_submit must be parallel or serial, not {v:?}")),
+                }
+            }
             "commit_interval" => o.commit_interval = secs(v)?,
             "writeback_interval" => o.writeback_interval = secs(v)?,
             _ => return Err(format!("unknown mount option {k:?} (known: {KEYS})")),

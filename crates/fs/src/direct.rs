@@ -60,7 +60,7 @@ fn iter_err(e: stripefs_iomap::IterError<FsError>) -> FsError {
 }
 
 impl Fs {
-    fn check_dio_alignment(&self, off: u64, len: usize) -> Result<()> {
+    pub(crate) fn check_dio_alignment(&self, off: u64, len: usize) -> Result<()> {
         let s = u64::from(self.inner.geo.sector_size);
         if !off.is_multiple_of(s) || !(len as u64).is_multiple_of(s) {
             return Err(FsError::invalid(format!(
@@ -263,7 +263,7 @@ impl Fs {
             mapper.release_new();
             return Err(e);
         }
-        self.record_dio(mapper, &ends, off + data.len() as u64)?;
+        self.record_dio(mapper.ino, &ends, off + data.len() as u64)?;
         mapper.keep_new();
         Ok(data.len())
     }
@@ -308,7 +308,7 @@ impl Fs {
             }
             done += n;
         }
-        self.record_dio(mapper, &ends, off + done)?;
+        self.record_dio(mapper.ino, &ends, off + done)?;
         mapper.keep_new();
         Ok(done as usize)
     }
@@ -348,14 +348,8 @@ impl Fs {
 
     /// Records a completed direct write: new and unwritten blocks written, size grown to
     /// `end` if it passed EOF.
-    fn record_dio(
-        &self,
-        mapper: &FileMapper<'_>,
-        ends: &[DioEnd<DevAddr>],
-        end: u64,
-    ) -> Result<()> {
+    pub(crate) fn record_dio(&self, ino: Ino, ends: &[DioEnd<DevAddr>], end: u64) -> Result<()> {
         let bs = self.inner.geo.block_size;
-        let ino = mapper.ino;
         let mut m = self.inner.meta.lock();
         let mut recs = Vec::new();
         for e in ends {
@@ -386,7 +380,7 @@ impl Fs {
         self.inner.log_all(&mut m, recs)
     }
 
-    fn touch_mtime(&self, ino: Ino) -> Result<()> {
+    pub(crate) fn touch_mtime(&self, ino: Ino) -> Result<()> {
         let mut m = self.inner.meta.lock();
         let mut a = inode(&m, ino)?.attrs.clone();
         let now = Timespec::now();
@@ -396,7 +390,12 @@ impl Fs {
     }
 
     /// Writes back dirty cache over `[off, off + len)` (direct reads see it).
-    fn write_back_range(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
+    pub(crate) fn write_back_range(
+        &self,
+        mapper: &FileMapper<'_>,
+        off: u64,
+        len: u64,
+    ) -> Result<()> {
         let Some(fc) = self.inner.cache.existing(mapper.ino.0) else {
             return Ok(());
         };

@@ -46,6 +46,7 @@ impl Fs {
         }
         let lock = self.inner.io_lock(ino);
         let _excl = lock.write();
+        lock.dio_drain();
         let mapper = FileMapper::new(self, ino)?;
         let old = mapper.size();
         let bs = self.inner.geo.block_size;
@@ -140,6 +141,7 @@ impl Fs {
         self.reserve_metadata(64 * (2 + len / unit))?;
         let lock = self.inner.io_lock(ino);
         let _excl = lock.write();
+        lock.dio_drain();
         let mapper = FileMapper::new(self, ino)?;
         let size = mapper.size();
         match mode {

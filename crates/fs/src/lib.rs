@@ -34,6 +34,7 @@ mod mapping;
 mod namespace;
 mod options;
 mod path;
+mod queue;
 mod recovery;
 mod types;
 
@@ -46,6 +47,7 @@ pub use journal::JournalPosition;
 pub use namespace::{XattrMode, LINK_MAX};
 pub use options::{DioSubmit, MkfsOptions, MountOptions};
 pub use path::Follow;
+pub use queue::{DioCompletion, DioQueue};
 pub use stripefs_core::inode::{FileKind, Timespec};
 pub use stripefs_core::layout::StripeLayout;
 pub use stripefs_core::Ino;
