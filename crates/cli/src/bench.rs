@@ -6,6 +6,11 @@
 //! - `w4-metamix` (seed 004): the stress-ng metamix pattern over several threads on a file
 //!   system whose extending writes leave unwritten preallocation beyond EOF;
 //!   `eof_zeroing = cache` vs `flush`.
+//! - `w1-unaligned-dio` (seed 000): 2 KiB and 4 KiB direct overwrites of a prewritten 1 GiB
+//!   file at queue depth 64 per job; `dio_unaligned = shared` vs `exclusive`, and the raw
+//!   backing files driven the same way.
+//! - `w3-striped-dio` (seed 003): synchronous 1, 16 and 64 MiB direct writes and reads over
+//!   1, 4 and 8 targets; `dio_submit = parallel` vs `serial`, and the raw backing files.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -49,7 +54,7 @@ struct Variant {
     runs: Vec<Vec<f64>>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -77,6 +82,8 @@ pub fn run(a: &BenchArgs) -> Result<i32, String> {
         let out = match w {
             "w2-subblock-dirty" => w2(&a.dir, runs, a.ops.unwrap_or(2000), a.json)?,
             "w4-metamix" => w4(&a.dir, runs, a.ops.unwrap_or(12), a.threads.max(1), a.json)?,
+            "w1-unaligned-dio" => crate::bench_dio::w1(&a.dir, runs, a.threads.max(1), a.json)?,
+            "w3-striped-dio" => crate::bench_dio::w3(&a.dir, runs, a.json)?,
             other => {
                 return Err(format!(
                     "unknown workload {other:?} (w2-subblock-dirty, w4-metamix)"
@@ -119,7 +126,7 @@ fn machine() -> String {
 }
 
 /// Creates `n` target files of `size` in `dir`, pre-zeroed, and a file system on them.
-fn make_fs(dir: &Path, n: usize, size: u64) -> Result<Vec<PathBuf>, String> {
+pub(crate) fn make_fs(dir: &Path, n: usize, size: u64) -> Result<Vec<PathBuf>, String> {
     let paths: Vec<PathBuf> = (0..n).map(|i| dir.join(format!("bench-t{i}"))).collect();
     for p in &paths {
         let _ = std::fs::remove_file(p);
@@ -133,7 +140,7 @@ fn make_fs(dir: &Path, n: usize, size: u64) -> Result<Vec<PathBuf>, String> {
     Ok(paths)
 }
 
-fn mount(paths: &[PathBuf], opts: MountOptions) -> Result<Fs, String> {
+pub(crate) fn mount(paths: &[PathBuf], opts: MountOptions) -> Result<Fs, String> {
     let targets: Vec<Arc<dyn Target>> = paths
         .iter()
         .map(|p| open_one(p, None))
@@ -143,7 +150,7 @@ fn mount(paths: &[PathBuf], opts: MountOptions) -> Result<Fs, String> {
         .map_err(|e| e.to_string())
 }
 
-fn quiet() -> MountOptions {
+pub(crate) fn quiet() -> MountOptions {
     MountOptions {
         commit_interval: None,
         writeback_interval: None,
@@ -151,7 +158,7 @@ fn quiet() -> MountOptions {
     }
 }
 
-fn cleanup(paths: &[PathBuf]) {
+pub(crate) fn cleanup(paths: &[PathBuf]) {
     for p in paths {
         let _ = std::fs::remove_file(p);
     }

@@ -1,6 +1,7 @@
 //! `stripefs`: create, check, inspect and drive stripefs file systems.
 
 mod bench;
+mod bench_dio;
 mod fsck;
 mod inspect;
 mod io;

@@ -36,7 +36,8 @@ pub struct DioCompletion {
 #[derive(Debug, Default)]
 struct QState {
     done: VecDeque<DioCompletion>,
-    in_flight: usize,
+    /// Submitted and not yet reaped (io_uring's notion of queue depth).
+    unreaped: usize,
 }
 
 #[derive(Debug, Default)]
@@ -48,7 +49,6 @@ struct Shared {
 impl Shared {
     fn push(&self, c: DioCompletion) {
         let mut st = self.state.lock();
-        st.in_flight -= 1;
         st.done.push_back(c);
         self.cv.notify_all();
     }
@@ -80,24 +80,26 @@ fn first_error(done: &[IoDone]) -> Result<()> {
 }
 
 impl DioQueue {
-    /// I/Os submitted and not yet reaped... nor completed.
+    /// I/Os submitted and not yet reaped (completed or not): the queue depth in use.
     #[must_use]
     pub fn in_flight(&self) -> usize {
-        self.shared.state.lock().in_flight
+        self.shared.state.lock().unreaped
     }
 
-    /// Waits until at least `min` completions are available (or nothing is in flight)
-    /// and returns all available ones.
+    /// Waits until at least `min` completions are available (or every submitted I/O has
+    /// completed) and returns all available ones.
     pub fn reap(&self, min: usize) -> Vec<DioCompletion> {
         let mut st = self.shared.state.lock();
-        while st.done.len() < min && st.in_flight > 0 {
+        while st.done.len() < min.min(st.unreaped) {
             self.shared.cv.wait(&mut st);
         }
-        st.done.drain(..).collect()
+        let out: Vec<DioCompletion> = st.done.drain(..).collect();
+        st.unreaped -= out.len();
+        out
     }
 
     fn start(&self) {
-        self.shared.state.lock().in_flight += 1;
+        self.shared.state.lock().unreaped += 1;
     }
 
     /// Queues a direct write of `data` at `off` (sector multiples). Errors that stop the
@@ -110,7 +112,6 @@ impl DioQueue {
         let fs = &self.fs;
         fs.inner.check()?;
         fs.check_dio_alignment(off, data.len())?;
-        self.start();
         let io = fs.inner.io_lock(ino);
         let shared = io.read();
         let mapper = FileMapper::new(fs, ino)?;
@@ -131,6 +132,7 @@ impl DioQueue {
         };
         if lock == DioLock::Exclusive {
             drop(shared);
+            self.start();
             let result = fs.write_direct(ino, off, data);
             self.shared.push(DioCompletion {
                 tag,
@@ -143,6 +145,8 @@ impl DioQueue {
             .dio_shared
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         fs.touch_mtime(ino)?;
+        // From here on a completion is guaranteed (it may carry an error).
+        self.start();
         io.dio_begin();
         let batch = Batch::new();
         let mut ends = Vec::new();
@@ -189,12 +193,12 @@ impl DioQueue {
         let fs = &self.fs;
         fs.inner.check()?;
         fs.check_dio_alignment(off, len)?;
-        self.start();
         let io = fs.inner.io_lock(ino);
         let shared = io.read();
         let mapper = FileMapper::new(fs, ino)?;
         fs.write_back_range(&mapper, off, len as u64)?;
         let size = mapper.size();
+        self.start();
         if off >= size || len == 0 {
             self.shared.push(DioCompletion {
                 tag,

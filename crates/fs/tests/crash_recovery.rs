@@ -114,13 +114,18 @@ fn run_workload(fs: &Fs, rec: &Recorder, seed: u64) -> Workload {
                 let off = rng.below(size + 20_000) / 512 * 512;
                 let len = rng.range(1, 80) * 512;
                 let s = rng.next_u64();
-                fs.write_direct(inos[id], off, &pattern(s, off, len as usize)).unwrap();
+                fs.write_direct(inos[id], off, &pattern(s, off, len as usize))
+                    .unwrap();
                 w.writes.push(Write { off, len, seed: s });
                 let c = &mut w.files[id].content;
                 if (c.len() as u64) < off + len {
                     c.resize((off + len) as usize, 0);
                 }
-                c[off as usize..(off + len) as usize].copy_from_slice(&pattern(s, off, len as usize));
+                c[off as usize..(off + len) as usize].copy_from_slice(&pattern(
+                    s,
+                    off,
+                    len as usize,
+                ));
                 w.files[id].changes.push((opno, start));
             }
             2..=8 => {

@@ -1,0 +1,315 @@
+//! Direct-I/O benchmarks: `w1-unaligned-dio` and `w3-striped-dio` (see `bench.rs`).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stripefs::{CreateParams, DioSubmit, Fs, Ino, StripeLayout};
+use stripefs_iomap::direct::UnalignedPolicy;
+use stripefs_target::{Batch, IoBuf, IoOp, Rng, Target};
+
+use crate::bench::{cleanup, make_fs, median, mount, quiet};
+use crate::targets::open_one;
+
+const W1_FILE: u64 = 1 << 30;
+const W1_DEPTH: usize = 64;
+const W1_SECS: f64 = 2.0;
+
+/// Creates the benchmark file over all targets and writes it whole.
+fn prewrite(fs: &Fs, name: &str, count: u32, bytes: u64) -> Result<Ino, String> {
+    let layout = StripeLayout {
+        count,
+        unit_bytes: 1 << 20,
+        first_target: 0,
+    };
+    let f = fs
+        .create(
+            Ino::ROOT,
+            name.as_ref(),
+            CreateParams {
+                layout: Some(layout),
+                ..CreateParams::with_perm(0o644)
+            },
+        )
+        .map_err(|e| e.to_string())?;
+    let chunk = vec![0x5au8; 16 << 20];
+    for off in (0..bytes).step_by(chunk.len()) {
+        fs.write_direct(
+            f.ino,
+            off,
+            &chunk[..(bytes - off).min(chunk.len() as u64) as usize],
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(f.ino)
+}
+
+/// `jobs` threads, each keeping `W1_DEPTH` random `io`-byte direct overwrites in flight for
+/// `W1_SECS`; returns IOPS.
+fn w1_fs(fs: &Fs, ino: Ino, io: u64, jobs: usize, seed: u64) -> Result<f64, String> {
+    let count = AtomicU64::new(0);
+    let t = Instant::now();
+    let deadline = t + Duration::from_secs_f64(W1_SECS);
+    std::thread::scope(|s| -> Result<(), String> {
+        let handles: Vec<_> = (0..jobs)
+            .map(|j| {
+                let (fs, count) = (fs.clone(), &count);
+                s.spawn(move || -> Result<(), String> {
+                    let q = fs.dio_queue();
+                    let mut rng = Rng::new(seed * 977 + j as u64);
+                    let buf = vec![0xa5u8; io as usize];
+                    while Instant::now() < deadline {
+                        while q.in_flight() < W1_DEPTH {
+                            let off = rng.below(W1_FILE / io) * io;
+                            q.submit_write(0, ino, off, &buf)
+                                .map_err(|e| e.to_string())?;
+                        }
+                        for c in q.reap(1) {
+                            c.result.map_err(|e| e.to_string())?;
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    q.reap(q.in_flight());
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| "job panicked".to_string())??;
+        }
+        Ok(())
+    })?;
+    Ok(count.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// The raw backing files driven the same way: `jobs` x depth random `io`-byte `O_DIRECT`
+/// writes over the files' data areas.
+fn w1_raw(paths: &[PathBuf], io: u64, jobs: usize, seed: u64) -> Result<f64, String> {
+    let targets: Vec<Arc<dyn Target>> = paths
+        .iter()
+        .map(|p| open_one(p, None))
+        .collect::<Result<_, _>>()?;
+    let per = W1_FILE / targets.len() as u64;
+    let count = AtomicU64::new(0);
+    let t = Instant::now();
+    let deadline = t + Duration::from_secs_f64(W1_SECS);
+    std::thread::scope(|s| {
+        for j in 0..jobs {
+            let (targets, count) = (&targets, &count);
+            s.spawn(move || {
+                let mut rng = Rng::new(seed * 31 + j as u64);
+                let in_flight =
+                    Arc::new((parking_lot::Mutex::new(0usize), parking_lot::Condvar::new()));
+                while Instant::now() < deadline {
+                    let mut n = in_flight.0.lock();
+                    while *n >= W1_DEPTH {
+                        in_flight.1.wait(&mut n);
+                    }
+                    *n += 1;
+                    drop(n);
+                    let tgt = &targets[rng.below(targets.len() as u64) as usize];
+                    let off = (1 << 20) + rng.below(per / io) * io;
+                    let flight = Arc::clone(&in_flight);
+                    tgt.submit(
+                        IoOp::Write {
+                            offset: off,
+                            bufs: vec![IoBuf::zeroed(io as usize)],
+                        },
+                        Box::new(move |_| {
+                            *flight.0.lock() -= 1;
+                            flight.1.notify_one();
+                        }),
+                    );
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+                let mut n = in_flight.0.lock();
+                while *n > 0 {
+                    in_flight.1.wait(&mut n);
+                }
+            });
+        }
+    });
+    Ok(count.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64())
+}
+
+pub(crate) fn w1(dir: &Path, runs: usize, jobs: usize, json: bool) -> Result<String, String> {
+    let paths = make_fs(dir, 4, (W1_FILE / 4) + (64 << 20))?;
+    let ino = {
+        let fs = mount(&paths, quiet())?;
+        let ino = prewrite(&fs, "dio", 4, W1_FILE)?;
+        fs.unmount().map_err(|e| e.to_string())?;
+        ino
+    };
+    let mut rows = Vec::new();
+    for io in [2048u64, 4096] {
+        let (mut shared, mut excl) = (Vec::new(), Vec::new());
+        for run in 0..runs {
+            for (policy, out) in [
+                (UnalignedPolicy::Shared, &mut shared),
+                (UnalignedPolicy::Exclusive, &mut excl),
+            ] {
+                let mut o = quiet();
+                o.dio_unaligned = policy;
+                let fs = mount(&paths, o)?;
+                out.push(w1_fs(&fs, ino, io, jobs, run as u64 + 1)?);
+                fs.unmount().map_err(|e| e.to_string())?;
+            }
+        }
+        rows.push((io, median(shared), median(excl)));
+    }
+    // The raw backing files last: they overwrite the file system.
+    let raw: Vec<(u64, f64)> = [2048u64, 4096]
+        .iter()
+        .map(|&io| {
+            Ok((
+                io,
+                median(
+                    (0..runs)
+                        .map(|r| w1_raw(&paths, io, jobs, r as u64 + 1))
+                        .collect::<Result<Vec<_>, String>>()?,
+                ),
+            ))
+        })
+        .collect::<Result<_, String>>()?;
+    cleanup(&paths);
+    if !json {
+        println!("\nw1-unaligned-dio: prewritten 1 GiB file on 4 KiB blocks over 4 targets, random direct overwrites, {jobs} jobs x queue depth {W1_DEPTH}, {W1_SECS} s per measurement, median of {runs} runs");
+        println!("| size | IOPS dio_unaligned=shared | IOPS dio_unaligned=exclusive | shared/exclusive | raw backing files IOPS | shared/raw |");
+        println!("|---|---|---|---|---|---|");
+        for ((io, sh, ex), (_, rw)) in rows.iter().zip(&raw) {
+            println!(
+                "| {} KiB | {sh:.0} | {ex:.0} | {:.1}x | {rw:.0} | {:.2} |",
+                io / 1024,
+                sh / ex,
+                sh / rw
+            );
+        }
+        println!("2 KiB shared / 4 KiB shared: {:.2}", rows[0].1 / rows[1].1);
+    }
+    Ok(format!(
+        "{{\"workload\":\"w1-unaligned-dio\",\"jobs\":{jobs},\"depth\":{W1_DEPTH},\"runs\":{runs},\"rows\":[{}]}}",
+        rows.iter()
+            .zip(&raw)
+            .map(|((io, sh, ex), (_, rw))| format!("{{\"size\":{io},\"shared_iops\":{sh:.0},\"exclusive_iops\":{ex:.0},\"raw_iops\":{rw:.0}}}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    ))
+}
+
+const W3_REGION: u64 = 128 << 20;
+
+/// MiB/s of synchronous direct I/O of `io` bytes covering `W3_REGION`.
+fn w3_fs(fs: &Fs, ino: Ino, io: u64, write: bool) -> Result<f64, String> {
+    let mut buf = vec![0x3cu8; io as usize];
+    let t = Instant::now();
+    for off in (0..W3_REGION).step_by(io as usize) {
+        if write {
+            fs.write_direct(ino, off, &buf).map_err(|e| e.to_string())?;
+        } else {
+            fs.read_direct(ino, off, &mut buf)
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(W3_REGION as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// The raw backing files: each `io`-byte operation split over the targets as striping
+/// would, all parts submitted, one wait.
+fn w3_raw(paths: &[PathBuf], io: u64, write: bool) -> Result<f64, String> {
+    let targets: Vec<Arc<dyn Target>> = paths
+        .iter()
+        .map(|p| open_one(p, None))
+        .collect::<Result<_, _>>()?;
+    let n = targets.len() as u64;
+    let part = (io / n).max(512);
+    let t = Instant::now();
+    let mut pos = 1 << 20;
+    for _ in (0..W3_REGION).step_by(io as usize) {
+        let batch = Batch::new();
+        for tgt in &targets {
+            let bufs = vec![IoBuf::zeroed(part as usize)];
+            let op = if write {
+                IoOp::Write { offset: pos, bufs }
+            } else {
+                IoOp::Read { offset: pos, bufs }
+            };
+            batch.submit(tgt.as_ref(), op);
+        }
+        for d in batch.wait() {
+            d.result.map_err(|e| e.to_string())?;
+        }
+        pos += part;
+        if pos + part > (W3_REGION / n) + (1 << 20) {
+            pos = 1 << 20;
+        }
+    }
+    Ok(W3_REGION as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64())
+}
+
+pub(crate) fn w3(dir: &Path, runs: usize, json: bool) -> Result<String, String> {
+    let mut rows = Vec::new();
+    let mut raws: Vec<f64> = Vec::new();
+    for targets in [1usize, 4, 8] {
+        let paths = make_fs(dir, targets, W3_REGION / targets as u64 + (48 << 20))?;
+        let ino = {
+            let fs = mount(&paths, quiet())?;
+            let ino = prewrite(&fs, "striped", targets as u32, W3_REGION)?;
+            fs.unmount().map_err(|e| e.to_string())?;
+            ino
+        };
+        for io in [1u64 << 20, 16 << 20, 64 << 20] {
+            for write in [true, false] {
+                let (mut par, mut ser) = (Vec::new(), Vec::new());
+                for _ in 0..runs {
+                    for (mode, out) in [
+                        (DioSubmit::Parallel, &mut par),
+                        (DioSubmit::Serial, &mut ser),
+                    ] {
+                        let mut o = quiet();
+                        o.dio_submit = mode;
+                        let fs = mount(&paths, o)?;
+                        out.push(w3_fs(&fs, ino, io, write)?);
+                        fs.unmount().map_err(|e| e.to_string())?;
+                    }
+                }
+                rows.push((targets, io, write, median(par), median(ser)));
+            }
+        }
+        // The raw backing files last: they overwrite the file system's data.
+        for io in [1u64 << 20, 16 << 20, 64 << 20] {
+            for write in [true, false] {
+                raws.push(median(
+                    (0..runs)
+                        .map(|_| w3_raw(&paths, io, write))
+                        .collect::<Result<Vec<_>, String>>()?,
+                ));
+            }
+        }
+        cleanup(&paths);
+    }
+    if !json {
+        println!("\nw3-striped-dio: synchronous direct I/O over a 128 MiB region of a file striped over N targets (1 MiB stripe unit), MiB/s, median of {runs} runs");
+        println!(
+            "| targets | size | op | parallel | serial | parallel/serial | raw | parallel/raw |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+        for ((t, io, w, p, s), raw) in rows.iter().zip(&raws) {
+            println!(
+                "| {t} | {} MiB | {} | {p:.0} | {s:.0} | {:.2}x | {raw:.0} | {:.2} |",
+                io >> 20,
+                if *w { "write" } else { "read" },
+                p / s,
+                p / raw
+            );
+        }
+    }
+    Ok(format!(
+        "{{\"workload\":\"w3-striped-dio\",\"runs\":{runs},\"rows\":[{}]}}",
+        rows.iter()
+            .zip(&raws)
+            .map(|((t, io, w, p, s), raw)| format!("{{\"targets\":{t},\"size\":{io},\"op\":\"{}\",\"parallel\":{p:.0},\"serial\":{s:.0},\"raw\":{raw:.0}}}", if *w { "write" } else { "read" }))
+            .collect::<Vec<_>>()
+            .join(",")
+    ))
+}
