@@ -43,6 +43,9 @@ use crate::mapping::{DevAddr, FileMapper};
 use crate::namespace::inode;
 use crate::options::DioSubmit;
 
+/// Most bytes of one direct I/O in flight at once (bounce buffers included).
+const DIO_WINDOW_BYTES: usize = 64 << 20;
+
 fn first_error(done: &[IoDone]) -> Result<()> {
     for d in done {
         d.result.clone()?;
@@ -91,7 +94,21 @@ impl Fs {
             .next_multiple_of(u64::from(self.inner.geo.sector_size))
             .min(buf.len() as u64);
         io.dio_begin();
-        let r = self.read_pieces(&mapper, off, span, &mut buf[..span as usize]);
+        let mut r = Ok(());
+        for (w, chunk) in buf[..span as usize]
+            .chunks_mut(DIO_WINDOW_BYTES)
+            .enumerate()
+        {
+            r = self.read_pieces(
+                &mapper,
+                off + (w * DIO_WINDOW_BYTES) as u64,
+                chunk.len() as u64,
+                chunk,
+            );
+            if r.is_err() {
+                break;
+            }
+        }
         io.dio_end();
         r.map(|()| n as usize)
     }
@@ -235,33 +252,38 @@ impl Fs {
         r
     }
 
-    /// Every stripe piece submitted, then one wait; all or error.
+    /// Every stripe piece submitted, then one wait; all or error. Requests larger than
+    /// [`DIO_WINDOW_BYTES`] go window by window so the bounce buffers stay bounded
+    /// (I-003-7); nothing is recorded until every window succeeded.
     fn write_parallel(&self, mapper: &FileMapper<'_>, off: u64, data: &[u8]) -> Result<usize> {
         let bs = self.inner.geo.block_size.bytes_u64();
-        let batch = Batch::new();
         let mut ends = Vec::new();
-        let walked = iterate(
-            mapper,
-            off,
-            data.len() as u64,
-            IomapOp::Write,
-            |map, p, n| {
-                let src = &data[(p - off) as usize..(p - off + n) as usize];
-                ends.push(submit_write_piece(mapper, &batch, map, p, src, bs));
-                Ok(n)
-            },
-        );
-        self.inner
-            .dio_pieces
-            .fetch_add(batch.submitted() as u64, Ordering::Relaxed);
-        let done = batch.wait();
-        let r = walked.map_err(iter_err).and_then(|_| first_error(&done));
-        self.inner
-            .bufs
-            .put_all(done.into_iter().flat_map(|d| d.bufs));
-        if let Err(e) = r {
-            mapper.release_new();
-            return Err(e);
+        for (w, chunk) in data.chunks(DIO_WINDOW_BYTES).enumerate() {
+            let at = off + (w * DIO_WINDOW_BYTES) as u64;
+            let batch = Batch::new();
+            let walked = iterate(
+                mapper,
+                at,
+                chunk.len() as u64,
+                IomapOp::Write,
+                |map, p, n| {
+                    let src = &chunk[(p - at) as usize..(p - at + n) as usize];
+                    ends.push(submit_write_piece(mapper, &batch, map, p, src, bs));
+                    Ok(n)
+                },
+            );
+            self.inner
+                .dio_pieces
+                .fetch_add(batch.submitted() as u64, Ordering::Relaxed);
+            let done = batch.wait();
+            let r = walked.map_err(iter_err).and_then(|_| first_error(&done));
+            self.inner
+                .bufs
+                .put_all(done.into_iter().flat_map(|d| d.bufs));
+            if let Err(e) = r {
+                mapper.release_new();
+                return Err(e);
+            }
         }
         self.record_dio(mapper.ino, &ends, off + data.len() as u64)?;
         mapper.keep_new();
