@@ -39,8 +39,8 @@ pub struct BenchArgs {
     /// Operations per run: fsync'd writes for w2, files per thread for w4.
     #[arg(long)]
     ops: Option<u64>,
-    /// Threads for w4.
-    #[arg(long, default_value_t = 2)]
+    /// Threads (w1 jobs, w4 workers).
+    #[arg(long, alias = "jobs", default_value_t = 2)]
     threads: usize,
     /// Print JSON instead of tables.
     #[arg(long)]

@@ -202,3 +202,49 @@ fn punch_zero_seek_and_direct() {
     assert_eq!(code, 0, "{out}{err}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn queued_direct_io_from_the_command_line() {
+    let d = dir("queued");
+    let t = targets(&d, 2);
+    assert_eq!(
+        run(bin()
+            .args(["mkfs", "--size", "32m", "--no-prezero"])
+            .args(&t))
+        .0,
+        0
+    );
+    let (code, out, err) = run(bin().arg("io").args(&t).args([
+        "-c",
+        "open -f -d /q",
+        "-c",
+        "pwrite -b 64k 0 1m",
+        "-c",
+        "pwrite -q 16 -b 2k -S 0x77 0 256k",
+        "-c",
+        "pread -q 8 -b 4k 0 1m",
+        "-c",
+        "pread -v 0 512",
+    ]));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("wrote 262144/262144 bytes at offset 0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("read 1048576/1048576 bytes at offset 0"),
+        "{out}"
+    );
+    assert!(out.contains("00000000:  77 77 77 77"), "{out}");
+    let (code, _, err) =
+        run(bin()
+            .arg("io")
+            .args(&t)
+            .args(["-c", "open /q", "-c", "pwrite -q 4 0 4k"]));
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("-q needs a file opened with 'open -d'"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
