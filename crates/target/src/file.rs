@@ -271,7 +271,7 @@ fn start_engine(
             Arc::clone(fd),
             name.clone(),
             depth,
-        ))),
+        )?)),
         EngineKind::Auto => match UringEngine::new(Arc::clone(fd), name.clone(), depth) {
             Ok(u) => Ok(Engine::Uring(u)),
             Err(e) => {
@@ -280,7 +280,7 @@ fn start_engine(
                     Arc::clone(fd),
                     name.clone(),
                     depth,
-                )))
+                )?))
             }
         },
     }

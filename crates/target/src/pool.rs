@@ -44,7 +44,7 @@ struct Queue {
 }
 
 impl PoolEngine {
-    pub(crate) fn new(fd: Arc<OwnedFd>, name: Arc<str>, depth: usize) -> Self {
+    pub(crate) fn new(fd: Arc<OwnedFd>, name: Arc<str>, depth: usize) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
@@ -53,16 +53,19 @@ impl PoolEngine {
             name,
             max_queued: depth,
         });
-        let workers = (0..depth.min(MAX_WORKERS))
-            .map(|i| {
-                let s = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("stripefs-io{i}"))
-                    .spawn(move || worker(&s))
-                    .expect("spawn I/O worker")
-            })
-            .collect();
-        Self { shared, workers }
+        let mut engine = Self {
+            shared,
+            workers: Vec::new(),
+        };
+        for i in 0..depth.min(MAX_WORKERS) {
+            let s = Arc::clone(&engine.shared);
+            // On failure `engine` drops here and stops the workers already started.
+            let w = std::thread::Builder::new()
+                .name(format!("stripefs-io{i}"))
+                .spawn(move || worker(&s))?;
+            engine.workers.push(w);
+        }
+        Ok(engine)
     }
 
     pub(crate) fn submit(&self, op: IoOp, done: Completion) {
