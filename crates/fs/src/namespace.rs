@@ -802,6 +802,14 @@ impl Fs {
         }
         m.open.remove(&ino);
         self.inner.check()?;
+        drop(m);
+        // Queued direct I/O may still be in flight on this inode: its blocks must not be
+        // freed or trimmed under it. Completions take the metadata lock, so wait without it.
+        self.inner.io_lock(ino).dio_drain();
+        let mut m = self.inner.meta.lock();
+        if m.open.contains_key(&ino) {
+            return Ok(()); // Reopened meanwhile.
+        }
         let orphan = m.state.get(ino).is_some_and(|i| i.attrs.nlink == 0);
         if orphan {
             self.free_inode(&mut m, ino)?;

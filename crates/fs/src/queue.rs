@@ -7,7 +7,7 @@
 //! exclusive direct writes) waiting until it is done (I-000-5). A write that needs the
 //! exclusive lock (allocation, sub-block zeroing, EOF) runs synchronously inside
 //! `submit_write`, as Linux's `IOMAP_DIO_FORCE_WAIT`; its completion is queued at once.
-//! The caller keeps the file open while its I/O is in flight.
+//! The last release of a file waits for its queued I/O before freeing anything.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -459,3 +459,48 @@ fn queue_keeps_many_direct_ios_in_flight() {
     assert_eq!(fs.status().dio_exclusive, 0);
     fs.unmount().unwrap();
 }
+
+/// Closing the last handle of an unlinked file waits for its queued direct I/O before the
+/// blocks are freed (they must not be reused under in-flight writes).
+#[test]
+fn last_close_waits_for_queued_direct_io() {
+    let sims = sims(2, 16 << 20);
+    let fs = fresh(&sims, 4096, 65536);
+    let f = fs.create(Ino::ROOT, "gone".as_ref(), p()).unwrap();
+    fs.write_direct(f.ino, 0, &vec![1u8; 1 << 20]).unwrap();
+    fs.unmount().unwrap();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let views: Vec<Arc<dyn Target>> = sims
+        .iter()
+        .map(|s| {
+            Arc::new(CountingView {
+                inner: Arc::clone(s),
+                in_flight: Arc::clone(&in_flight),
+                peak: Arc::clone(&peak),
+            }) as Arc<dyn Target>
+        })
+        .collect();
+    let (fs, _) = Fs::mount(views, quiet()).unwrap();
+    let h = fs.open_file(f.ino).unwrap();
+    let q = fs.dio_queue();
+    for i in 0..16u64 {
+        q.submit_write(i, f.ino, i * 65536, &[2u8; 4096]).unwrap();
+    }
+    fs.unlink(Ino::ROOT, "gone".as_ref()).unwrap();
+    let free_before = fs.statfs().unwrap().blocks_free;
+    drop(h); // Last close of an unlinked file: must drain the 16 writes first.
+    assert_eq!(
+        in_flight.load(Ordering::SeqCst),
+        0,
+        "release returned with direct I/O in flight"
+    );
+    assert!(
+        fs.statfs().unwrap().blocks_free >= free_before,
+        "the file's blocks were freed after the I/O"
+    );
+    let done = q.reap(16);
+    assert_eq!(done.len(), 16);
+    assert!(done.iter().all(|c| c.result.is_ok()));
+    fs.unmount().unwrap();
+}
