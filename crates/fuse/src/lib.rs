@@ -1,0 +1,602 @@
+//! FUSE front end: serves a mounted [`stripefs::Fs`] to the kernel through `fuser`.
+//!
+//! Only this crate knows FUSE. Each FUSE request maps to one library call; errors map
+//! to the errno of [`stripefs::FsError::errno`]. See `docs/design/fuse.md` for what the
+//! kernel is told (capabilities, open flags, cache timeouts) and why.
+
+mod convert;
+mod session;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{
+    Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use stripefs::{
+    CreateParams, Fh, FileKind, Fs, FsError, Ino, RenameMode, SetAttr, TimeSet, Whence, XattrMode,
+};
+
+pub use session::{serve, Mounted, ServeOptions, Unmounter};
+
+/// How long the kernel may cache attributes and names. Every change goes through this
+/// mount, so the kernel's own updates keep its cache right; the timeout only bounds how
+/// long a change made by the library beside the mount (none in `stripefs mount`) hides.
+const TTL: Duration = Duration::from_secs(1);
+
+/// Largest write the kernel sends in one request.
+pub const MAX_WRITE: u32 = 1 << 20;
+
+/// Per-open state the kernel does not keep for us.
+#[derive(Debug, Clone, Copy)]
+struct OpenFile {
+    fh: Fh,
+    /// Opened with `O_DIRECT`: reads and writes take the engine's direct path.
+    direct: bool,
+}
+
+/// The `fuser::Filesystem` over a stripefs file system.
+#[derive(Debug)]
+pub struct StripeFuse {
+    fs: Arc<Fs>,
+    files: Mutex<HashMap<u64, OpenFile>>,
+    /// Ask the kernel for its writeback cache (`FUSE_WRITEBACK_CACHE`).
+    writeback_cache: bool,
+}
+
+impl StripeFuse {
+    /// Serves `fs`.
+    #[must_use]
+    pub fn new(fs: Arc<Fs>, writeback_cache: bool) -> Self {
+        Self {
+            fs,
+            files: Mutex::new(HashMap::new()),
+            writeback_cache,
+        }
+    }
+
+    fn open_file(&self, fh: FileHandle) -> Result<OpenFile, Errno> {
+        self.files.lock().get(&fh.0).copied().ok_or(Errno::EBADF)
+    }
+
+    fn register(&self, ino: Ino, flags: i32) -> stripefs::Result<(FileHandle, FopenFlags)> {
+        let fh = self.fs.open(ino)?;
+        let direct = flags & libc::O_DIRECT != 0;
+        self.files.lock().insert(fh.0, OpenFile { fh, direct });
+        let mut fo = FopenFlags::empty();
+        if direct {
+            fo |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+        }
+        Ok((FileHandle(fh.0), fo))
+    }
+}
+
+fn err(e: &FsError) -> Errno {
+    match e {
+        FsError::Io(_) | FsError::Corrupted(_) | FsError::Poisoned(_) => {
+            tracing::warn!(%e, "request failed");
+        }
+        _ => tracing::debug!(%e, "request failed"),
+    }
+    Errno::from_i32(e.errno())
+}
+
+fn ino(i: INodeNo) -> Ino {
+    Ino(i.0)
+}
+
+fn params(req: &Request, mode: u32, umask: u32) -> CreateParams {
+    CreateParams {
+        perm: convert::perm(mode & !umask),
+        uid: req.uid(),
+        gid: req.gid(),
+        layout: None,
+        rdev: 0,
+    }
+}
+
+fn time_set(t: Option<TimeOrNow>) -> Option<TimeSet> {
+    t.map(|t| match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(s) => TimeSet::At(convert::timespec(s)),
+    })
+}
+
+impl Filesystem for StripeFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let mut want = InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_BIG_WRITES
+            | InitFlags::FUSE_MAX_PAGES
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_ASYNC_READ;
+        if self.writeback_cache {
+            want |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        let have = config.capabilities();
+        if let Err(missing) = config.add_capabilities(want & have) {
+            tracing::warn!(?missing, "kernel refused FUSE capabilities");
+        }
+        if (want & !have) != InitFlags::empty() {
+            tracing::info!(missing = ?(want & !have), "kernel lacks FUSE capabilities");
+        }
+        if let Err(max) = config.set_max_write(MAX_WRITE) {
+            tracing::info!(max, "kernel caps max_write");
+            let _ = config.set_max_write(max);
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        tracing::info!("FUSE session ends");
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(ino(parent), name) {
+            Ok(a) => reply.entry(&TTL, &convert::attr(&a), Generation(0)),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino(i)) {
+            Ok(a) => reply.attr(&TTL, &convert::attr(&a)),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let s = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: time_set(atime),
+            mtime: time_set(mtime),
+            ctime: ctime.map(convert::timespec),
+        };
+        match self.fs.setattr(ino(i), &s) {
+            Ok(a) => reply.attr(&TTL, &convert::attr(&a)),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino(i)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(kind) = convert::kind_of_mode(mode) else {
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        let mut p = params(req, mode, umask);
+        p.rdev = u64::from(rdev);
+        let r = if kind == FileKind::Regular {
+            self.fs.create(ino(parent), name, p)
+        } else {
+            self.fs.mknod(ino(parent), name, kind, p)
+        };
+        match r {
+            Ok(a) => reply.entry(&TTL, &convert::attr(&a), Generation(0)),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        match self.fs.mkdir(ino(parent), name, params(req, mode, umask)) {
+            Ok(a) => reply.entry(&TTL, &convert::attr(&a), Generation(0)),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.unlink(ino(parent), name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.rmdir(ino(parent), name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let p = params(req, 0o777, 0);
+        match self
+            .fs
+            .symlink(ino(parent), link_name, target.as_os_str(), p)
+        {
+            Ok(a) => reply.entry(&TTL, &convert::attr(&a), Generation(0)),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let mode = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            RenameMode::Exchange
+        } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            RenameMode::NoReplace
+        } else if flags.is_empty() {
+            RenameMode::Replace
+        } else {
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        match self
+            .fs
+            .rename(ino(parent), name, ino(newparent), newname, mode)
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        match self.fs.link(ino(i), ino(newparent), newname) {
+            Ok(a) => reply.entry(&TTL, &convert::attr(&a), Generation(0)),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.register(ino(i), flags.0) {
+            Ok((fh, fo)) => reply.opened(fh, fo),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let a = match self.fs.create(ino(parent), name, params(req, mode, umask)) {
+            Ok(a) => a,
+            Err(e) => return reply.error(err(&e)),
+        };
+        match self.register(a.ino, flags) {
+            Ok((fh, fo)) => reply.created(&TTL, &convert::attr(&a), Generation(0), fh, fo),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let of = match self.open_file(fh) {
+            Ok(of) => of,
+            Err(e) => return reply.error(e),
+        };
+        let mut buf = vec![0u8; size as usize];
+        let r = if of.direct {
+            self.fs.read_direct(ino(i), offset, &mut buf)
+        } else {
+            self.fs.read_at(ino(i), offset, &mut buf)
+        };
+        match r {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let of = match self.open_file(fh) {
+            Ok(of) => of,
+            Err(e) => return reply.error(e),
+        };
+        let r = if of.direct {
+            self.fs.write_direct(ino(i), offset, data)
+        } else {
+            self.fs.write_at(ino(i), offset, data)
+        };
+        match r {
+            Ok(n) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // close(2) does not write back (as on XFS and ext4); it only reports a shutdown.
+        match self.open_file(fh) {
+            Ok(_) if self.fs.is_poisoned() => reply.error(Errno::EIO),
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(of) = self.files.lock().remove(&fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        match self.fs.release(of.fh) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let of = match self.open_file(fh) {
+            Ok(of) => of,
+            Err(e) => return reply.error(e),
+        };
+        match self.fs.fsync_handle(of.fh, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.fs.readdir(ino(i)) {
+            Ok(v) => v,
+            Err(e) => return reply.error(err(&e)),
+        };
+        // The offset is the index of the next entry: "." and ".." are 0 and 1.
+        let parent = self
+            .fs
+            .lookup(ino(i), "..".as_ref())
+            .map_or(i.0, |a| a.ino.0);
+        let dots = [(i.0, b".".to_vec()), (parent, b"..".to_vec())];
+        let all = dots
+            .into_iter()
+            .map(|(n, name)| (n, fuser::FileType::Directory, name))
+            .chain(
+                entries
+                    .into_iter()
+                    .map(|e| (e.ino.0, convert::file_type(e.kind), e.name)),
+            );
+        for (idx, (n, kind, name)) in all
+            .enumerate()
+            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+        {
+            let next = idx as u64 + 1;
+            if reply.add(INodeNo(n), next, kind, OsStr::from_bytes(&name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_free,
+                s.files + s.files_free,
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.block_size,
+            ),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match flags {
+            0 => XattrMode::Any,
+            libc::XATTR_CREATE => XattrMode::Create,
+            libc::XATTR_REPLACE => XattrMode::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        match self.fs.setxattr(ino(i), name, value, mode) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(ino(i), name) {
+            Ok(v) => xattr_reply(reply, &v, size),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino(i)) {
+            Ok(names) => {
+                let mut v = Vec::new();
+                for n in names {
+                    v.extend_from_slice(&n);
+                    v.push(0);
+                }
+                xattr_reply(reply, &v, size);
+            }
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.fs.removexattr(ino(i), name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let Some(m) = convert::falloc_mode(mode) else {
+            return reply.error(Errno::EOPNOTSUPP);
+        };
+        match self.fs.fallocate(ino(i), m, offset, length) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let what = match whence {
+            libc::SEEK_DATA => Whence::Data,
+            libc::SEEK_HOLE => Whence::Hole,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(off) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        match self.fs.seek(ino(i), off, what) {
+            Ok(o) => reply.offset(i64::try_from(o).unwrap_or(i64::MAX)),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, v: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(u32::try_from(v.len()).unwrap_or(u32::MAX));
+    } else if v.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(v);
+    }
+}

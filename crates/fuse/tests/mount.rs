@@ -1,0 +1,222 @@
+//! Mounts stripefs through the kernel's FUSE and drives it with ordinary system calls.
+//! Needs root and `/dev/fuse` (CI has both; see the README).
+
+use std::ffi::CString;
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use stripefs::{Fs, MkfsOptions, MountOptions};
+use stripefs_fuse::{serve, ServeOptions};
+use stripefs_target::{FileTarget, FileTargetOptions, Target};
+
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("stripefs-fuse-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("mnt")).unwrap();
+        Self { dir }
+    }
+
+    fn targets(&self) -> Vec<Arc<dyn Target>> {
+        (0..3)
+            .map(|i| {
+                let opts = FileTargetOptions {
+                    create_size: Some(64 << 20),
+                    ..FileTargetOptions::default()
+                };
+                Arc::new(FileTarget::open(&self.dir.join(format!("t{i}")), opts).unwrap())
+                    as Arc<dyn Target>
+            })
+            .collect()
+    }
+
+    fn mnt(&self) -> PathBuf {
+        self.dir.join("mnt")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let m = CString::new(self.mnt().as_os_str().as_bytes()).unwrap();
+        // SAFETY: `m` is a valid C string; a lazy unmount of a path we own.
+        unsafe { libc::umount2(m.as_ptr(), libc::MNT_DETACH) };
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+/// A 4 KiB-aligned buffer for `O_DIRECT`.
+fn aligned(len: usize, fill: u8) -> (Vec<u8>, usize) {
+    let v = vec![fill; len + 4096];
+    let off = v.as_ptr().align_offset(4096);
+    (v, off)
+}
+
+#[test]
+fn namespace_data_and_direct_io_through_the_kernel() {
+    let s = Scratch::new("ops");
+    Fs::mkfs(&s.targets(), &MkfsOptions::default()).unwrap();
+    let (fs, _) = Fs::mount(s.targets(), MountOptions::default()).unwrap();
+    let fs = Arc::new(fs);
+    let m = serve(fs.clone(), &s.mnt(), &ServeOptions::default()).unwrap();
+    let mnt = s.mnt();
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(mnt.to_str().unwrap()))
+        .expect("the mount point is in /proc/self/mounts");
+    assert!(
+        line.starts_with("stripefs ") && line.contains(" fuse "),
+        "{line}"
+    );
+
+    // Buffered data, a directory, rename, links.
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    fs::create_dir(mnt.join("d")).unwrap();
+    fs::write(mnt.join("d/a"), &data).unwrap();
+    assert_eq!(fs::read(mnt.join("d/a")).unwrap(), data);
+    fs::rename(mnt.join("d/a"), mnt.join("b")).unwrap();
+    fs::hard_link(mnt.join("b"), mnt.join("d/b2")).unwrap();
+    std::os::unix::fs::symlink("b", mnt.join("s")).unwrap();
+    assert_eq!(fs::read_link(mnt.join("s")).unwrap(), Path::new("b"));
+    assert_eq!(fs::metadata(mnt.join("b")).unwrap().nlink(), 2);
+    let mut names: Vec<_> = fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["b", "d", "s"]);
+    assert_eq!(
+        fs::remove_dir(mnt.join("d")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+
+    // st_blocks follows allocation.
+    let md = fs::metadata(mnt.join("b")).unwrap();
+    assert_eq!(md.len(), data.len() as u64);
+    assert!(md.blocks() * 512 >= data.len() as u64, "{}", md.blocks());
+
+    // Unlinked but open: readable until the last close.
+    let mut f = fs::File::open(mnt.join("b")).unwrap();
+    fs::remove_file(mnt.join("b")).unwrap();
+    fs::remove_file(mnt.join("d/b2")).unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert_eq!(back, data);
+    drop(f);
+
+    // Extended attributes.
+    let p = cpath(&mnt.join("d"));
+    let (name, val) = (c"user.k", b"value");
+    // SAFETY: valid C strings and a buffer of the given length.
+    let r = unsafe { libc::setxattr(p.as_ptr(), name.as_ptr(), val.as_ptr().cast(), val.len(), 0) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    let mut buf = [0u8; 16];
+    // SAFETY: as above.
+    let n = unsafe {
+        libc::getxattr(
+            p.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert_eq!(&buf[..usize::try_from(n).unwrap()], val);
+
+    // fallocate, punch, SEEK_DATA / SEEK_HOLE.
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(mnt.join("sparse"))
+        .unwrap();
+    let fd = f.as_raw_fd();
+    // SAFETY: fd is open for writing.
+    assert_eq!(unsafe { libc::fallocate(fd, 0, 0, 1 << 20) }, 0);
+    f.write_all_at(&[0xab; 65536], 0).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fallocate(fd, punch, 0, 1 << 20) }, 0);
+    // SAFETY: as above.
+    let r = unsafe { libc::fallocate(fd, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 65536) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EOPNOTSUPP)
+    );
+    f.write_all_at(b"tail", 700_000).unwrap();
+    // SAFETY: as above.
+    let data_at = unsafe { libc::lseek(fd, 0, libc::SEEK_DATA) };
+    assert!(data_at > 0 && data_at <= 700_000, "{data_at}");
+    // SAFETY: as above.
+    let hole_at = unsafe { libc::lseek(fd, data_at, libc::SEEK_HOLE) };
+    assert!(hole_at > 700_000, "{hole_at}");
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut head = [1u8; 4096];
+    f.read_exact(&mut head).unwrap();
+    assert!(head.iter().all(|&b| b == 0));
+    f.sync_all().unwrap();
+    drop(f);
+
+    // O_DIRECT, including a 2 KiB overwrite inside a written block.
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_DIRECT)
+        .open(mnt.join("direct"))
+        .unwrap();
+    let (w, o) = aligned(1 << 20, 0x5a);
+    f.write_all(&w[o..o + (1 << 20)]).unwrap();
+    let (w2, o2) = aligned(2048, 0xc3);
+    f.write_all_at(&w2[o2..o2 + 2048], 8192 + 2048).unwrap();
+    let (mut r, ro) = aligned(16384, 0);
+    f.read_exact_at(&mut r[ro..ro + 16384], 0).unwrap();
+    let got = &r[ro..ro + 16384];
+    assert!(got[..10240].iter().all(|&b| b == 0x5a));
+    assert!(got[10240..12288].iter().all(|&b| b == 0xc3));
+    assert!(got[12288..].iter().all(|&b| b == 0x5a));
+    f.sync_all().unwrap();
+    drop(f);
+    let mut f = fs::File::create(mnt.join("late")).unwrap();
+    f.write_all(b"written, never fsynced: the clean unmount keeps it")
+        .unwrap();
+    drop(f);
+
+    // statfs.
+    // SAFETY: zeroed statvfs is a valid out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-parameter.
+    assert_eq!(unsafe { libc::statvfs(cpath(&mnt).as_ptr(), &mut st) }, 0);
+    assert!(st.f_blocks > 0 && st.f_bfree <= st.f_blocks);
+
+    m.unmount().unwrap();
+    fs.unmount().unwrap();
+    drop(fs);
+
+    // Everything is on the targets: the library sees it, fsck is clean.
+    let r = stripefs::fsck::fsck(s.targets(), &mut |_| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+    let (fs, _) = Fs::mount(s.targets(), MountOptions::default()).unwrap();
+    let d = fs.lookup(stripefs::Ino::ROOT, "direct".as_ref()).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    assert_eq!(fs.read_at(d.ino, 0, &mut buf).unwrap(), 1 << 20);
+    assert!(buf[10240..12288].iter().all(|&b| b == 0xc3));
+    let l = fs.lookup(stripefs::Ino::ROOT, "late".as_ref()).unwrap();
+    assert!(l.size > 0);
+    fs.unmount().unwrap();
+}
