@@ -6,6 +6,7 @@ mod fsck;
 mod inspect;
 mod io;
 mod mkfs;
+mod mount;
 mod mount_opts;
 mod progress;
 mod size;
@@ -28,6 +29,8 @@ enum Cmd {
     Io(io::IoArgs),
     Inspect(inspect::InspectArgs),
     Bench(bench::BenchArgs),
+    Mount(mount::MountArgs),
+    Umount(mount::UmountArgs),
 }
 
 fn main() {
@@ -45,6 +48,8 @@ fn main() {
         Cmd::Io(a) => io::run(a),
         Cmd::Inspect(a) => inspect::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Mount(a) => mount::run(a),
+        Cmd::Umount(a) => mount::run_umount(a),
     };
     match res {
         Ok(code) => std::process::exit(code),

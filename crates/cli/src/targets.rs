@@ -1,5 +1,7 @@
 //! Opening targets named on the command line.
 
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -25,4 +27,33 @@ pub fn open_one(p: &Path, create_size: Option<u64>) -> Result<Arc<dyn Target>, S
     let t = FileTarget::open(p, opts)
         .map_err(|e| format!("cannot open target {}: {}", p.display(), e.kind))?;
     Ok(Arc::new(t))
+}
+
+/// Takes the exclusive advisory lock that every command using the engine holds on each
+/// target (`stripefs mount` for the daemon's lifetime), so that two engines never run on
+/// the same targets, whatever order they were named in. `wait` blocks until the holder
+/// is gone.
+///
+/// # Errors
+/// The targets are in use (without `wait`), or a file cannot be opened.
+pub fn lock_targets(paths: &[PathBuf], wait: bool) -> Result<Vec<File>, String> {
+    paths.iter().map(|p| lock_one(p, wait)).collect()
+}
+
+fn lock_one(path: &Path, wait: bool) -> Result<File, String> {
+    let f = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let op = libc::LOCK_EX | if wait { 0 } else { libc::LOCK_NB };
+    // SAFETY: flock on a file descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            format!(
+                "{} is in use by a stripefs mount or command; unmount it or wait for it first",
+                path.display()
+            )
+        } else {
+            format!("cannot lock {}: {e}", path.display())
+        });
+    }
+    Ok(f)
 }

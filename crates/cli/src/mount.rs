@@ -1,0 +1,289 @@
+//! `stripefs mount` and `stripefs umount`: serve a file system through FUSE.
+//!
+//! The daemon holds an exclusive `flock` on every target for as long as the engine is
+//! mounted: a second mount (or `io`, `fsck`, `inspect`) of the same targets is refused,
+//! and `stripefs umount` waits on the locks, so when it returns the journal is
+//! checkpointed and the targets are closed.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use stripefs::Fs;
+use stripefs_fuse::{serve, ServeOptions};
+
+use crate::targets::{lock_targets, open_all};
+
+/// Keys of `-o` that the FUSE front end (not the engine) understands.
+const FUSE_KEYS: &str = "writeback_cache, allow_other, ro, rw, threads=N";
+/// Generic `fstab` options that need nothing from us.
+const IGNORED: &[&str] = &[
+    "defaults",
+    "auto",
+    "noauto",
+    "nofail",
+    "_netdev",
+    "user",
+    "nouser",
+    "users",
+    "dev",
+    "suid",
+    "exec",
+    "async",
+    "atime",
+    "relatime",
+    "x-systemd.automount",
+];
+
+/// Mount a stripefs file system through FUSE.
+#[derive(Debug, clap::Args)]
+pub struct MountArgs {
+    /// Mount options: engine keys (see `stripefs io --help`) and FUSE keys
+    /// (writeback_cache, allow_other, ro, threads=N).
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    options: Vec<String>,
+    /// Stay in the foreground (logs go to stderr; set STRIPEFS_LOG=info for more).
+    #[arg(short = 'f')]
+    foreground: bool,
+    /// The targets, then the mount point.
+    #[arg(required = true, num_args = 2.., value_name = "TARGET... MOUNTPOINT")]
+    paths: Vec<PathBuf>,
+}
+
+/// Unmount a stripefs mount and wait until its daemon has checkpointed and exited.
+#[derive(Debug, clap::Args)]
+pub struct UmountArgs {
+    mountpoint: PathBuf,
+}
+
+/// Splits `-o` into engine options and FUSE options.
+fn split_options(list: &[String]) -> Result<(Vec<String>, ServeOptions), String> {
+    let mut serve_opts = ServeOptions::default();
+    let mut engine = Vec::new();
+    for item in list
+        .iter()
+        .flat_map(|s| s.split(','))
+        .filter(|s| !s.is_empty())
+    {
+        match item.split_once('=') {
+            None if item == "writeback_cache" => serve_opts.writeback_cache = true,
+            None if item == "allow_other" => serve_opts.allow_other = true,
+            None if item == "ro" => serve_opts.read_only = true,
+            None if item == "rw" => serve_opts.read_only = false,
+            None if IGNORED.contains(&item) => {}
+            Some(("threads", v)) => {
+                serve_opts.threads = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=256).contains(n))
+                    .ok_or_else(|| format!("threads must be 1 to 256, not {v:?}"))?;
+            }
+            Some(_) => engine.push(item.to_string()),
+            None => {
+                return Err(format!(
+                    "unknown mount option {item:?} (FUSE keys: {FUSE_KEYS}; engine keys: {})",
+                    crate::mount_opts::KEYS
+                ))
+            }
+        }
+    }
+    Ok((engine, serve_opts))
+}
+
+/// Runs `stripefs mount`.
+pub fn run(a: &MountArgs) -> Result<i32, String> {
+    let (targets, mp) = a.paths.split_at(a.paths.len() - 1);
+    let mp = &mp[0];
+    let (engine, mut serve_opts) = split_options(&a.options)?;
+    let mount_opts = crate::mount_opts::parse(&engine)?;
+    let abs: Vec<PathBuf> = targets
+        .iter()
+        .map(|t| std::path::absolute(t).unwrap_or_else(|_| t.clone()))
+        .collect();
+    serve_opts.fsname = abs
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    if !mp.is_dir() {
+        return Err(format!("mount point {} is not a directory", mp.display()));
+    }
+    if is_mounted(mp) {
+        return Err(format!("{} is already a FUSE mount point", mp.display()));
+    }
+    if !a.foreground {
+        // Refuse here, with a clear error, what the daemon would refuse.
+        drop(lock_targets(&abs, false)?);
+        return daemonize(mp);
+    }
+    let _lock = lock_targets(&abs, false)?;
+    block_signals();
+    let (fs, report) = Fs::mount(open_all(&abs)?, mount_opts).map_err(|e| e.to_string())?;
+    tracing::info!(?report, "engine mounted");
+    let fs = Arc::new(fs);
+    let mounted = match serve(fs.clone(), mp, &serve_opts) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = fs.unmount();
+            return Err(format!("cannot mount {} through FUSE: {e}", mp.display()));
+        }
+    };
+    let unmounter = mounted.unmounter();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let sig = wait_signal();
+            tracing::info!(sig, "signal: unmounting");
+            if let Err(e) = unmounter.unmount() {
+                tracing::error!(%e, "unmount on signal failed");
+            }
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    let served = mounted.join();
+    let flushed = fs.unmount();
+    if let Err(e) = &served {
+        eprintln!("stripefs mount: FUSE session failed: {e}");
+    }
+    if let Err(e) = &flushed {
+        eprintln!("stripefs mount: final writeback or checkpoint failed: {e}");
+    }
+    Ok(i32::from(served.is_err() || flushed.is_err()))
+}
+
+/// Blocks SIGINT and SIGTERM in this thread and every thread it starts, so that only
+/// [`wait_signal`] sees them.
+fn block_signals() {
+    // SAFETY: sigset manipulation on a local, then pthread_sigmask on the calling thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+fn wait_signal() -> i32 {
+    let mut sig = 0;
+    // SAFETY: as in `block_signals`; sigwait writes the signal number into `sig`.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigwait(&set, &mut sig);
+    }
+    sig
+}
+
+fn is_mounted(mp: &Path) -> bool {
+    let Ok(mp) = std::fs::canonicalize(mp) else {
+        return false;
+    };
+    mount_entry(&mp).is_some()
+}
+
+/// The source of the mount at `mp` in `/proc/self/mounts`, if any.
+fn mount_entry(mp: &Path) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let want = mp.to_str()?;
+    mounts.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        let (src, dir, kind) = (f.next()?, f.next()?, f.next()?);
+        (dir == want && kind.starts_with("fuse")).then(|| src.to_string())
+    })
+}
+
+/// Starts the daemon (this program with `-f`) in a new session and waits until the
+/// mount appears or the daemon fails.
+fn daemonize(mp: &Path) -> Result<i32, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    args.insert(1, "-f".into());
+    let mut cmd = Command::new(exe);
+    cmd.args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our terminal.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start the daemon: {e}"))?;
+    let start = Instant::now();
+    loop {
+        if is_mounted(mp) {
+            println!(
+                "mounted at {} (daemon pid {}); unmount with: stripefs umount {}",
+                mp.display(),
+                child.id(),
+                mp.display()
+            );
+            return Ok(0);
+        }
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            let mut msg = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut msg);
+            }
+            eprint!("{msg}");
+            return Err(format!("the daemon exited ({status}) before mounting"));
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            return Err("the daemon did not mount within 120 s (still running)".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `stripefs umount`.
+pub fn run_umount(a: &UmountArgs) -> Result<i32, String> {
+    let mp = std::fs::canonicalize(&a.mountpoint)
+        .map_err(|e| format!("{}: {e}", a.mountpoint.display()))?;
+    let source = mount_entry(&mp).ok_or_else(|| format!("{} is not a FUSE mount", mp.display()))?;
+    let c = CString::new(mp.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: a valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+        return Err(format!(
+            "cannot unmount {}: {}",
+            mp.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    // The daemon holds the targets' locks until its checkpoint is on disk and they are
+    // closed. Sources not written by `stripefs mount` (absolute paths) are not waited on.
+    let targets: Vec<PathBuf> = source.split(':').map(PathBuf::from).collect();
+    if targets.iter().all(|t| t.is_absolute() && t.exists()) {
+        drop(lock_targets(&targets, true)?);
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fuse_and_engine_options_split() {
+        let (engine, s) = split_options(&[
+            "writeback_cache,threads=4,defaults".into(),
+            "dirty_tracking=folio".into(),
+        ])
+        .unwrap();
+        assert_eq!(engine, ["dirty_tracking=folio"]);
+        assert!(s.writeback_cache);
+        assert_eq!(s.threads, 4);
+        assert!(split_options(&["threads=0".into()]).is_err());
+        assert!(split_options(&["bogus".into()])
+            .unwrap_err()
+            .contains("unknown mount option"));
+    }
+}

@@ -1,0 +1,161 @@
+//! `stripefs mount` / `stripefs umount` as a user runs them: a background daemon, a clean
+//! unmount, a refused second mount, and a daemon killed with SIGKILL.
+//! Needs root and `/dev/fuse` (CI has both; see the README).
+
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_stripefs"))
+}
+
+fn run(cmd: &mut Command) -> (i32, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = cmd.output().unwrap();
+    (
+        status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        ),
+    )
+}
+
+struct Setup {
+    dir: PathBuf,
+    targets: Vec<String>,
+}
+
+impl Setup {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("stripefs-mnt-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("m")).unwrap();
+        let targets: Vec<String> = (0..3)
+            .map(|i| dir.join(format!("t{i}")).display().to_string())
+            .collect();
+        let (rc, out) = run(bin()
+            .args(["mkfs", "-s", "64m", "--no-prezero"])
+            .args(&targets));
+        assert_eq!(rc, 0, "{out}");
+        Self { dir, targets }
+    }
+
+    fn mnt(&self) -> PathBuf {
+        self.dir.join("m")
+    }
+
+    fn mount_args(&self) -> Vec<String> {
+        let mut a = self.targets.clone();
+        a.push(self.mnt().display().to_string());
+        a
+    }
+
+    fn fsck(&self) -> (i32, String) {
+        run(bin().arg("fsck").args(&self.targets))
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        lazy_umount(&self.mnt());
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn lazy_umount(p: &Path) {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string; detaching a mount this test made.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+}
+
+fn wait_mounted(p: &Path, child: &mut Child) {
+    let start = Instant::now();
+    let want = p.to_str().unwrap().to_string();
+    loop {
+        let m = fs::read_to_string("/proc/self/mounts").unwrap();
+        if m.lines()
+            .any(|l| l.split(' ').nth(1) == Some(want.as_str()))
+        {
+            return;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "daemon exited early");
+        assert!(start.elapsed() < Duration::from_secs(60), "not mounted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn background_mount_umount_and_a_refused_second_mount() {
+    let s = Setup::new("bg");
+    let (rc, out) = run(bin().arg("mount").args(s.mount_args()));
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("stripefs umount"), "{out}");
+    let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 253) as u8).collect();
+    fs::write(s.mnt().join("f"), &data).unwrap();
+    // Same targets again: refused with a reason, and the first mount is untouched.
+    fs::create_dir_all(s.dir.join("m2")).unwrap();
+    let mut again = s.targets.clone();
+    again.push(s.dir.join("m2").display().to_string());
+    let (rc, out) = run(bin().arg("mount").args(&again));
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.contains("in use by a stripefs mount"), "{out}");
+    // So is a second engine through `io`, with the targets named in another order.
+    let mut reversed = s.targets.clone();
+    reversed.reverse();
+    let (rc, out) = run(bin().args(["io", "-c", "ls /"]).args(&reversed));
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.contains("in use by a stripefs mount"), "{out}");
+    // Not fsynced: a clean unmount still writes it back and checkpoints before returning.
+    let (rc, out) = run(bin().arg("umount").arg(s.mnt()));
+    assert_eq!(rc, 0, "{out}");
+    let (rc, out) = s.fsck();
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("clean"), "{out}");
+    let (rc, out) = run(bin()
+        .args(["io", "-c", "open /f", "-c", "stat"])
+        .args(&s.targets));
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("2000000"), "{out}");
+}
+
+#[test]
+fn sigkill_loses_only_what_was_never_fsynced() {
+    let s = Setup::new("kill");
+    let mut daemon = bin()
+        .arg("mount")
+        .arg("-f")
+        .args(s.mount_args())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_mounted(&s.mnt(), &mut daemon);
+    let synced: Vec<u8> = (0..1_500_000u32).map(|i| (i % 241) as u8).collect();
+    let mut f = File::create(s.mnt().join("synced")).unwrap();
+    f.write_all(&synced).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    fs::write(s.mnt().join("unsynced"), b"may be lost").unwrap();
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    lazy_umount(&s.mnt());
+
+    // The next mount recovers from the journal; the fsynced file is intact.
+    let (rc, out) = run(bin().arg("mount").args(s.mount_args()));
+    assert_eq!(rc, 0, "{out}");
+    assert_eq!(fs::read(s.mnt().join("synced")).unwrap(), synced);
+    let (rc, out) = run(bin().arg("umount").arg(s.mnt()));
+    assert_eq!(rc, 0, "{out}");
+    let (rc, out) = s.fsck();
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("clean"), "{out}");
+}
