@@ -7,6 +7,7 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -131,6 +132,9 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
             return Err(format!("cannot mount {} through FUSE: {e}", mp.display()));
         }
     };
+    if std::env::var_os(DAEMON_ENV).is_some() {
+        detach_stderr();
+    }
     let unmounter = mounted.unmounter();
     std::thread::Builder::new()
         .name("signals".into())
@@ -151,6 +155,23 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
         eprintln!("stripefs mount: final writeback or checkpoint failed: {e}");
     }
     Ok(i32::from(served.is_err() || flushed.is_err()))
+}
+
+/// Set for the daemon `mount` starts without `-f`.
+const DAEMON_ENV: &str = "STRIPEFS_DAEMON";
+
+/// Once mounted, a background daemon's stderr (a pipe to the `mount` command, which
+/// exits) goes to `/dev/null`: a log line written to the dead pipe killed the daemon
+/// (found by stress-ng; `cli_mount` tests it), and an unread pipe
+/// would block the daemon once full. Run with `-f` to see its logs.
+fn detach_stderr() {
+    match std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: dup2 onto fd 2 of a descriptor we own; the old pipe end is closed.
+        Ok(null) => unsafe {
+            libc::dup2(null.as_raw_fd(), 2);
+        },
+        Err(e) => tracing::warn!(%e, "cannot open /dev/null; stderr stays a pipe"),
+    }
 }
 
 /// Blocks SIGINT and SIGTERM in this thread and every thread it starts, so that only
@@ -205,6 +226,7 @@ fn daemonize(mp: &Path) -> Result<i32, String> {
     args.insert(1, "-f".into());
     let mut cmd = Command::new(exe);
     cmd.args(&args)
+        .env(DAEMON_ENV, "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

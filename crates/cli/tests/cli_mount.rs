@@ -102,6 +102,22 @@ fn background_mount_umount_and_a_refused_second_mount() {
     assert!(out.contains("stripefs umount"), "{out}");
     let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 253) as u8).collect();
     fs::write(s.mnt().join("f"), &data).unwrap();
+    // Requests the daemon logs (fuser warns about unimplemented ioctls) after `mount`
+    // has exited must not kill it: its stderr was a pipe to `mount` (found by stress-ng).
+    let f = File::open(s.mnt().join("f")).unwrap();
+    for _ in 0..50 {
+        let mut flags = 0i32;
+        // SAFETY: FS_IOC_GETFLAGS writes one int into `flags`.
+        unsafe {
+            libc::ioctl(
+                std::os::unix::io::AsRawFd::as_raw_fd(&f),
+                0x8008_6601,
+                &mut flags,
+            )
+        };
+    }
+    drop(f);
+    assert_eq!(fs::read(s.mnt().join("f")).unwrap(), data);
     // Same targets again: refused with a reason, and the first mount is untouched.
     fs::create_dir_all(s.dir.join("m2")).unwrap();
     let mut again = s.targets.clone();

@@ -444,6 +444,21 @@ impl Filesystem for StripeFuse {
         }
     }
 
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Makes the directory's entries durable: one journal commit if any is pending.
+        match self.fs.fsync(ino(i), datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
     fn readdir(
         &self,
         _req: &Request,

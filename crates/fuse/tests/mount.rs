@@ -98,6 +98,7 @@ fn namespace_data_and_direct_io_through_the_kernel() {
         .collect();
     names.sort();
     assert_eq!(names, ["b", "d", "s"]);
+    fs::File::open(mnt.join("d")).unwrap().sync_all().unwrap(); // FUSE_FSYNCDIR
     assert_eq!(
         fs::remove_dir(mnt.join("d")).unwrap_err().raw_os_error(),
         Some(libc::ENOTEMPTY)
