@@ -69,6 +69,21 @@ impl StripeFuse {
 
     fn register(&self, ino: Ino, flags: i32) -> stripefs::Result<(FileHandle, FopenFlags)> {
         let fh = self.fs.open(ino)?;
+        if flags & libc::O_TRUNC != 0 {
+            // FUSE_ATOMIC_O_TRUNC: the kernel leaves O_TRUNC to us. POSIX marks mtime and
+            // ctime even when the file was already empty.
+            let now = stripefs::Timespec::now();
+            let trunc = SetAttr {
+                size: Some(0),
+                mtime: Some(TimeSet::At(now)),
+                ctime: Some(now),
+                ..SetAttr::default()
+            };
+            if let Err(e) = self.fs.setattr(ino, &trunc) {
+                let _ = self.fs.release(fh);
+                return Err(e);
+            }
+        }
         let direct = flags & libc::O_DIRECT != 0;
         self.files.lock().insert(fh.0, OpenFile { fh, direct });
         let mut fo = FopenFlags::empty();

@@ -87,6 +87,11 @@ fn namespace_data_and_direct_io_through_the_kernel() {
     fs::create_dir(mnt.join("d")).unwrap();
     fs::write(mnt.join("d/a"), &data).unwrap();
     assert_eq!(fs::read(mnt.join("d/a")).unwrap(), data);
+    // O_TRUNC of an existing file (FUSE_ATOMIC_O_TRUNC leaves it to the daemon).
+    fs::write(mnt.join("d/t"), b"old contents").unwrap();
+    fs::write(mnt.join("d/t"), b"new").unwrap();
+    assert_eq!(fs::read(mnt.join("d/t")).unwrap(), b"new");
+    fs::remove_file(mnt.join("d/t")).unwrap();
     fs::rename(mnt.join("d/a"), mnt.join("b")).unwrap();
     fs::hard_link(mnt.join("b"), mnt.join("d/b2")).unwrap();
     std::os::unix::fs::symlink("b", mnt.join("s")).unwrap();
