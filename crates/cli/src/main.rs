@@ -41,7 +41,14 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = match mount::helper_args(std::env::args_os()) {
+        Some(Ok(args)) => Cli::parse_from(args),
+        Some(Err(e)) => {
+            eprintln!("mount.fuse.stripefs: {e}");
+            std::process::exit(1);
+        }
+        None => Cli::parse(),
+    };
     let res = match &cli.cmd {
         Cmd::Mkfs(a) => mkfs::run(a),
         Cmd::Fsck(a) => fsck::run(a),

@@ -19,7 +19,8 @@ use stripefs_fuse::{serve, ServeOptions};
 use crate::targets::{lock_targets, open_all};
 
 /// Keys of `-o` that the FUSE front end (not the engine) understands.
-const FUSE_KEYS: &str = "writeback_cache, allow_other, ro, rw, threads=N";
+const FUSE_KEYS: &str = "writeback_cache, allow_other, ro, rw, threads=N, \
+and the generic flags noatime, nodev, nosuid, noexec, sync, dirsync and their opposites";
 /// Generic `fstab` options that need nothing from us.
 const IGNORED: &[&str] = &[
     "defaults",
@@ -75,6 +76,7 @@ fn split_options(list: &[String]) -> Result<(Vec<String>, ServeOptions), String>
             None if item == "ro" => serve_opts.read_only = true,
             None if item == "rw" => serve_opts.read_only = false,
             None if IGNORED.contains(&item) => {}
+            None if stripefs_fuse::generic_flag(item) => serve_opts.flags.push(item.to_string()),
             Some(("threads", v)) => {
                 serve_opts.threads = v
                     .parse()
@@ -92,6 +94,59 @@ fn split_options(list: &[String]) -> Result<(Vec<String>, ServeOptions), String>
         }
     }
     Ok((engine, serve_opts))
+}
+
+/// The name `mount(8)` runs for `-t fuse.stripefs` (install it as a link to `stripefs`:
+/// `scripts/install-mount-helper`).
+pub const HELPER_NAME: &str = "mount.fuse.stripefs";
+
+/// When run as the mount helper (`mount.fuse.stripefs SOURCE MOUNTPOINT [-sfnv] [-o OPTS]`,
+/// SOURCE the targets joined by `:`), the equivalent `stripefs mount` command line.
+/// `None` when run under any other name.
+///
+/// # Errors
+/// A usage error.
+pub fn helper_args(
+    args: impl Iterator<Item = std::ffi::OsString>,
+) -> Option<Result<Vec<std::ffi::OsString>, String>> {
+    let mut args = args.peekable();
+    let argv0 = PathBuf::from(args.next()?);
+    if argv0.file_name()? != HELPER_NAME {
+        return None;
+    }
+    Some(translate_helper(
+        args.map(|a| a.to_string_lossy().into_owned()).collect(),
+    ))
+}
+
+fn translate_helper(args: Vec<String>) -> Result<Vec<std::ffi::OsString>, String> {
+    let mut positional = Vec::new();
+    let mut opts = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => opts.push(it.next().ok_or("-o needs a value")?),
+            // No mtab, sloppy, verbose: nothing to do. Fake (-f) is refused rather than
+            // pretended.
+            "-n" | "-s" | "-v" => {}
+            "-f" => return Err("fake mounts (-f) are not supported".into()),
+            "-t" => {
+                it.next();
+            }
+            s if s.starts_with('-') => return Err(format!("unknown option {s}")),
+            _ => positional.push(a),
+        }
+    }
+    let [source, mountpoint] = <[String; 2]>::try_from(positional)
+        .map_err(|_| format!("usage: {HELPER_NAME} SOURCE MOUNTPOINT [-o OPTIONS]"))?;
+    let mut out: Vec<std::ffi::OsString> = vec!["stripefs".into(), "mount".into()];
+    for o in opts {
+        out.push("-o".into());
+        out.push(o.into());
+    }
+    out.extend(source.split(':').filter(|t| !t.is_empty()).map(Into::into));
+    out.push(mountpoint.into());
+    Ok(out)
 }
 
 /// Runs `stripefs mount`.
@@ -118,7 +173,7 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
     if !a.foreground {
         // Refuse here, with a clear error, what the daemon would refuse.
         drop(lock_targets(&abs, false)?);
-        return daemonize(mp);
+        return daemonize(a, mp);
     }
     let _lock = lock_targets(&abs, false)?;
     block_signals();
@@ -220,10 +275,14 @@ fn mount_entry(mp: &Path) -> Option<String> {
 
 /// Starts the daemon (this program with `-f`) in a new session and waits until the
 /// mount appears or the daemon fails.
-fn daemonize(mp: &Path) -> Result<i32, String> {
+fn daemonize(a: &MountArgs, mp: &Path) -> Result<i32, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    args.insert(1, "-f".into());
+    let mut args: Vec<std::ffi::OsString> = vec!["mount".into(), "-f".into()];
+    for o in &a.options {
+        args.push("-o".into());
+        args.push(o.into());
+    }
+    args.extend(a.paths.iter().map(Into::into));
     let mut cmd = Command::new(exe);
     cmd.args(&args)
         .env(DAEMON_ENV, "1")
@@ -292,6 +351,39 @@ pub fn run_umount(a: &UmountArgs) -> Result<i32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mount_helper_becomes_stripefs_mount() {
+        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let got = helper_args(
+            args(&[
+                "/sbin/mount.fuse.stripefs",
+                "/d/t0:/d/t1",
+                "/mnt",
+                "-n",
+                "-o",
+                "rw,threads=8",
+            ])
+            .into_iter(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            got,
+            args(&[
+                "stripefs",
+                "mount",
+                "-o",
+                "rw,threads=8",
+                "/d/t0",
+                "/d/t1",
+                "/mnt"
+            ])
+        );
+        assert!(helper_args(args(&["stripefs", "mount"]).into_iter()).is_none());
+        let bad = helper_args(args(&["mount.fuse.stripefs", "/d/t0"]).into_iter()).unwrap();
+        assert!(bad.unwrap_err().contains("usage"));
+    }
 
     #[test]
     fn fuse_and_engine_options_split() {

@@ -24,6 +24,32 @@ pub struct ServeOptions {
     pub allow_other: bool,
     /// Mount read-only.
     pub read_only: bool,
+    /// Generic mount flags, as `mount(8)` spells them: `noatime`, `nodev`, `nosuid`,
+    /// `noexec`, `sync`, `dirsync` and their opposites. See [`generic_flag`].
+    pub flags: Vec<String>,
+}
+
+/// Whether `word` is a generic mount flag [`serve`] passes to the kernel.
+#[must_use]
+pub fn generic_flag(word: &str) -> bool {
+    flag_option(word).is_some()
+}
+
+fn flag_option(word: &str) -> Option<MountOption> {
+    Some(match word {
+        "dev" => MountOption::Dev,
+        "nodev" => MountOption::NoDev,
+        "suid" => MountOption::Suid,
+        "nosuid" => MountOption::NoSuid,
+        "exec" => MountOption::Exec,
+        "noexec" => MountOption::NoExec,
+        "atime" => MountOption::Atime,
+        "noatime" => MountOption::NoAtime,
+        "sync" => MountOption::Sync,
+        "async" => MountOption::Async,
+        "dirsync" => MountOption::DirSync,
+        _ => return None,
+    })
 }
 
 impl Default for ServeOptions {
@@ -34,6 +60,7 @@ impl Default for ServeOptions {
             writeback_cache: false,
             allow_other: true,
             read_only: false,
+            flags: Vec::new(),
         }
     }
 }
@@ -94,9 +121,20 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
     let mut mount_options = vec![
         MountOption::FSName(opts.fsname.clone()),
         MountOption::DefaultPermissions,
-        MountOption::Dev,
-        MountOption::Suid,
     ];
+    // Devices and set-id bits work as on a local file system unless the caller says not.
+    for (default, unless) in [("dev", "nodev"), ("suid", "nosuid")] {
+        if !opts.flags.iter().any(|f| f == unless) {
+            mount_options.extend(flag_option(default));
+        }
+    }
+    for f in &opts.flags {
+        if let Some(o) = flag_option(f) {
+            if !mount_options.contains(&o) {
+                mount_options.push(o);
+            }
+        }
+    }
     mount_options.push(if opts.read_only {
         MountOption::RO
     } else {
