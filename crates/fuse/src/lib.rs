@@ -104,6 +104,27 @@ fn err(e: &FsError) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+fn done(reply: ReplyEmpty, r: stripefs::Result<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(err(&e)),
+    }
+}
+
+fn entry(reply: ReplyEntry, r: stripefs::Result<stripefs::Attr>) {
+    match r {
+        Ok(a) => reply.entry(&TTL, &convert::attr(&a), Generation(0)),
+        Err(e) => reply.error(err(&e)),
+    }
+}
+
+fn attr(reply: ReplyAttr, r: stripefs::Result<stripefs::Attr>) {
+    match r {
+        Ok(a) => reply.attr(&TTL, &convert::attr(&a)),
+        Err(e) => reply.error(err(&e)),
+    }
+}
+
 fn ino(i: INodeNo) -> Ino {
     Ino(i.0)
 }
@@ -155,17 +176,11 @@ impl Filesystem for StripeFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(ino(parent), name) {
-            Ok(a) => reply.entry(&TTL, &convert::attr(&a), Generation(0)),
-            Err(e) => reply.error(err(&e)),
-        }
+        entry(reply, self.fs.lookup(ino(parent), name))
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino(i)) {
-            Ok(a) => reply.attr(&TTL, &convert::attr(&a)),
-            Err(e) => reply.error(err(&e)),
-        }
+        attr(reply, self.fs.getattr(ino(i)))
     }
 
     fn setattr(
@@ -195,10 +210,7 @@ impl Filesystem for StripeFuse {
             mtime: time_set(mtime),
             ctime: ctime.map(convert::timespec),
         };
-        match self.fs.setattr(ino(i), &s) {
-            Ok(a) => reply.attr(&TTL, &convert::attr(&a)),
-            Err(e) => reply.error(err(&e)),
-        }
+        attr(reply, self.fs.setattr(ino(i), &s))
     }
 
     fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
@@ -229,10 +241,7 @@ impl Filesystem for StripeFuse {
         } else {
             self.fs.mknod(ino(parent), name, kind, p)
         };
-        match r {
-            Ok(a) => reply.entry(&TTL, &convert::attr(&a), Generation(0)),
-            Err(e) => reply.error(err(&e)),
-        }
+        entry(reply, r)
     }
 
     fn mkdir(
@@ -244,24 +253,18 @@ impl Filesystem for StripeFuse {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        match self.fs.mkdir(ino(parent), name, params(req, mode, umask)) {
-            Ok(a) => reply.entry(&TTL, &convert::attr(&a), Generation(0)),
-            Err(e) => reply.error(err(&e)),
-        }
+        entry(
+            reply,
+            self.fs.mkdir(ino(parent), name, params(req, mode, umask)),
+        )
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.unlink(ino(parent), name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(&e)),
-        }
+        done(reply, self.fs.unlink(ino(parent), name))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.rmdir(ino(parent), name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(&e)),
-        }
+        done(reply, self.fs.rmdir(ino(parent), name))
     }
 
     fn symlink(
@@ -273,13 +276,11 @@ impl Filesystem for StripeFuse {
         reply: ReplyEntry,
     ) {
         let p = params(req, 0o777, 0);
-        match self
-            .fs
-            .symlink(ino(parent), link_name, target.as_os_str(), p)
-        {
-            Ok(a) => reply.entry(&TTL, &convert::attr(&a), Generation(0)),
-            Err(e) => reply.error(err(&e)),
-        }
+        entry(
+            reply,
+            self.fs
+                .symlink(ino(parent), link_name, target.as_os_str(), p),
+        );
     }
 
     fn rename(
@@ -302,13 +303,10 @@ impl Filesystem for StripeFuse {
             reply.error(Errno::EINVAL);
             return;
         };
-        match self
+        let r = self
             .fs
-            .rename(ino(parent), name, ino(newparent), newname, mode)
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(&e)),
-        }
+            .rename(ino(parent), name, ino(newparent), newname, mode);
+        done(reply, r);
     }
 
     fn link(
@@ -319,10 +317,7 @@ impl Filesystem for StripeFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        match self.fs.link(ino(i), ino(newparent), newname) {
-            Ok(a) => reply.entry(&TTL, &convert::attr(&a), Generation(0)),
-            Err(e) => reply.error(err(&e)),
-        }
+        entry(reply, self.fs.link(ino(i), ino(newparent), newname))
     }
 
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -435,10 +430,7 @@ impl Filesystem for StripeFuse {
         let Some(of) = self.files.lock().remove(&fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        match self.fs.release(of.fh) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(&e)),
-        }
+        done(reply, self.fs.release(of.fh))
     }
 
     fn fsync(
@@ -453,10 +445,7 @@ impl Filesystem for StripeFuse {
             Ok(of) => of,
             Err(e) => return reply.error(e),
         };
-        match self.fs.fsync_handle(of.fh, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(&e)),
-        }
+        done(reply, self.fs.fsync_handle(of.fh, datasync))
     }
 
     fn fsyncdir(
@@ -468,10 +457,7 @@ impl Filesystem for StripeFuse {
         reply: ReplyEmpty,
     ) {
         // Makes the directory's entries durable: one journal commit if any is pending.
-        match self.fs.fsync(ino(i), datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(&e)),
-        }
+        done(reply, self.fs.fsync(ino(i), datasync))
     }
 
     fn readdir(
@@ -544,10 +530,7 @@ impl Filesystem for StripeFuse {
             libc::XATTR_REPLACE => XattrMode::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
-        match self.fs.setxattr(ino(i), name, value, mode) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(&e)),
-        }
+        done(reply, self.fs.setxattr(ino(i), name, value, mode))
     }
 
     fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -572,10 +555,7 @@ impl Filesystem for StripeFuse {
     }
 
     fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.removexattr(ino(i), name) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(&e)),
-        }
+        done(reply, self.fs.removexattr(ino(i), name))
     }
 
     fn fallocate(
@@ -591,10 +571,7 @@ impl Filesystem for StripeFuse {
         let Some(m) = convert::falloc_mode(mode) else {
             return reply.error(Errno::EOPNOTSUPP);
         };
-        match self.fs.fallocate(ino(i), m, offset, length) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(&e)),
-        }
+        done(reply, self.fs.fallocate(ino(i), m, offset, length))
     }
 
     fn lseek(
