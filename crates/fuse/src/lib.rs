@@ -32,8 +32,11 @@ pub use session::{generic_flag, serve, Mounted, ServeOptions, Unmounter};
 /// long a change made by the library beside the mount (none in `stripefs mount`) hides.
 const TTL: Duration = Duration::from_secs(1);
 
-/// Largest write the kernel sends in one request.
-pub const MAX_WRITE: u32 = 1 << 20;
+/// Largest write we accept in one request. The kernel caps it at `fs.fuse.max_pages_limit`
+/// pages (256, i.e. 1 MiB, by default); raising that sysctl lets 16 MiB through, which
+/// keeps several stripe units in one request (`BENCHMARKS.md`). fuser's per-worker read
+/// buffer is 16 MiB whatever this says.
+pub const MAX_WRITE: u32 = 16 << 20;
 
 /// Per-open state the kernel does not keep for us.
 #[derive(Debug, Clone, Copy)]
