@@ -183,8 +183,11 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
     let mounted = match serve(fs.clone(), mp, &serve_opts) {
         Ok(m) => m,
         Err(e) => {
-            let _ = fs.unmount();
-            return Err(format!("cannot mount {} through FUSE: {e}", mp.display()));
+            let mut msg = format!("cannot mount {} through FUSE: {e}", mp.display());
+            if let Err(u) = fs.unmount() {
+                msg.push_str(&format!("; unmounting the engine then failed too: {u}"));
+            }
+            return Err(msg);
         }
     };
     if std::env::var_os(DAEMON_ENV).is_some() {
