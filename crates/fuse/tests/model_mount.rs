@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use stripefs::{Fs, MkfsOptions, MountOptions};
 use stripefs_fuse::{serve, ServeOptions};
-use stripefs_target::{FileTarget, FileTargetOptions, Target};
+
+mod common;
+use common::{file_targets, Aligned};
 
 const FILES: usize = 4;
 const MAX_SIZE: u64 = 3 << 20;
@@ -33,25 +35,6 @@ impl Rng {
 
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
-    }
-}
-
-/// A sector-aligned buffer for `O_DIRECT`.
-struct Aligned {
-    v: Vec<u8>,
-    off: usize,
-    len: usize,
-}
-
-impl Aligned {
-    fn new(len: usize) -> Self {
-        let v = vec![0u8; len + 4096];
-        let off = v.as_ptr().align_offset(4096);
-        Self { v, off, len }
-    }
-
-    fn buf(&mut self) -> &mut [u8] {
-        &mut self.v[self.off..self.off + self.len]
     }
 }
 
@@ -95,7 +78,7 @@ impl Run {
         let want = &self.model[i]
             [usize::try_from(off.min(size)).unwrap()..usize::try_from(want_end.min(size)).unwrap()];
         let got = if direct {
-            let mut a = Aligned::new(usize::try_from(len).unwrap());
+            let mut a = Aligned::new(usize::try_from(len).unwrap(), 0);
             let n = read_full(&self.handles[i].direct, a.buf(), off, true);
             a.buf()[..n].to_vec()
         } else {
@@ -117,8 +100,7 @@ impl Run {
         let byte = (self.rng.next() & 0xff) as u8 | 1;
         let n = usize::try_from(len).unwrap();
         if direct {
-            let mut a = Aligned::new(n);
-            a.buf().fill(byte);
+            let mut a = Aligned::new(n, byte);
             self.handles[i].direct.write_all_at(a.buf(), off).unwrap();
         } else {
             self.handles[i]
@@ -235,18 +217,7 @@ fn run_seed(seed: u64, ops: u64) {
         std::env::temp_dir().join(format!("stripefs-fuse-model-{seed}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(dir.join("mnt")).unwrap();
-    let targets = || -> Vec<Arc<dyn Target>> {
-        (0..3)
-            .map(|i| {
-                let o = FileTargetOptions {
-                    create_size: Some(128 << 20),
-                    ..FileTargetOptions::default()
-                };
-                Arc::new(FileTarget::open(&dir.join(format!("t{i}")), o).unwrap())
-                    as Arc<dyn Target>
-            })
-            .collect()
-    };
+    let targets = || file_targets(&dir, 3, 128 << 20);
     let mkfs = MkfsOptions {
         stripe_unit: 64 << 10,
         ..MkfsOptions::default()

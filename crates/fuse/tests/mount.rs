@@ -12,7 +12,10 @@ use std::sync::Arc;
 
 use stripefs::{Fs, MkfsOptions, MountOptions};
 use stripefs_fuse::{serve, ServeOptions};
-use stripefs_target::{FileTarget, FileTargetOptions, Target};
+use stripefs_target::Target;
+
+mod common;
+use common::{file_targets, Aligned};
 
 struct Scratch {
     dir: PathBuf,
@@ -27,16 +30,7 @@ impl Scratch {
     }
 
     fn targets(&self) -> Vec<Arc<dyn Target>> {
-        (0..3)
-            .map(|i| {
-                let opts = FileTargetOptions {
-                    create_size: Some(64 << 20),
-                    ..FileTargetOptions::default()
-                };
-                Arc::new(FileTarget::open(&self.dir.join(format!("t{i}")), opts).unwrap())
-                    as Arc<dyn Target>
-            })
-            .collect()
+        file_targets(&self.dir, 3, 64 << 20)
     }
 
     fn mnt(&self) -> PathBuf {
@@ -55,13 +49,6 @@ impl Drop for Scratch {
 
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
-}
-
-/// A 4 KiB-aligned buffer for `O_DIRECT`.
-fn aligned(len: usize, fill: u8) -> (Vec<u8>, usize) {
-    let v = vec![fill; len + 4096];
-    let off = v.as_ptr().align_offset(4096);
-    (v, off)
 }
 
 #[test]
@@ -186,13 +173,12 @@ fn namespace_data_and_direct_io_through_the_kernel() {
         .custom_flags(libc::O_DIRECT)
         .open(mnt.join("direct"))
         .unwrap();
-    let (w, o) = aligned(1 << 20, 0x5a);
-    f.write_all(&w[o..o + (1 << 20)]).unwrap();
-    let (w2, o2) = aligned(2048, 0xc3);
-    f.write_all_at(&w2[o2..o2 + 2048], 8192 + 2048).unwrap();
-    let (mut r, ro) = aligned(16384, 0);
-    f.read_exact_at(&mut r[ro..ro + 16384], 0).unwrap();
-    let got = &r[ro..ro + 16384];
+    f.write_all(Aligned::new(1 << 20, 0x5a).buf()).unwrap();
+    f.write_all_at(Aligned::new(2048, 0xc3).buf(), 8192 + 2048)
+        .unwrap();
+    let mut r = Aligned::new(16384, 0);
+    f.read_exact_at(r.buf(), 0).unwrap();
+    let got = r.buf();
     assert!(got[..10240].iter().all(|&b| b == 0x5a));
     assert!(got[10240..12288].iter().all(|&b| b == 0xc3));
     assert!(got[12288..].iter().all(|&b| b == 0x5a));
