@@ -109,6 +109,11 @@ fn opt_value(args: &mut Vec<String>, f: &str) -> Result<Option<String>, String> 
     }
 }
 
+/// The value of option `f` as a size (k/m/g suffixes), removed from `args`.
+fn size_opt(args: &mut Vec<String>, f: &str) -> Result<Option<u64>, String> {
+    opt_value(args, f)?.map(|v| parse_size(&v)).transpose()
+}
+
 fn two_sizes(args: &[String]) -> Result<(u64, u64), String> {
     match args {
         [o, l] => Ok((parse_size(o)?, parse_size(l)?)),
@@ -199,18 +204,9 @@ impl Runner {
 
     fn pwrite(&mut self, args: &[&str]) -> Result<(), String> {
         let mut a: Vec<String> = args.iter().map(|s| (*s).to_string()).collect();
-        let bs = opt_value(&mut a, "-b")?
-            .map(|v| parse_size(&v))
-            .transpose()?
-            .unwrap_or(DEFAULT_BUF)
-            .max(1);
-        let seed = opt_value(&mut a, "-S")?
-            .map(|v| parse_size(&v))
-            .transpose()?
-            .unwrap_or(0xcd);
-        let depth = opt_value(&mut a, "-q")?
-            .map(|v| parse_size(&v))
-            .transpose()?;
+        let bs = size_opt(&mut a, "-b")?.unwrap_or(DEFAULT_BUF).max(1);
+        let seed = size_opt(&mut a, "-S")?.unwrap_or(0xcd);
+        let depth = size_opt(&mut a, "-q")?;
         let (off, len) = two_sizes(&a)?;
         if let Some(depth) = depth {
             return self.queued(true, off, len, bs, depth, seed as u8);
@@ -242,14 +238,8 @@ impl Runner {
         let mut a: Vec<String> = args.iter().map(|s| (*s).to_string()).collect();
         let verbose = a.iter().any(|x| x == "-v");
         a.retain(|x| x != "-v");
-        let bs = opt_value(&mut a, "-b")?
-            .map(|v| parse_size(&v))
-            .transpose()?
-            .unwrap_or(DEFAULT_BUF)
-            .max(1);
-        let depth = opt_value(&mut a, "-q")?
-            .map(|v| parse_size(&v))
-            .transpose()?;
+        let bs = size_opt(&mut a, "-b")?.unwrap_or(DEFAULT_BUF).max(1);
+        let depth = size_opt(&mut a, "-q")?;
         let (off, len) = two_sizes(&a)?;
         if let Some(depth) = depth {
             return self.queued(false, off, len, bs, depth, 0);
