@@ -44,16 +44,16 @@ use crate::namespace::inode;
 use crate::options::DioSubmit;
 
 /// Most bytes of one direct I/O in flight at once (bounce buffers included).
-const DIO_WINDOW_BYTES: usize = 64 << 20;
+pub(crate) const DIO_WINDOW_BYTES: usize = 64 << 20;
 
-fn first_error(done: &[IoDone]) -> Result<()> {
+pub(crate) fn first_error(done: &[IoDone]) -> Result<()> {
     for d in done {
         d.result.clone()?;
     }
     Ok(())
 }
 
-fn iter_err(e: stripefs_iomap::IterError<FsError>) -> FsError {
+pub(crate) fn iter_err(e: stripefs_iomap::IterError<FsError>) -> FsError {
     match e {
         stripefs_iomap::IterError::Failed { error, .. } => error,
         stripefs_iomap::IterError::Contract(m) => {
@@ -222,14 +222,19 @@ impl Fs {
         io.dio_begin();
         let r = self.write_pieces(mapper, off, data, lock);
         io.dio_end();
-        // Buffered readers may have cached the old bytes meanwhile: drop clean folios.
-        if let Some(fc) = self.inner.cache.existing(mapper.ino.0) {
+        self.drop_clean_after_dio(mapper.ino, off, data.len() as u64);
+        r
+    }
+
+    /// Buffered readers may have cached the old bytes while a direct write ran: drop the
+    /// clean folios over `[off, off + len)` (`len > 0`).
+    pub(crate) fn drop_clean_after_dio(&self, ino: Ino, off: u64, len: u64) {
+        if let Some(fc) = self.inner.cache.existing(ino.0) {
             let fb = u64::from(self.inner.cache.config().folio_bytes);
             self.inner
                 .cache
-                .drop_clean(&fc, off / fb, (off + data.len() as u64 - 1) / fb);
+                .drop_clean(&fc, off / fb, (off + len - 1) / fb);
         }
-        r
     }
 
     fn write_pieces(

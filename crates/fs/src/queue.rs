@@ -1,23 +1,28 @@
-//! The queue-depth API: one thread keeps many direct I/Os in flight (submit now, reap
-//! later), as fio's `iodepth` or io_uring do.
+//! Asynchronous direct I/O: [`Fs::submit_write_direct`] and [`Fs::submit_read_direct`]
+//! start an I/O and call back on completion (a server answers its client from there),
+//! and the queue-depth API built on them: one thread keeps many direct I/Os in
+//! flight (submit now, reap later), as fio's `iodepth` or io_uring do.
 //!
 //! A write that can run under the shared lock is submitted and returns at once; its
 //! completion (unwritten conversion included) runs on the targets' completion threads,
 //! and the in-flight direct-I/O counter keeps exclusive operations (truncate, fallocate,
 //! exclusive direct writes) waiting until it is done (I-000-5). A write that needs the
-//! exclusive lock (allocation, sub-block zeroing, EOF) runs synchronously inside
-//! `submit_write`, as Linux's `IOMAP_DIO_FORCE_WAIT`; its completion is queued at once.
+//! exclusive lock (allocation, sub-block zeroing, EOF) runs synchronously inside the
+//! submission, as Linux's `IOMAP_DIO_FORCE_WAIT`, and calls back before returning.
 //! The last release of a file waits for its queued I/O before freeing anything.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::Ordering;
 use stripefs_core::Ino;
+
 use stripefs_iomap::direct::{submit_read_piece, submit_write_piece, write_lock_for, DioLock};
 use stripefs_iomap::{iterate, IomapOp};
-use stripefs_target::{Batch, IoDone};
+use stripefs_target::Batch;
 
+use crate::direct::{first_error, iter_err, DIO_WINDOW_BYTES};
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::mapping::FileMapper;
@@ -72,13 +77,6 @@ impl Fs {
     }
 }
 
-fn first_error(done: &[IoDone]) -> Result<()> {
-    for d in done {
-        d.result.clone()?;
-    }
-    Ok(())
-}
-
 impl DioQueue {
     /// I/Os submitted and not yet reaped (completed or not): the queue depth in use.
     #[must_use]
@@ -107,78 +105,16 @@ impl DioQueue {
     /// completions.
     ///
     /// # Errors
-    /// `Invalid` for misalignment; `Poisoned`; `Stale`.
+    /// `Invalid` for misalignment; `Poisoned`.
     pub fn submit_write(&self, tag: u64, ino: Ino, off: u64, data: &[u8]) -> Result<()> {
-        let fs = &self.fs;
-        fs.inner.check()?;
-        fs.check_dio_alignment(off, data.len())?;
-        let io = fs.inner.io_lock(ino);
-        let shared = io.read();
-        let mapper = FileMapper::new(fs, ino)?;
-        let len = data.len() as u64;
-        let bs = fs.inner.geo.block_size.bytes_u64();
-        let lock = if off + len <= mapper.size() {
-            fs.coherent_range(&mapper, off, len)?;
-            write_lock_for(
-                &mapper,
-                off,
-                len,
-                mapper.size(),
-                bs,
-                fs.inner.opts.dio_unaligned,
-            )?
-        } else {
-            DioLock::Exclusive
-        };
-        if lock == DioLock::Exclusive {
-            drop(shared);
-            self.start();
-            let result = fs.write_direct(ino, off, data);
-            self.shared.push(DioCompletion {
-                tag,
-                result,
-                data: Vec::new(),
-            });
-            return Ok(());
-        }
-        fs.inner
-            .dio_shared
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        fs.touch_mtime(ino)?;
-        // From here on a completion is guaranteed (it may carry an error).
+        self.fs.inner.check()?;
+        self.fs.check_dio_alignment(off, data.len())?;
         self.start();
-        io.dio_begin();
-        let batch = Batch::new();
-        let mut ends = Vec::new();
-        let walked = iterate(&mapper, off, len, IomapOp::Write, |map, p, n| {
-            ends.push(submit_write_piece(
-                &mapper,
-                &batch,
-                map,
-                p,
-                &data[(p - off) as usize..(p - off + n) as usize],
-                bs,
-            ));
-            Ok(n)
-        });
-        drop(shared);
-        let (fs2, q, io2) = (fs.clone(), Arc::clone(&self.shared), Arc::clone(&io));
-        batch.finish_with(move |done| {
-            let r = walked
-                .map_err(|e| match e {
-                    stripefs_iomap::IterError::Failed { error, .. } => error,
-                    stripefs_iomap::IterError::Contract(m) => FsError::invalid(m),
-                })
-                .and_then(|_| first_error(&done))
-                .and_then(|()| fs2.record_dio(ino, &ends, off + len))
-                .map(|()| len as usize);
-            fs2.inner
-                .bufs
-                .put_all(done.into_iter().flat_map(|d| d.bufs));
-            io2.dio_end();
+        let q = Arc::clone(&self.shared);
+        self.fs.submit_write_direct(ino, off, data, move |result| {
             q.push(DioCompletion {
                 tag,
-                result: r,
+                result,
                 data: Vec::new(),
             });
         });
@@ -188,69 +124,197 @@ impl DioQueue {
     /// Queues a direct read of `len` bytes at `off` (sector multiples).
     ///
     /// # Errors
-    /// `Invalid` for misalignment; `Poisoned`; `Stale`.
+    /// `Invalid` for misalignment; `Poisoned`.
     pub fn submit_read(&self, tag: u64, ino: Ino, off: u64, len: usize) -> Result<()> {
-        let fs = &self.fs;
-        fs.inner.check()?;
-        fs.check_dio_alignment(off, len)?;
-        let io = fs.inner.io_lock(ino);
-        let shared = io.read();
-        let mapper = FileMapper::new(fs, ino)?;
-        fs.write_back_range(&mapper, off, len as u64)?;
-        let size = mapper.size();
+        self.fs.inner.check()?;
+        self.fs.check_dio_alignment(off, len)?;
         self.start();
-        if off >= size || len == 0 {
-            self.shared.push(DioCompletion {
-                tag,
-                result: Ok(0),
-                data: Vec::new(),
-            });
-            return Ok(());
+        let q = Arc::clone(&self.shared);
+        self.fs.submit_read_direct(ino, off, len, move |r| {
+            let (result, data) = match r {
+                Ok(data) => (Ok(data.len()), data),
+                Err(e) => (Err(e), Vec::new()),
+            };
+            q.push(DioCompletion { tag, result, data });
+        });
+        Ok(())
+    }
+}
+
+impl Fs {
+    /// Starts a direct write of `data` at `off` (as [`Fs::write_direct`]) and returns
+    /// without waiting when it can run under the shared lock; `done` gets the result
+    /// exactly once, on a target completion thread, or on this thread before returning
+    /// when the write runs synchronously (exclusive lock, more than one window) or could
+    /// not start. `data` is copied before this returns.
+    pub fn submit_write_direct<F>(&self, ino: Ino, off: u64, data: &[u8], done: F)
+    where
+        F: FnOnce(Result<usize>) + Send + 'static,
+    {
+        let io = self.inner.io_lock(ino);
+        let shared = io.read();
+        let mapper = match self.shared_write_mapper(ino, off, data.len()) {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                drop(shared);
+                return done(self.write_direct(ino, off, data));
+            }
+            Err(e) => {
+                drop(shared);
+                return done(Err(e));
+            }
+        };
+        if let Err(e) = self.touch_mtime(ino) {
+            drop((mapper, shared));
+            return done(Err(e));
         }
-        let n = (len as u64).min(size - off);
-        let span = n
-            .next_multiple_of(u64::from(fs.inner.geo.sector_size))
-            .min(len as u64);
+        self.inner.dio_shared.fetch_add(1, Ordering::Relaxed);
+        let len = data.len() as u64;
+        let bs = self.inner.geo.block_size.bytes_u64();
+        // From here on `done` runs from the batch's completion.
+        io.dio_begin();
+        let batch = Batch::new();
+        let mut ends = Vec::new();
+        let walked = iterate(&mapper, off, len, IomapOp::Write, |map, p, n| {
+            let src = &data[(p - off) as usize..(p - off + n) as usize];
+            ends.push(submit_write_piece(&mapper, &batch, map, p, src, bs));
+            Ok(n)
+        });
+        self.inner
+            .dio_pieces
+            .fetch_add(batch.submitted() as u64, Ordering::Relaxed);
+        drop(shared);
+        let (fs, io) = (self.clone(), Arc::clone(&io));
+        batch.finish_with(move |completed| {
+            let r = walked
+                .map_err(iter_err)
+                .and_then(|_| first_error(&completed))
+                .and_then(|()| fs.record_dio(ino, &ends, off + len))
+                .map(|()| len as usize);
+            fs.inner
+                .bufs
+                .put_all(completed.into_iter().flat_map(|d| d.bufs));
+            io.dio_end();
+            fs.drop_clean_after_dio(ino, off, len);
+            done(r);
+        });
+    }
+
+    /// The mapper for a direct write that may run under the shared inode lock (which the
+    /// caller holds), or `None` when it needs the synchronous, exclusive path.
+    fn shared_write_mapper(
+        &self,
+        ino: Ino,
+        off: u64,
+        len: usize,
+    ) -> Result<Option<FileMapper<'_>>> {
+        self.inner.check()?;
+        self.check_dio_alignment(off, len)?;
+        if len == 0 || len > DIO_WINDOW_BYTES {
+            return Ok(None);
+        }
+        let mapper = FileMapper::new(self, ino)?;
+        let end = off.checked_add(len as u64).ok_or(FsError::FileTooBig)?;
+        if end > mapper.size() {
+            return Ok(None);
+        }
+        self.coherent_range(&mapper, off, len as u64)?;
+        let lock = write_lock_for(
+            &mapper,
+            off,
+            len as u64,
+            mapper.size(),
+            self.inner.geo.block_size.bytes_u64(),
+            self.inner.opts.dio_unaligned,
+        )?;
+        Ok((lock == DioLock::Shared).then_some(mapper))
+    }
+
+    /// Starts a direct read of up to `len` bytes at `off` (as [`Fs::read_direct`]);
+    /// `done` gets the bytes read (fewer at EOF) exactly once, on a target completion
+    /// thread or, when the read cannot start or needs no I/O, on this thread before
+    /// returning.
+    pub fn submit_read_direct<F>(&self, ino: Ino, off: u64, len: usize, done: F)
+    where
+        F: FnOnce(Result<Vec<u8>>) + Send + 'static,
+    {
+        if len > DIO_WINDOW_BYTES {
+            let mut buf = vec![0u8; len];
+            let r = self.read_direct(ino, off, &mut buf).map(|n| {
+                buf.truncate(n);
+                buf
+            });
+            return done(r);
+        }
+        let io = self.inner.io_lock(ino);
+        let shared = io.read();
+        let (mapper, n, span) = match self.read_span(ino, off, len) {
+            Ok(Some(v)) => v,
+            Ok(None) => {
+                drop(shared);
+                return done(Ok(Vec::new()));
+            }
+            Err(e) => {
+                drop(shared);
+                return done(Err(e));
+            }
+        };
         io.dio_begin();
         let batch = Batch::new();
         let mut pieces = Vec::new();
         let walked = iterate(&mapper, off, span, IomapOp::Read, |map, p, k| {
+            let at = (p - off) as usize;
             pieces.push((
                 submit_read_piece(&mapper, &batch, map, p, k),
-                (p - off) as usize,
+                at,
                 k as usize,
             ));
             Ok(k)
         });
         drop(shared);
-        let (fs2, q, io2) = (fs.clone(), Arc::clone(&self.shared), Arc::clone(&io));
-        batch.finish_with(move |done| {
-            let mut data = vec![0u8; span as usize];
+        let (fs, io) = (self.clone(), Arc::clone(&io));
+        batch.finish_with(move |completed| {
             let r = walked
-                .map_err(|e| match e {
-                    stripefs_iomap::IterError::Failed { error, .. } => error,
-                    stripefs_iomap::IterError::Contract(m) => FsError::invalid(m),
-                })
-                .and_then(|_| first_error(&done))
+                .map_err(iter_err)
+                .and_then(|_| first_error(&completed))
                 .map(|()| {
+                    let mut data = vec![0u8; span as usize];
                     for (slot, at, k) in pieces {
                         if let Some(slot) = slot {
-                            data[at..at + k].copy_from_slice(&done[slot].bufs[0][..k]);
+                            data[at..at + k].copy_from_slice(&completed[slot].bufs[0][..k]);
                         }
                     }
                     data.truncate(n as usize);
-                    n as usize
+                    data
                 });
-            fs2.inner
+            fs.inner
                 .bufs
-                .put_all(done.into_iter().flat_map(|d| d.bufs));
-            io2.dio_end();
-            q.push(DioCompletion {
-                tag,
-                result: r,
-                data,
-            });
+                .put_all(completed.into_iter().flat_map(|d| d.bufs));
+            io.dio_end();
+            done(r);
         });
-        Ok(())
+    }
+
+    /// For a direct read under the shared lock: the mapper, the bytes before EOF and the
+    /// sector-rounded span to read; `None` when nothing is to be read.
+    fn read_span(
+        &self,
+        ino: Ino,
+        off: u64,
+        len: usize,
+    ) -> Result<Option<(FileMapper<'_>, u64, u64)>> {
+        self.inner.check()?;
+        self.check_dio_alignment(off, len)?;
+        let mapper = FileMapper::new(self, ino)?;
+        self.write_back_range(&mapper, off, len as u64)?;
+        let size = mapper.size();
+        if off >= size || len == 0 {
+            return Ok(None);
+        }
+        let n = (len as u64).min(size - off);
+        let span = n
+            .next_multiple_of(u64::from(self.inner.geo.sector_size))
+            .min(len as u64);
+        Ok(Some((mapper, n, span)))
     }
 }

@@ -504,3 +504,86 @@ fn last_close_waits_for_queued_direct_io() {
     assert!(done.iter().all(|c| c.result.is_ok()));
     fs.unmount().unwrap();
 }
+
+/// The callback form of direct I/O answers exactly once on every path: queued (shared
+/// lock), synchronous (exclusive lock: past EOF), refused (misaligned), and reads at and
+/// beyond EOF. A buffered reader that cached the old bytes while the write was in flight
+/// sees the new ones after the callback (clean folios over the range dropped on completion).
+#[test]
+fn callback_direct_io_answers_once_on_every_path() {
+    use std::sync::mpsc;
+    let s = sims(2, 16 << 20);
+    let fs = fresh(&s, 4096, 65536);
+    let f = fs.create(Ino::ROOT, "f".as_ref(), p()).unwrap();
+    fs.write_direct(f.ino, 0, &[1u8; 65536]).unwrap();
+    fs.unmount().unwrap();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let views: Vec<Arc<dyn Target>> = s
+        .iter()
+        .map(|s| {
+            Arc::new(CountingView {
+                inner: Arc::clone(s),
+                in_flight: Arc::clone(&in_flight),
+                peak: Arc::default(),
+            }) as Arc<dyn Target>
+        })
+        .collect();
+    let (fs, _) = Fs::mount(views, quiet()).unwrap();
+    let (tx, rx) = mpsc::channel::<(u32, stripefs::Result<usize>)>();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let cases: [(u32, u64, usize); 3] = [(0, 8192 + 2048, 2048), (1, 65536, 4096), (2, 100, 512)];
+    for (tag, off, len) in cases {
+        let (tx, calls) = (tx.clone(), Arc::clone(&calls));
+        fs.submit_write_direct(f.ino, off, &vec![tag as u8 + 5; len], move |r| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tx.send((tag, r)).unwrap();
+        });
+        if tag == 0 {
+            // The write is still on its way to the target: this caches the old bytes.
+            let mut old = vec![0u8; 4096];
+            fs.read_at(f.ino, 8192, &mut old).unwrap();
+            assert!(
+                in_flight.load(Ordering::SeqCst) > 0,
+                "write already completed"
+            );
+            assert!(old.iter().all(|&b| b == 1));
+        }
+    }
+    let mut got: Vec<_> = (0..3).map(|_| rx.recv().unwrap()).collect();
+    got.sort_by_key(|g| g.0);
+    assert!(
+        matches!(got[0].1, Ok(2048)),
+        "queued overwrite: {:?}",
+        got[0].1
+    );
+    assert!(
+        matches!(got[1].1, Ok(4096)),
+        "extending write: {:?}",
+        got[1].1
+    );
+    assert!(
+        matches!(got[2].1, Err(stripefs::FsError::Invalid(_))),
+        "misaligned: {:?}",
+        got[2].1
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "one answer per submission");
+    let mut now = vec![0u8; 4096];
+    fs.read_at(f.ino, 8192, &mut now).unwrap();
+    assert!(
+        now[..2048].iter().all(|&b| b == 1) && now[2048..].iter().all(|&b| b == 5),
+        "buffered read after completion returned stale bytes"
+    );
+    let (rtx, rrx) = mpsc::channel();
+    for (off, len) in [(65536u64, 8192usize), (1 << 20, 4096)] {
+        let rtx = rtx.clone();
+        fs.submit_read_direct(f.ino, off, len, move |r| rtx.send((off, r)).unwrap());
+    }
+    let mut reads: Vec<_> = (0..2).map(|_| rrx.recv().unwrap()).collect();
+    reads.sort_by_key(|r| r.0);
+    let tail = reads[0].1.as_ref().unwrap();
+    assert_eq!(tail.len(), 4096, "short read at EOF");
+    assert!(tail.iter().all(|&b| b == 6));
+    assert!(reads[1].1.as_ref().unwrap().is_empty(), "read past EOF");
+    assert!(rx.try_recv().is_err() && rrx.try_recv().is_err());
+    fs.unmount().unwrap();
+}
