@@ -38,6 +38,11 @@ const TTL: Duration = Duration::from_secs(1);
 /// buffer is 16 MiB whatever this says.
 pub const MAX_WRITE: u32 = 16 << 20;
 
+/// Asynchronous requests the kernel keeps outstanding at once (`max_background`). Direct
+/// I/O under `FUSE_ASYNC_DIO` counts here: at fuser's default (16) a program at queue
+/// depth 64 finds its `io_submit` sleeping in the kernel until earlier answers arrive.
+const MAX_BACKGROUND: u16 = 256;
+
 /// Per-open state the kernel does not keep for us.
 #[derive(Debug, Clone, Copy)]
 struct OpenFile {
@@ -128,6 +133,13 @@ fn attr(reply: ReplyAttr, r: stripefs::Result<stripefs::Attr>) {
     }
 }
 
+fn written(reply: ReplyWrite, r: stripefs::Result<usize>) {
+    match r {
+        Ok(n) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
+        Err(e) => reply.error(err(&e)),
+    }
+}
+
 fn ino(i: INodeNo) -> Ino {
     Ino(i.0)
 }
@@ -171,6 +183,7 @@ impl Filesystem for StripeFuse {
             tracing::info!(max, "kernel caps max_write");
             let _ = config.set_max_write(max);
         }
+        let _ = config.set_max_background(MAX_BACKGROUND);
         Ok(())
     }
 
@@ -365,13 +378,17 @@ impl Filesystem for StripeFuse {
             Ok(of) => of,
             Err(e) => return reply.error(e),
         };
+        if of.direct {
+            // Answered from the targets' completion thread; this worker moves on.
+            return self
+                .fs
+                .submit_read_direct(ino(i), offset, size as usize, move |r| match r {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => reply.error(err(&e)),
+                });
+        }
         let mut buf = vec![0u8; size as usize];
-        let r = if of.direct {
-            self.fs.read_direct(ino(i), offset, &mut buf)
-        } else {
-            self.fs.read_at(ino(i), offset, &mut buf)
-        };
-        match r {
+        match self.fs.read_at(ino(i), offset, &mut buf) {
             Ok(n) => reply.data(&buf[..n]),
             Err(e) => reply.error(err(&e)),
         }
@@ -393,15 +410,13 @@ impl Filesystem for StripeFuse {
             Ok(of) => of,
             Err(e) => return reply.error(e),
         };
-        let r = if of.direct {
-            self.fs.write_direct(ino(i), offset, data)
-        } else {
-            self.fs.write_at(ino(i), offset, data)
-        };
-        match r {
-            Ok(n) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
-            Err(e) => reply.error(err(&e)),
+        if of.direct {
+            // Answered from the targets' completion thread; this worker moves on.
+            return self
+                .fs
+                .submit_write_direct(ino(i), offset, data, move |r| written(reply, r));
         }
+        written(reply, self.fs.write_at(ino(i), offset, data));
     }
 
     fn flush(
