@@ -19,7 +19,7 @@ use stripefs_fuse::{serve, ServeOptions};
 use crate::targets::{lock_targets, open_all};
 
 /// Keys of `-o` that the FUSE front end (not the engine) understands.
-const FUSE_KEYS: &str = "writeback_cache, allow_other, ro, rw, threads=N, \
+const FUSE_KEYS: &str = "writeback_cache, fopen_direct_io, allow_other, ro, rw, threads=N, \
 and the generic flags noatime, nodev, nosuid, noexec, sync, dirsync and their opposites";
 /// Generic `fstab` options that need nothing from us.
 const IGNORED: &[&str] = &[
@@ -44,7 +44,7 @@ const IGNORED: &[&str] = &[
 #[derive(Debug, clap::Args)]
 pub struct MountArgs {
     /// Mount options: engine keys (see `stripefs io --help`) and FUSE keys
-    /// (writeback_cache, allow_other, ro, threads=N).
+    /// (writeback_cache, fopen_direct_io, allow_other, ro, threads=N).
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Stay in the foreground (logs go to stderr; set STRIPEFS_LOG=info for more).
@@ -71,7 +71,8 @@ fn split_options(list: &[String]) -> Result<(Vec<String>, ServeOptions), String>
         .filter(|s| !s.is_empty())
     {
         match item.split_once('=') {
-            None if item == "writeback_cache" => serve_opts.writeback_cache = true,
+            None if item == "writeback_cache" => serve_opts.fuse.writeback_cache = true,
+            None if item == "fopen_direct_io" => serve_opts.fuse.fopen_direct_io = true,
             None if item == "allow_other" => serve_opts.allow_other = true,
             None if item == "ro" => serve_opts.read_only = true,
             None if item == "rw" => serve_opts.read_only = false,
@@ -396,7 +397,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(engine, ["dirty_tracking=folio"]);
-        assert!(s.writeback_cache);
+        assert!(s.fuse.writeback_cache && !s.fuse.fopen_direct_io);
         assert_eq!(s.threads, 4);
         assert!(split_options(&["threads=0".into()]).is_err());
         assert!(split_options(&["bogus".into()])

@@ -44,7 +44,7 @@ pub use file::File;
 pub use fs::{Fs, MountReport};
 pub use io::{MappedRange, MAX_FILE_BYTES};
 pub use journal::JournalPosition;
-pub use namespace::{XattrMode, LINK_MAX};
+pub use namespace::{setid_dropped, XattrMode, LINK_MAX};
 pub use options::{DioSubmit, MkfsOptions, MountOptions};
 pub use path::Follow;
 pub use queue::{DioCompletion, DioQueue};

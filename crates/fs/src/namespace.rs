@@ -635,6 +635,26 @@ impl Fs {
         self.attr_of(&m, ino)
     }
 
+    /// Drops the set-ID bits a change of content takes away from a file that is not a
+    /// directory (the VFS's `file_remove_privs`, for a writer without `CAP_FSETID`):
+    /// set-user-ID always, set-group-ID when the file is group-executable or
+    /// `sgid_always`. Logs nothing when no bit is set.
+    ///
+    /// # Errors
+    /// `Stale`; `NoSpace` when the journal is full.
+    pub fn drop_setid(&self, ino: Ino, sgid_always: bool) -> Result<()> {
+        self.inner.check()?;
+        let mut m = self.inner.meta.lock();
+        let mut a = inode(&m, ino)?.attrs.clone();
+        let perm = setid_dropped(a.kind, a.perm, sgid_always);
+        if perm == a.perm {
+            return Ok(());
+        }
+        a.perm = perm;
+        a.ctime = Timespec::now();
+        self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
+    }
+
     /// Value of extended attribute `name`.
     ///
     /// # Errors
@@ -820,4 +840,22 @@ impl Fs {
         self.reap_dead();
         Ok(())
     }
+}
+
+/// `perm` without the set-ID bits a change of content or owner drops (see
+/// [`Fs::drop_setid`]); directories keep theirs (set-group-ID on a directory is
+/// inheritance, not privilege).
+#[must_use]
+pub fn setid_dropped(kind: FileKind, perm: u16, sgid_always: bool) -> u16 {
+    const SUID: u16 = 0o4000;
+    const SGID: u16 = 0o2000;
+    const XGRP: u16 = 0o0010;
+    if kind == FileKind::Directory {
+        return perm;
+    }
+    let mut p = perm & !SUID;
+    if sgid_always || perm & XGRP != 0 {
+        p &= !SGID;
+    }
+    p
 }

@@ -5,6 +5,7 @@
 //! kernel is told (capabilities, open flags, cache timeouts) and why.
 
 mod convert;
+mod privs;
 mod session;
 
 use std::ffi::OsStr;
@@ -51,23 +52,34 @@ struct OpenFile {
     direct: bool,
 }
 
+/// What the kernel is asked for; see `docs/design/fuse.md`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FuseConfig {
+    /// Ask for the kernel's writeback cache (`FUSE_WRITEBACK_CACHE`).
+    pub writeback_cache: bool,
+    /// Open `O_DIRECT` files with `FOPEN_DIRECT_IO | FOPEN_PARALLEL_DIRECT_WRITES`
+    /// (the old behaviour; `-o fopen_direct_io`). By default the kernel's own direct-I/O
+    /// path carries them, which sends every piece of a large synchronous request at once
+    /// where `FOPEN_DIRECT_IO` waits for each in turn.
+    pub fopen_direct_io: bool,
+}
+
 /// The `fuser::Filesystem` over a stripefs file system.
 #[derive(Debug)]
 pub struct StripeFuse {
     fs: Arc<Fs>,
     files: Mutex<HashMap<u64, OpenFile>>,
-    /// Ask the kernel for its writeback cache (`FUSE_WRITEBACK_CACHE`).
-    writeback_cache: bool,
+    cfg: FuseConfig,
 }
 
 impl StripeFuse {
     /// Serves `fs`.
     #[must_use]
-    pub fn new(fs: Arc<Fs>, writeback_cache: bool) -> Self {
+    pub fn new(fs: Arc<Fs>, cfg: FuseConfig) -> Self {
         Self {
             fs,
             files: Mutex::new(HashMap::new()),
-            writeback_cache,
+            cfg,
         }
     }
 
@@ -75,19 +87,15 @@ impl StripeFuse {
         self.files.lock().get(&fh.0).copied().ok_or(Errno::EBADF)
     }
 
-    fn register(&self, ino: Ino, flags: i32) -> stripefs::Result<(FileHandle, FopenFlags)> {
+    fn register(
+        &self,
+        req: &Request,
+        ino: Ino,
+        flags: i32,
+    ) -> stripefs::Result<(FileHandle, FopenFlags)> {
         let fh = self.fs.open(ino)?;
         if flags & libc::O_TRUNC != 0 {
-            // FUSE_ATOMIC_O_TRUNC: the kernel leaves O_TRUNC to us. POSIX marks mtime and
-            // ctime even when the file was already empty.
-            let now = stripefs::Timespec::now();
-            let trunc = SetAttr {
-                size: Some(0),
-                mtime: Some(TimeSet::At(now)),
-                ctime: Some(now),
-                ..SetAttr::default()
-            };
-            if let Err(e) = self.fs.setattr(ino, &trunc) {
+            if let Err(e) = self.truncate_on_open(req, ino) {
                 let _ = self.fs.release(fh);
                 return Err(e);
             }
@@ -95,10 +103,62 @@ impl StripeFuse {
         let direct = flags & libc::O_DIRECT != 0;
         self.files.lock().insert(fh.0, OpenFile { fh, direct });
         let mut fo = FopenFlags::empty();
-        if direct {
+        if direct && self.cfg.fopen_direct_io {
             fo |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
         }
         Ok((FileHandle(fh.0), fo))
+    }
+
+    /// `FUSE_ATOMIC_O_TRUNC`: the kernel leaves `O_TRUNC` to us. POSIX marks mtime and
+    /// ctime even when the file was already empty; an unprivileged caller loses the
+    /// set-ID bits (`FUSE_OPEN_KILL_SUIDGID`).
+    fn truncate_on_open(&self, req: &Request, ino: Ino) -> stripefs::Result<()> {
+        let now = stripefs::Timespec::now();
+        let mut trunc = SetAttr {
+            size: Some(0),
+            mtime: Some(TimeSet::At(now)),
+            ctime: Some(now),
+            ..SetAttr::default()
+        };
+        trunc.mode = self.killed_on_truncate(req, ino)?;
+        self.fs.setattr(ino, &trunc).map(drop)
+    }
+
+    /// The mode a truncate by this caller leaves, if it drops set-ID bits.
+    fn killed_on_truncate(&self, req: &Request, ino: Ino) -> stripefs::Result<Option<u32>> {
+        let a = self.fs.getattr(ino)?;
+        let perm = (a.mode & 0o7777) as u16;
+        let kept = stripefs::setid_dropped(a.kind, perm, false);
+        Ok((kept != perm && !privs::has_fsetid(req.pid())).then_some(u32::from(kept)))
+    }
+
+    /// A write by a caller without `CAP_FSETID` drops set-user-ID, and set-group-ID when
+    /// group-executable or when the caller is not in the file's group (the VFS's
+    /// `setattr_should_drop_sgid`; the protocol's flag alone cannot say the latter).
+    fn kill_on_write(&self, req: &Request, ino: Ino) -> stripefs::Result<()> {
+        let a = self.fs.getattr(ino)?;
+        let perm = (a.mode & 0o7777) as u16;
+        if stripefs::setid_dropped(a.kind, perm, true) == perm {
+            return Ok(());
+        }
+        let sgid_always = !privs::in_group_or_capable(req.pid(), req.gid(), a.gid);
+        self.fs.drop_setid(ino, sgid_always)
+    }
+
+    /// The mode a chown by this caller leaves: set-user-ID goes, set-group-ID too when
+    /// group-executable or when the caller is neither in the group nor privileged.
+    fn killed_on_chown(&self, req: &Request, ino: Ino) -> stripefs::Result<Option<u32>> {
+        let a = self.fs.getattr(ino)?;
+        let perm = (a.mode & 0o7777) as u16;
+        if stripefs::setid_dropped(a.kind, perm, true) == perm {
+            return Ok(None);
+        }
+        let sgid_always = !privs::in_group_or_capable(req.pid(), req.gid(), a.gid);
+        Ok(Some(u32::from(stripefs::setid_dropped(
+            a.kind,
+            perm,
+            sgid_always,
+        ))))
     }
 }
 
@@ -168,8 +228,9 @@ impl Filesystem for StripeFuse {
             | InitFlags::FUSE_MAX_PAGES
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ATOMIC_O_TRUNC
-            | InitFlags::FUSE_ASYNC_READ;
-        if self.writeback_cache {
+            | InitFlags::FUSE_ASYNC_READ
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+        if self.cfg.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
         let have = config.capabilities();
@@ -201,7 +262,7 @@ impl Filesystem for StripeFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -217,6 +278,17 @@ impl Filesystem for StripeFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        // FUSE_HANDLE_KILLPRIV_V2: chown and truncate drop set-ID bits here.
+        let killed = match (mode, uid.or(gid), size) {
+            (Some(_), _, _) => Ok(None),
+            (None, Some(_), _) => self.killed_on_chown(req, ino(i)),
+            (None, None, Some(_)) => self.killed_on_truncate(req, ino(i)),
+            (None, None, None) => Ok(None),
+        };
+        let mode = match killed {
+            Ok(k) => mode.or(k),
+            Err(e) => return reply.error(err(&e)),
+        };
         let s = SetAttr {
             mode,
             uid,
@@ -336,8 +408,8 @@ impl Filesystem for StripeFuse {
         entry(reply, self.fs.link(ino(i), ino(newparent), newname))
     }
 
-    fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.register(ino(i), flags.0) {
+    fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.register(req, ino(i), flags.0) {
             Ok((fh, fo)) => reply.opened(fh, fo),
             Err(e) => reply.error(err(&e)),
         }
@@ -357,7 +429,7 @@ impl Filesystem for StripeFuse {
             Ok(a) => a,
             Err(e) => return reply.error(err(&e)),
         };
-        match self.register(a.ino, flags) {
+        match self.register(req, a.ino, flags) {
             Ok((fh, fo)) => reply.created(&TTL, &convert::attr(&a), Generation(0), fh, fo),
             Err(e) => reply.error(err(&e)),
         }
@@ -396,12 +468,12 @@ impl Filesystem for StripeFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -410,6 +482,13 @@ impl Filesystem for StripeFuse {
             Ok(of) => of,
             Err(e) => return reply.error(e),
         };
+        // FUSE_HANDLE_KILLPRIV_V2: the kernel marks writers without CAP_FSETID; their
+        // write drops the set-ID bits first, as the VFS does before writing.
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            if let Err(e) = self.kill_on_write(req, ino(i)) {
+                return reply.error(err(&e));
+            }
+        }
         if of.direct {
             // Answered from the targets' completion thread; this worker moves on.
             return self

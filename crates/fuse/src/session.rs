@@ -9,7 +9,7 @@ use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use parking_lot::Mutex;
 use stripefs::Fs;
 
-use crate::StripeFuse;
+use crate::{FuseConfig, StripeFuse};
 
 /// How to present the file system to the kernel.
 #[derive(Debug, Clone)]
@@ -18,8 +18,8 @@ pub struct ServeOptions {
     pub fsname: String,
     /// Threads reading requests: the most requests served at once.
     pub threads: usize,
-    /// Ask for the kernel's writeback cache (`-o writeback_cache`).
-    pub writeback_cache: bool,
+    /// What the kernel is asked for (`-o writeback_cache`, `-o fopen_direct_io`).
+    pub fuse: FuseConfig,
     /// Let users other than the mounter in (`allow_other`).
     pub allow_other: bool,
     /// Mount read-only.
@@ -57,7 +57,7 @@ impl Default for ServeOptions {
         Self {
             fsname: "stripefs".into(),
             threads: 16,
-            writeback_cache: false,
+            fuse: FuseConfig::default(),
             allow_other: true,
             read_only: false,
             flags: Vec::new(),
@@ -149,7 +149,7 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
     };
     cfg.n_threads = Some(opts.threads.max(1));
     cfg.clone_fd = true;
-    let mut session = Session::new(StripeFuse::new(fs, opts.writeback_cache), mountpoint, &cfg)?;
+    let mut session = Session::new(StripeFuse::new(fs, opts.fuse), mountpoint, &cfg)?;
     let unmounter = Unmounter(Arc::new(Mutex::new(session.unmount_callable())));
     let thread = std::thread::Builder::new()
         .name("stripefs-fuse".into())

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use stripefs::{Fs, MkfsOptions, MountOptions};
-use stripefs_fuse::{serve, ServeOptions};
+use stripefs_fuse::{serve, FuseConfig, ServeOptions};
 
 mod common;
 use common::{file_targets, Aligned};
@@ -212,7 +212,7 @@ fn ops() -> u64 {
         .unwrap_or(50_000)
 }
 
-fn run_seed(seed: u64, ops: u64) {
+fn run_seed(seed: u64, ops: u64, fuse: FuseConfig) {
     let dir =
         std::env::temp_dir().join(format!("stripefs-fuse-model-{seed}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
@@ -226,7 +226,11 @@ fn run_seed(seed: u64, ops: u64) {
     let (fs, _) = Fs::mount(targets(), MountOptions::default()).unwrap();
     let fs = Arc::new(fs);
     let mnt = dir.join("mnt");
-    let m = serve(fs.clone(), &mnt, &ServeOptions::default()).unwrap();
+    let opts = ServeOptions {
+        fuse,
+        ..ServeOptions::default()
+    };
+    let m = serve(fs.clone(), &mnt, &opts).unwrap();
     let paths: Vec<PathBuf> = (0..FILES).map(|i| mnt.join(format!("f{i}"))).collect();
     let mut run = Run {
         rng: Rng(seed),
@@ -265,7 +269,12 @@ fn run_seed(seed: u64, ops: u64) {
 #[test]
 fn model_through_the_mount_mixed_buffered_and_direct() {
     let n = ops();
-    for seed in [1, 2] {
-        run_seed(seed, n);
-    }
+    // Seed 1 through the kernel's direct-I/O path (the default), seed 2 through
+    // FOPEN_DIRECT_IO (`-o fopen_direct_io`).
+    run_seed(1, n, FuseConfig::default());
+    let old = FuseConfig {
+        fopen_direct_io: true,
+        ..FuseConfig::default()
+    };
+    run_seed(2, n, old);
 }

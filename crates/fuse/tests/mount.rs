@@ -212,3 +212,79 @@ fn namespace_data_and_direct_io_through_the_kernel() {
     assert!(l.size > 0);
     fs.unmount().unwrap();
 }
+
+/// Runs `script` with `sh -c` as the unprivileged user `nobody` (uid and gid 65534).
+fn as_nobody(script: &str) {
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{script}: {out:?}");
+}
+
+/// Each way a change drops set-ID bits, done in `dir`; returns the modes left.
+fn set_id_scenario(dir: &Path) -> Vec<(&'static str, u32)> {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    let cases: [(&str, u32, Option<u32>); 9] = [
+        ("append", 0o6777, None),
+        ("append-sgid-other-group", 0o2767, None),
+        ("append-sgid-own-group", 0o2767, Some(65534)),
+        ("append-root", 0o6777, None),
+        ("truncate", 0o6777, None),
+        ("open-trunc", 0o6777, None),
+        ("direct", 0o6777, None),
+        ("chown", 0o6755, None),
+        ("chown-dir", 0o2755, None),
+    ];
+    let mut modes = Vec::new();
+    for (name, mode, group) in cases {
+        let p = dir.join(name);
+        if name == "chown-dir" {
+            fs::create_dir(&p).unwrap();
+        } else {
+            fs::write(&p, vec![7u8; 8192]).unwrap();
+        }
+        chown(&p, Some(0), group.or(Some(0))).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+        let q = p.display();
+        match name {
+            "append-root" => {
+                let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+                f.write_all(b"x").unwrap();
+            }
+            "truncate" => as_nobody(&format!("truncate -s 100 '{q}'")),
+            "open-trunc" => as_nobody(&format!(": > '{q}'")),
+            "direct" => as_nobody(&format!(
+                "dd if=/dev/zero of='{q}' bs=4096 count=1 oflag=direct conv=notrunc status=none"
+            )),
+            "chown" | "chown-dir" => chown(&p, Some(65534), Some(65534)).unwrap(),
+            _ => as_nobody(&format!("printf x >> '{q}'")),
+        }
+        modes.push((name, fs::metadata(&p).unwrap().mode() & 0o7777));
+    }
+    modes
+}
+
+/// FUSE_HANDLE_KILLPRIV_V2 leaves set-ID bits to the server: writes, truncates and
+/// chowns through the mount must leave exactly the modes a local file system leaves.
+#[test]
+fn set_id_bits_drop_as_on_a_local_file_system() {
+    let s = Scratch::new("setid");
+    let local = s.dir.join("local");
+    fs::create_dir(&local).unwrap();
+    let expected = set_id_scenario(&local);
+    // The oracle itself: a writer without CAP_FSETID loses set-user-ID.
+    assert_eq!(expected[0], ("append", 0o777), "{expected:?}");
+    Fs::mkfs(&s.targets(), &MkfsOptions::default()).unwrap();
+    let (fs, _) = Fs::mount(s.targets(), MountOptions::default()).unwrap();
+    let fs = Arc::new(fs);
+    let m = serve(fs.clone(), &s.mnt(), &ServeOptions::default()).unwrap();
+    let got = set_id_scenario(&s.mnt());
+    m.unmount().unwrap();
+    Arc::into_inner(fs).unwrap().unmount().unwrap();
+    assert_eq!(got, expected);
+}

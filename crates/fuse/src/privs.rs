@@ -1,0 +1,62 @@
+//! Set-ID bits under `FUSE_HANDLE_KILLPRIV_V2`.
+//!
+//! With that capability the kernel no longer strips set-user-ID and set-group-ID itself
+//! (and in return stops asking for `security.capability` before every write): the server
+//! drops them on write, truncate and chown, as the VFS would. The kernel says so for a
+//! write (`FUSE_WRITE_KILL_SUIDGID`); for truncate and `O_TRUNC` it sets flags that fuser
+//! does not pass on, so the caller's `CAP_FSETID` is read from `/proc`, and only when the
+//! file has a set-ID bit at all. A caller that cannot be looked up (it exited) counts as
+//! unprivileged: the bits go, the safe side.
+
+use std::fs;
+
+/// `CAP_FSETID`, from `linux/capability.h`.
+const CAP_FSETID: u32 = 4;
+
+/// One field of `/proc/PID/status`.
+fn status_field(pid: u32, key: &str) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+}
+
+/// Whether process `pid` holds `CAP_FSETID` in its effective set.
+pub(crate) fn has_fsetid(pid: u32) -> bool {
+    status_field(pid, "CapEff")
+        .and_then(|hex| u64::from_str_radix(&hex, 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_FSETID) != 0)
+}
+
+/// Whether the caller (`pid`, file-system group `fsgid`) is in group `gid` or holds
+/// `CAP_FSETID`: the VFS's `in_group_or_capable`, which decides whether chown keeps the
+/// set-group-ID bit of a file that is not group-executable.
+pub(crate) fn in_group_or_capable(pid: u32, fsgid: u32, gid: u32) -> bool {
+    fsgid == gid
+        || status_field(pid, "Groups").is_some_and(|g| {
+            g.split_whitespace()
+                .any(|x| x.parse::<u32>().ok() == Some(gid))
+        })
+        || has_fsetid(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process() {
+        let me = std::process::id();
+        let text = fs::read_to_string("/proc/self/status").unwrap();
+        let eff = text
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+            .unwrap();
+        assert_eq!(has_fsetid(me), eff & (1 << CAP_FSETID) != 0);
+        // SAFETY: plain system call without arguments.
+        let gid = unsafe { libc::getegid() };
+        assert!(in_group_or_capable(me, gid, gid));
+        assert!(!has_fsetid(u32::MAX), "a missing process is unprivileged");
+    }
+}
