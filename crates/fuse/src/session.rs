@@ -56,7 +56,7 @@ impl Default for ServeOptions {
     fn default() -> Self {
         Self {
             fsname: "stripefs".into(),
-            threads: 16,
+            threads: 8,
             fuse: FuseConfig::default(),
             allow_other: true,
             read_only: false,
