@@ -288,3 +288,101 @@ fn set_id_bits_drop_as_on_a_local_file_system() {
     Arc::into_inner(fs).unwrap().unmount().unwrap();
     assert_eq!(got, expected);
 }
+
+/// A target whose writes complete 20 ms late, counting how many are in flight at once.
+#[derive(Debug)]
+struct SlowWrites {
+    inner: Arc<dyn Target>,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    peak: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Target for SlowWrites {
+    fn info(&self) -> &stripefs_target::TargetInfo {
+        self.inner.info()
+    }
+
+    fn submit(&self, op: stripefs_target::IoOp, done: stripefs_target::Completion) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if !matches!(op, stripefs_target::IoOp::Write { .. }) {
+            return self.inner.submit(op, done);
+        }
+        let now = self.in_flight.fetch_add(1, SeqCst) + 1;
+        self.peak.fetch_max(now, SeqCst);
+        let (inner, count) = (Arc::clone(&self.inner), Arc::clone(&self.in_flight));
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            inner.submit(
+                op,
+                Box::new(move |d| {
+                    count.fetch_sub(1, SeqCst);
+                    done(d);
+                }),
+            );
+        });
+    }
+}
+
+/// A program at queue depth 64 gets its 64 direct writes to the targets at once: the
+/// kernel's `max_background` and the daemon's worker count must not cap it (fuser's
+/// default `max_background` of 16 did, with a worker parked per request).
+#[test]
+fn queue_depth_64_reaches_the_targets() {
+    use io_uring::{opcode, types, IoUring};
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let s = Scratch::new("qd");
+    Fs::mkfs(&s.targets(), &MkfsOptions::default()).unwrap();
+    let (fs, _) = Fs::mount(s.targets(), MountOptions::default()).unwrap();
+    let f = fs
+        .create(
+            stripefs::Ino::ROOT,
+            "f".as_ref(),
+            stripefs::CreateParams::with_perm(0o644),
+        )
+        .unwrap();
+    fs.write_direct(f.ino, 0, &vec![1u8; 64 << 16]).unwrap();
+    fs.unmount().unwrap();
+    let (in_flight, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let views: Vec<Arc<dyn Target>> = s
+        .targets()
+        .into_iter()
+        .map(|inner| {
+            Arc::new(SlowWrites {
+                inner,
+                in_flight: Arc::clone(&in_flight),
+                peak: Arc::clone(&peak),
+            }) as Arc<dyn Target>
+        })
+        .collect();
+    let (fs, _) = Fs::mount(views, MountOptions::default()).unwrap();
+    let fs = Arc::new(fs);
+    let m = serve(fs.clone(), &s.mnt(), &ServeOptions::default()).unwrap();
+    let file = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(s.mnt().join("f"))
+        .unwrap();
+    let mut buf = Aligned::new(64 * 4096, 9);
+    let mut ring = IoUring::new(64).unwrap();
+    peak.store(0, SeqCst);
+    for i in 0..64usize {
+        let piece = buf.buf()[i * 4096..(i + 1) * 4096].as_mut_ptr();
+        let sqe = opcode::Write::new(types::Fd(file.as_raw_fd()), piece, 4096)
+            .offset((i as u64) << 16)
+            .build()
+            .user_data(i as u64);
+        // SAFETY: `buf` outlives the ring's use of it: every completion is reaped below.
+        unsafe { ring.submission().push(&sqe).unwrap() };
+    }
+    ring.submit_and_wait(64).unwrap();
+    let results: Vec<i32> = ring.completion().map(|c| c.result()).collect();
+    assert_eq!(results, vec![4096; 64]);
+    let peak = peak.load(SeqCst);
+    drop(file);
+    m.unmount().unwrap();
+    Arc::into_inner(fs).unwrap().unmount().unwrap();
+    assert!(
+        peak >= 48,
+        "only {peak} of 64 direct writes reached the targets at once"
+    );
+}
