@@ -139,19 +139,7 @@ fn every_stripe_piece_is_in_flight_before_the_wait() {
         .unwrap();
     fs.write_direct(f.ino, 0, &vec![1u8; 8 << 20]).unwrap();
     fs.unmount().unwrap();
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let peak = Arc::new(AtomicUsize::new(0));
-    let views: Vec<Arc<dyn Target>> = sims
-        .iter()
-        .map(|s| {
-            Arc::new(CountingView {
-                inner: Arc::clone(s),
-                in_flight: Arc::clone(&in_flight),
-                peak: Arc::clone(&peak),
-            }) as Arc<dyn Target>
-        })
-        .collect();
-    let (fs, _) = Fs::mount(views, quiet()).unwrap();
+    let (fs, _, peak) = mount_counting(&sims);
     let before = fs.status().dio_pieces;
     fs.write_direct(f.ino, 0, &vec![2u8; 8 << 20]).unwrap();
     assert_eq!(
@@ -196,6 +184,24 @@ impl Target for CountingView {
             inner.submit(op, done);
         });
     }
+}
+
+/// Mounts `sims` behind [`CountingView`]s sharing one in-flight counter and one peak.
+fn mount_counting(sims: &[Arc<SimTarget>]) -> (Fs, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let views: Vec<Arc<dyn Target>> = sims
+        .iter()
+        .map(|s| {
+            Arc::new(CountingView {
+                inner: Arc::clone(s),
+                in_flight: Arc::clone(&in_flight),
+                peak: Arc::clone(&peak),
+            }) as Arc<dyn Target>
+        })
+        .collect();
+    let (fs, _) = Fs::mount(views, quiet()).unwrap();
+    (fs, in_flight, peak)
 }
 
 fn faulty(faults: &Arc<FaultInjector>, n: usize, bytes: u64) -> Vec<Arc<SimTarget>> {
@@ -407,19 +413,7 @@ fn queue_keeps_many_direct_ios_in_flight() {
     let f = fs.create(Ino::ROOT, "q".as_ref(), p()).unwrap();
     fs.write_direct(f.ino, 0, &vec![0u8; 4 << 20]).unwrap();
     fs.unmount().unwrap();
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let peak = Arc::new(AtomicUsize::new(0));
-    let views: Vec<Arc<dyn Target>> = sims
-        .iter()
-        .map(|s| {
-            Arc::new(CountingView {
-                inner: Arc::clone(s),
-                in_flight: Arc::clone(&in_flight),
-                peak: Arc::clone(&peak),
-            }) as Arc<dyn Target>
-        })
-        .collect();
-    let (fs, _) = Fs::mount(views, quiet()).unwrap();
+    let (fs, _, peak) = mount_counting(&sims);
     let q = fs.dio_queue();
     for i in 0..64u64 {
         // 2 KiB writes into 4 KiB blocks: sub-block overwrites, all on the shared path.
@@ -469,19 +463,7 @@ fn last_close_waits_for_queued_direct_io() {
     let f = fs.create(Ino::ROOT, "gone".as_ref(), p()).unwrap();
     fs.write_direct(f.ino, 0, &vec![1u8; 1 << 20]).unwrap();
     fs.unmount().unwrap();
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let peak = Arc::new(AtomicUsize::new(0));
-    let views: Vec<Arc<dyn Target>> = sims
-        .iter()
-        .map(|s| {
-            Arc::new(CountingView {
-                inner: Arc::clone(s),
-                in_flight: Arc::clone(&in_flight),
-                peak: Arc::clone(&peak),
-            }) as Arc<dyn Target>
-        })
-        .collect();
-    let (fs, _) = Fs::mount(views, quiet()).unwrap();
+    let (fs, in_flight, _) = mount_counting(&sims);
     let h = fs.open_file(f.ino).unwrap();
     let q = fs.dio_queue();
     for i in 0..16u64 {
@@ -517,18 +499,7 @@ fn callback_direct_io_answers_once_on_every_path() {
     let f = fs.create(Ino::ROOT, "f".as_ref(), p()).unwrap();
     fs.write_direct(f.ino, 0, &[1u8; 65536]).unwrap();
     fs.unmount().unwrap();
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let views: Vec<Arc<dyn Target>> = s
-        .iter()
-        .map(|s| {
-            Arc::new(CountingView {
-                inner: Arc::clone(s),
-                in_flight: Arc::clone(&in_flight),
-                peak: Arc::default(),
-            }) as Arc<dyn Target>
-        })
-        .collect();
-    let (fs, _) = Fs::mount(views, quiet()).unwrap();
+    let (fs, in_flight, _) = mount_counting(&s);
     let (tx, rx) = mpsc::channel::<(u32, stripefs::Result<usize>)>();
     let calls = Arc::new(AtomicUsize::new(0));
     let cases: [(u32, u64, usize); 3] = [(0, 8192 + 2048, 2048), (1, 65536, 4096), (2, 100, 512)];
