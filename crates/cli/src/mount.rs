@@ -197,11 +197,13 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
     let unmounter = mounted.unmounter();
     std::thread::Builder::new()
         .name("signals".into())
-        .spawn(move || {
+        .spawn(move || loop {
+            // Each signal tries again: a busy mount (EBUSY) keeps being served.
             let sig = wait_signal();
             tracing::info!(sig, "signal: unmounting");
-            if let Err(e) = unmounter.unmount() {
-                tracing::error!(%e, "unmount on signal failed");
+            match unmounter.unmount() {
+                Ok(()) => break,
+                Err(e) => tracing::error!(%e, "unmount on signal failed; still mounted"),
             }
         })
         .map_err(|e| format!("cannot start the signal thread: {e}"))?;
@@ -263,18 +265,7 @@ fn is_mounted(mp: &Path) -> bool {
     let Ok(mp) = std::fs::canonicalize(mp) else {
         return false;
     };
-    mount_entry(&mp).is_some()
-}
-
-/// The source of the mount at `mp` in `/proc/self/mounts`, if any.
-fn mount_entry(mp: &Path) -> Option<String> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
-    let want = mp.to_str()?;
-    mounts.lines().rev().find_map(|l| {
-        let mut f = l.split(' ');
-        let (src, dir, kind) = (f.next()?, f.next()?, f.next()?);
-        (dir == want && kind.starts_with("fuse")).then(|| src.to_string())
-    })
+    stripefs_fuse::mount_source(&mp).is_some()
 }
 
 /// Starts the daemon (this program with `-f`) in a new session and waits until the
@@ -333,7 +324,8 @@ fn daemonize(a: &MountArgs, mp: &Path) -> Result<i32, String> {
 pub fn run_umount(a: &UmountArgs) -> Result<i32, String> {
     let mp = std::fs::canonicalize(&a.mountpoint)
         .map_err(|e| format!("{}: {e}", a.mountpoint.display()))?;
-    let source = mount_entry(&mp).ok_or_else(|| format!("{} is not a FUSE mount", mp.display()))?;
+    let source = stripefs_fuse::mount_source(&mp)
+        .ok_or_else(|| format!("{} is not a FUSE mount", mp.display()))?;
     let c = CString::new(mp.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
     // SAFETY: a valid C string.
     if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {

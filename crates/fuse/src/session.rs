@@ -1,7 +1,9 @@
 //! Mounting: the FUSE session runs on its own threads until the kernel unmounts.
 
+use std::ffi::CString;
 use std::io;
-use std::path::Path;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -100,17 +102,79 @@ impl Mounted {
 }
 
 /// Unmounts a [`Mounted`] from another thread.
+///
+/// fuser's own unmounter gives up its mount handle on the first attempt, so after an
+/// `EBUSY` every later call would report success and do nothing; this one calls
+/// `umount2` itself each time, and hands fuser its handle only once the kernel has let
+/// go (so fuser does not try again when the session ends).
 #[derive(Debug, Clone)]
-pub struct Unmounter(Arc<Mutex<SessionUnmounter>>);
+pub struct Unmounter {
+    mountpoint: PathBuf,
+    fuser: Arc<Mutex<SessionUnmounter>>,
+}
 
 impl Unmounter {
-    /// Detaches the mount; the session then ends. Unmounting twice is harmless.
+    /// Detaches the mount; the session then ends. Unmounting an already unmounted file
+    /// system is harmless; after `EBUSY` it may be tried again.
     ///
     /// # Errors
-    /// The kernel refused (the mount is busy).
+    /// The kernel refused (`EBUSY`: the mount is in use).
     pub fn unmount(&self) -> io::Result<()> {
-        self.0.lock().unmount()
+        if mount_source(&self.mountpoint).is_some() {
+            let c = CString::new(self.mountpoint.as_os_str().as_bytes())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+            // SAFETY: `c` is a valid C string naming our mount point.
+            if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+                let e = io::Error::last_os_error();
+                // EINVAL: no longer a mount point (unmounted meanwhile).
+                if e.raw_os_error() != Some(libc::EINVAL) {
+                    return Err(e);
+                }
+            }
+        }
+        // Disarm fuser's handle; it may still try umount itself and find nothing there.
+        match self.fuser.lock().unmount() {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+            r => r,
+        }
     }
+}
+
+/// The source (`fsname`) of the FUSE mount at `mountpoint` (an absolute, canonical
+/// path) in `/proc/self/mounts`, if there is one.
+#[must_use]
+pub fn mount_source(mountpoint: &Path) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    let want = mountpoint.as_os_str().as_bytes();
+    mounts.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        let (src, dir, kind) = (f.next()?, f.next()?, f.next()?);
+        (unescape(dir) == want && kind.starts_with("fuse"))
+            .then(|| String::from_utf8_lossy(&unescape(src)).into_owned())
+    })
+}
+
+/// Undoes the octal escapes of `/proc/self/mounts` (`\040` for a space, ...).
+fn unescape(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Mounts `fs` at `mountpoint` and serves it on background threads.
@@ -149,10 +213,27 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
     };
     cfg.n_threads = Some(opts.threads.max(1));
     cfg.clone_fd = true;
+    // Before mounting: afterwards resolving the path would ask the not yet running session.
+    let canonical = std::fs::canonicalize(mountpoint)?;
     let mut session = Session::new(StripeFuse::new(fs, opts.fuse), mountpoint, &cfg)?;
-    let unmounter = Unmounter(Arc::new(Mutex::new(session.unmount_callable())));
+    let unmounter = Unmounter {
+        mountpoint: canonical,
+        fuser: Arc::new(Mutex::new(session.unmount_callable())),
+    };
     let thread = std::thread::Builder::new()
         .name("stripefs-fuse".into())
         .spawn(move || session.run())?;
     Ok(Mounted { unmounter, thread })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape;
+
+    #[test]
+    fn unescapes_proc_mounts_fields() {
+        assert_eq!(unescape(r"/tmp/a\040b\134c"), b"/tmp/a b\\c");
+        assert_eq!(unescape(r"/plain"), b"/plain");
+        assert_eq!(unescape(r"trailing\04"), b"trailing\\04");
+    }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use stripefs::{Fs, MkfsOptions, MountOptions};
-use stripefs_fuse::{serve, ServeOptions};
+use stripefs_fuse::{serve, Mounted, ServeOptions};
 use stripefs_target::Target;
 
 mod common;
@@ -36,6 +36,34 @@ impl Scratch {
     fn mnt(&self) -> PathBuf {
         self.dir.join("mnt")
     }
+
+    /// mkfs, mount and serve at [`Scratch::mnt`] with the default options.
+    fn serve(&self) -> (Arc<Fs>, Mounted) {
+        Fs::mkfs(&self.targets(), &MkfsOptions::default()).unwrap();
+        let (fs, _) = Fs::mount(self.targets(), MountOptions::default()).unwrap();
+        let fs = Arc::new(fs);
+        let m = serve(fs.clone(), &self.mnt(), &ServeOptions::default()).unwrap();
+        (fs, m)
+    }
+}
+
+/// Unmounts the FUSE session, then the engine. The kernel may drop a file closed by an
+/// io_uring worker a moment after the close (deferred `fput`), so `EBUSY` is retried
+/// for up to 2 s.
+fn finish(m: Mounted, fs: Arc<Fs>) {
+    let u = m.unmounter();
+    let mut tries = 0;
+    loop {
+        match u.unmount() {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r.unwrap(),
+        }
+    }
+    m.join().unwrap();
+    Arc::into_inner(fs).unwrap().unmount().unwrap();
 }
 
 impl Drop for Scratch {
@@ -54,10 +82,7 @@ fn cpath(p: &Path) -> CString {
 #[test]
 fn namespace_data_and_direct_io_through_the_kernel() {
     let s = Scratch::new("ops");
-    Fs::mkfs(&s.targets(), &MkfsOptions::default()).unwrap();
-    let (fs, _) = Fs::mount(s.targets(), MountOptions::default()).unwrap();
-    let fs = Arc::new(fs);
-    let m = serve(fs.clone(), &s.mnt(), &ServeOptions::default()).unwrap();
+    let (fs, m) = s.serve();
     let mnt = s.mnt();
     let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
     let line = mounts
@@ -279,13 +304,9 @@ fn set_id_bits_drop_as_on_a_local_file_system() {
     let expected = set_id_scenario(&local);
     // The oracle itself: a writer without CAP_FSETID loses set-user-ID.
     assert_eq!(expected[0], ("append", 0o777), "{expected:?}");
-    Fs::mkfs(&s.targets(), &MkfsOptions::default()).unwrap();
-    let (fs, _) = Fs::mount(s.targets(), MountOptions::default()).unwrap();
-    let fs = Arc::new(fs);
-    let m = serve(fs.clone(), &s.mnt(), &ServeOptions::default()).unwrap();
+    let (fs, m) = s.serve();
     let got = set_id_scenario(&s.mnt());
-    m.unmount().unwrap();
-    Arc::into_inner(fs).unwrap().unmount().unwrap();
+    finish(m, fs);
     assert_eq!(got, expected);
 }
 
@@ -378,9 +399,8 @@ fn queue_depth_64_reaches_the_targets() {
     let results: Vec<i32> = ring.completion().map(|c| c.result()).collect();
     assert_eq!(results, vec![4096; 64]);
     let peak = peak.load(SeqCst);
-    drop(file);
-    m.unmount().unwrap();
-    Arc::into_inner(fs).unwrap().unmount().unwrap();
+    drop((ring, file));
+    finish(m, fs);
     assert!(
         peak >= 48,
         "only {peak} of 64 direct writes reached the targets at once"
@@ -392,10 +412,7 @@ fn queue_depth_64_reaches_the_targets() {
 #[test]
 fn shared_mmap_is_coherent_with_the_engine_and_direct_io() {
     let s = Scratch::new("mmap");
-    Fs::mkfs(&s.targets(), &MkfsOptions::default()).unwrap();
-    let (fs, _) = Fs::mount(s.targets(), MountOptions::default()).unwrap();
-    let fs = Arc::new(fs);
-    let m = serve(fs.clone(), &s.mnt(), &ServeOptions::default()).unwrap();
+    let (fs, m) = s.serve();
     let path = s.mnt().join("m");
     fs::write(&path, vec![1u8; 65536]).unwrap();
     let file = OpenOptions::new()
@@ -436,6 +453,30 @@ fn shared_mmap_is_coherent_with_the_engine_and_direct_io() {
     // SAFETY: as above; nothing uses `bytes` after this.
     assert_eq!(unsafe { libc::munmap(map, 65536) }, 0);
     drop((file, direct));
-    m.unmount().unwrap();
+    finish(m, fs);
+}
+
+/// `EBUSY` from an unmount leaves the file system mounted and served, and a later
+/// unmount, once the file is closed, really unmounts (fuser's own unmounter reported
+/// success without unmounting after a first refusal).
+#[test]
+fn unmount_after_ebusy_can_be_retried() {
+    let s = Scratch::new("busy");
+    let (fs, m) = s.serve();
+    let mnt = fs::canonicalize(s.mnt()).unwrap();
+    let f = fs::File::create(mnt.join("open")).unwrap();
+    let u = m.unmounter();
+    let busy = u.unmount().unwrap_err();
+    assert_eq!(busy.raw_os_error(), Some(libc::EBUSY), "{busy}");
+    fs::write(mnt.join("still-served"), b"yes").unwrap();
+    drop(f);
+    u.unmount().unwrap();
+    assert!(
+        stripefs_fuse::mount_source(&mnt).is_none(),
+        "unmount reported success but the file system is still mounted"
+    );
+    m.join().unwrap();
+    let ino = fs.resolve(Path::new("/still-served"), stripefs::Follow::Yes);
+    assert!(ino.is_ok());
     Arc::into_inner(fs).unwrap().unmount().unwrap();
 }
