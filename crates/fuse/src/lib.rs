@@ -135,10 +135,13 @@ impl StripeFuse {
     /// A write by a caller without `CAP_FSETID` drops set-user-ID, and set-group-ID when
     /// group-executable or when the caller is not in the file's group (the VFS's
     /// `setattr_should_drop_sgid`; the protocol's flag alone cannot say the latter).
-    fn kill_on_write(&self, req: &Request, ino: Ino) -> stripefs::Result<()> {
+    /// `check_caps`: the kernel did not say whether the caller lacks `CAP_FSETID`.
+    fn kill_on_write(&self, req: &Request, ino: Ino, check_caps: bool) -> stripefs::Result<()> {
         let a = self.fs.getattr(ino)?;
         let perm = (a.mode & 0o7777) as u16;
-        if stripefs::setid_dropped(a.kind, perm, true) == perm {
+        if stripefs::setid_dropped(a.kind, perm, true) == perm
+            || (check_caps && privs::has_fsetid(req.pid()))
+        {
             return Ok(());
         }
         let sgid_always = !privs::in_group_or_capable(req.pid(), req.gid(), a.gid);
@@ -279,10 +282,16 @@ impl Filesystem for StripeFuse {
         reply: ReplyAttr,
     ) {
         // FUSE_HANDLE_KILLPRIV_V2: chown and truncate drop set-ID bits here.
+        // A SETATTR that changes nothing (at most ctime) comes only from the kernel's
+        // "remove privileges" step once it has taken the kill bits out: chown(f, -1, -1),
+        // or a write, truncate or fallocate by a caller without CAP_FSETID. Each of
+        // those drops set-ID bits by the chown rule.
+        let bare_ctime = atime.is_none() && mtime.is_none();
         let killed = match (mode, uid.or(gid), size) {
             (Some(_), _, _) => Ok(None),
             (None, Some(_), _) => self.killed_on_chown(req, ino(i)),
             (None, None, Some(_)) => self.killed_on_truncate(req, ino(i)),
+            (None, None, None) if bare_ctime => self.killed_on_chown(req, ino(i)),
             (None, None, None) => Ok(None),
         };
         let mode = match killed {
@@ -485,7 +494,7 @@ impl Filesystem for StripeFuse {
         // FUSE_HANDLE_KILLPRIV_V2: the kernel marks writers without CAP_FSETID; their
         // write drops the set-ID bits first, as the VFS does before writing.
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            if let Err(e) = self.kill_on_write(req, ino(i)) {
+            if let Err(e) = self.kill_on_write(req, ino(i), false) {
                 return reply.error(err(&e));
             }
         }
@@ -657,7 +666,7 @@ impl Filesystem for StripeFuse {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -668,6 +677,10 @@ impl Filesystem for StripeFuse {
         let Some(m) = convert::falloc_mode(mode) else {
             return reply.error(Errno::EOPNOTSUPP);
         };
+        // As a write (the VFS's file_modified), but the kernel sends no kill flag here.
+        if let Err(e) = self.kill_on_write(req, ino(i), true) {
+            return reply.error(err(&e));
+        }
         done(reply, self.fs.fallocate(ino(i), m, offset, length))
     }
 

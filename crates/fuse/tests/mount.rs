@@ -254,7 +254,7 @@ fn as_nobody(script: &str) {
 /// Each way a change drops set-ID bits, done in `dir`; returns the modes left.
 fn set_id_scenario(dir: &Path) -> Vec<(&'static str, u32)> {
     use std::os::unix::fs::{chown, PermissionsExt};
-    let cases: [(&str, u32, Option<u32>); 9] = [
+    let cases: [(&str, u32, Option<u32>); 13] = [
         ("append", 0o6777, None),
         ("append-sgid-other-group", 0o2767, None),
         ("append-sgid-own-group", 0o2767, Some(65534)),
@@ -264,6 +264,10 @@ fn set_id_scenario(dir: &Path) -> Vec<(&'static str, u32)> {
         ("direct", 0o6777, None),
         ("chown", 0o6755, None),
         ("chown-dir", 0o2755, None),
+        ("fallocate", 0o6777, None),
+        ("fallocate-root", 0o6777, None),
+        ("chown-neither", 0o6755, None),
+        ("utimens-omit", 0o6755, None),
     ];
     let mut modes = Vec::new();
     for (name, mode, group) in cases {
@@ -287,6 +291,26 @@ fn set_id_scenario(dir: &Path) -> Vec<(&'static str, u32)> {
                 "dd if=/dev/zero of='{q}' bs=4096 count=1 oflag=direct conv=notrunc status=none"
             )),
             "chown" | "chown-dir" => chown(&p, Some(65534), Some(65534)).unwrap(),
+            "chown-neither" => chown(&p, None, None).unwrap(),
+            "utimens-omit" => {
+                let omit = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: libc::UTIME_OMIT,
+                };
+                let c = cpath(&p);
+                // SAFETY: a valid C path and two timespecs.
+                let r = unsafe {
+                    libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [omit, omit].as_ptr(), 0)
+                };
+                assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+            }
+            "fallocate" => as_nobody(&format!("fallocate -l 65536 '{q}'")),
+            "fallocate-root" => {
+                let f = OpenOptions::new().write(true).open(&p).unwrap();
+                // SAFETY: plain system call on an open file.
+                let r = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 65536) };
+                assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+            }
             _ => as_nobody(&format!("printf x >> '{q}'")),
         }
         modes.push((name, fs::metadata(&p).unwrap().mode() & 0o7777));
