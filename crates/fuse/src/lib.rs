@@ -247,7 +247,9 @@ impl Filesystem for StripeFuse {
             tracing::info!(max, "kernel caps max_write");
             let _ = config.set_max_write(max);
         }
-        let _ = config.set_max_background(MAX_BACKGROUND);
+        if let Err(nearest) = config.set_max_background(MAX_BACKGROUND) {
+            tracing::warn!(nearest, "max_background refused; the kernel default stays");
+        }
         Ok(())
     }
 
