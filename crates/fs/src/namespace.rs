@@ -613,6 +613,8 @@ impl Fs {
         let mut a = inode(&m, ino)?.attrs.clone();
         if let Some(mode) = s.mode {
             a.perm = (mode & 0o7777) as u16;
+        } else if let Some(sgid_always) = s.kill_setid {
+            a.perm = setid_dropped(a.kind, a.perm, sgid_always);
         }
         if let Some(uid) = s.uid {
             a.uid = uid;

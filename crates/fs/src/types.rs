@@ -82,6 +82,10 @@ pub struct SetAttr {
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
     pub ctime: Option<Timespec>,
+    /// Drop the set-ID bits a change of content or owner takes away, computed from the
+    /// mode under the metadata lock (see [`crate::setid_dropped`]); the value is
+    /// `sgid_always`. Ignored when `mode` is given.
+    pub kill_setid: Option<bool>,
 }
 
 /// Who creates an inode and with what permissions.

@@ -168,6 +168,26 @@ fn attributes_xattrs_statfs() {
         (a.mode, a.uid, a.gid, a.size, a.mtime, a.atime),
         (0o104711, 9, 8, 10_000, t, t)
     );
+    // A change of owner that drops set-ID bits does it in the same record; a mode given
+    // beside it wins.
+    let chown = SetAttr {
+        uid: Some(10),
+        kill_setid: Some(false),
+        ..SetAttr::default()
+    };
+    assert_eq!(fs.setattr(f.ino, &chown).unwrap().mode, 0o100711);
+    let both = SetAttr {
+        mode: Some(0o6755),
+        kill_setid: Some(true),
+        ..SetAttr::default()
+    };
+    assert_eq!(fs.setattr(f.ino, &both).unwrap().mode, 0o106755);
+    let back = SetAttr {
+        mode: Some(0o4711),
+        uid: Some(9),
+        ..SetAttr::default()
+    };
+    assert_eq!(fs.setattr(f.ino, &back).unwrap().mode, 0o104711);
     assert!(a.ctime > t);
     let before = fs.statfs().unwrap();
     fs.write_at(f.ino, 0, &vec![1u8; 1 << 20]).unwrap();

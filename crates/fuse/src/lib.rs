@@ -114,54 +114,53 @@ impl StripeFuse {
     /// set-ID bits (`FUSE_OPEN_KILL_SUIDGID`).
     fn truncate_on_open(&self, req: &Request, ino: Ino) -> stripefs::Result<()> {
         let now = stripefs::Timespec::now();
-        let mut trunc = SetAttr {
+        let trunc = SetAttr {
             size: Some(0),
             mtime: Some(TimeSet::At(now)),
             ctime: Some(now),
+            kill_setid: self.kill_on_truncate(req, ino)?,
             ..SetAttr::default()
         };
-        trunc.mode = self.killed_on_truncate(req, ino)?;
         self.fs.setattr(ino, &trunc).map(drop)
     }
 
-    /// The mode a truncate by this caller leaves, if it drops set-ID bits.
-    fn killed_on_truncate(&self, req: &Request, ino: Ino) -> stripefs::Result<Option<u32>> {
+    /// The file's group when it has a set-ID bit some change could drop (no `/proc`
+    /// read otherwise: most files have none).
+    fn setid_group(&self, ino: Ino) -> stripefs::Result<Option<u32>> {
         let a = self.fs.getattr(ino)?;
         let perm = (a.mode & 0o7777) as u16;
-        let kept = stripefs::setid_dropped(a.kind, perm, false);
-        Ok((kept != perm && !privs::has_fsetid(req.pid())).then_some(u32::from(kept)))
+        Ok((stripefs::setid_dropped(a.kind, perm, true) != perm).then_some(a.gid))
     }
 
-    /// A write by a caller without `CAP_FSETID` drops set-user-ID, and set-group-ID when
-    /// group-executable or when the caller is not in the file's group (the VFS's
-    /// `setattr_should_drop_sgid`; the protocol's flag alone cannot say the latter).
-    /// `check_caps`: the kernel did not say whether the caller lacks `CAP_FSETID`.
+    /// Whether the VFS would drop set-group-ID even without group execute: the caller
+    /// is neither in the file's group nor privileged (`setattr_should_drop_sgid`).
+    fn sgid_always(req: &Request, gid: u32) -> bool {
+        !privs::in_group_or_capable(req.pid(), req.gid(), gid)
+    }
+
+    /// Truncate by a caller without `CAP_FSETID`: set-user-ID, and set-group-ID when
+    /// group-executable, go.
+    fn kill_on_truncate(&self, req: &Request, ino: Ino) -> stripefs::Result<Option<bool>> {
+        let has = self.setid_group(ino)?.is_some();
+        Ok((has && !privs::has_fsetid(req.pid())).then_some(false))
+    }
+
+    /// Chown: set-user-ID goes, set-group-ID too when group-executable or when the
+    /// caller is neither in the group nor privileged.
+    fn kill_on_chown(&self, req: &Request, ino: Ino) -> stripefs::Result<Option<bool>> {
+        Ok(self
+            .setid_group(ino)?
+            .map(|gid| Self::sgid_always(req, gid)))
+    }
+
+    /// A write (or fallocate) by a caller without `CAP_FSETID` drops set-ID bits as a
+    /// chown does. `check_caps`: the kernel did not say whether the caller lacks it.
     fn kill_on_write(&self, req: &Request, ino: Ino, check_caps: bool) -> stripefs::Result<()> {
-        let a = self.fs.getattr(ino)?;
-        let perm = (a.mode & 0o7777) as u16;
-        if stripefs::setid_dropped(a.kind, perm, true) == perm
-            || (check_caps && privs::has_fsetid(req.pid()))
-        {
-            return Ok(());
+        match self.setid_group(ino)? {
+            Some(_) if check_caps && privs::has_fsetid(req.pid()) => Ok(()),
+            Some(gid) => self.fs.drop_setid(ino, Self::sgid_always(req, gid)),
+            None => Ok(()),
         }
-        let sgid_always = !privs::in_group_or_capable(req.pid(), req.gid(), a.gid);
-        self.fs.drop_setid(ino, sgid_always)
-    }
-
-    /// The mode a chown by this caller leaves: set-user-ID goes, set-group-ID too when
-    /// group-executable or when the caller is neither in the group nor privileged.
-    fn killed_on_chown(&self, req: &Request, ino: Ino) -> stripefs::Result<Option<u32>> {
-        let a = self.fs.getattr(ino)?;
-        let perm = (a.mode & 0o7777) as u16;
-        if stripefs::setid_dropped(a.kind, perm, true) == perm {
-            return Ok(None);
-        }
-        let sgid_always = !privs::in_group_or_capable(req.pid(), req.gid(), a.gid);
-        Ok(Some(u32::from(stripefs::setid_dropped(
-            a.kind,
-            perm,
-            sgid_always,
-        ))))
     }
 }
 
@@ -289,15 +288,15 @@ impl Filesystem for StripeFuse {
         // or a write, truncate or fallocate by a caller without CAP_FSETID. Each of
         // those drops set-ID bits by the chown rule.
         let bare_ctime = atime.is_none() && mtime.is_none();
-        let killed = match (mode, uid.or(gid), size) {
+        let kill = match (mode, uid.or(gid), size) {
             (Some(_), _, _) => Ok(None),
-            (None, Some(_), _) => self.killed_on_chown(req, ino(i)),
-            (None, None, Some(_)) => self.killed_on_truncate(req, ino(i)),
-            (None, None, None) if bare_ctime => self.killed_on_chown(req, ino(i)),
+            (None, Some(_), _) => self.kill_on_chown(req, ino(i)),
+            (None, None, Some(_)) => self.kill_on_truncate(req, ino(i)),
+            (None, None, None) if bare_ctime => self.kill_on_chown(req, ino(i)),
             (None, None, None) => Ok(None),
         };
-        let mode = match killed {
-            Ok(k) => mode.or(k),
+        let kill_setid = match kill {
+            Ok(k) => k,
             Err(e) => return reply.error(err(&e)),
         };
         let s = SetAttr {
@@ -308,6 +307,7 @@ impl Filesystem for StripeFuse {
             atime: time_set(atime),
             mtime: time_set(mtime),
             ctime: ctime.map(convert::timespec),
+            kill_setid,
         };
         attr(reply, self.fs.setattr(ino(i), &s))
     }
