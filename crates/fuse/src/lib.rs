@@ -500,7 +500,10 @@ impl Filesystem for StripeFuse {
                 return reply.error(err(&e));
             }
         }
-        if of.direct {
+        // Page-cache writeback (a shared mapping's dirty pages) may come through an
+        // `O_DIRECT` handle; it is buffered data, not held to direct-I/O alignment.
+        let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        if of.direct && !from_cache {
             // Answered from the targets' completion thread; this worker moves on.
             return self
                 .fs
