@@ -6,7 +6,7 @@ use stripefs::fsck::{fsck, FsckStage};
 use stripefs::FsError;
 
 use crate::progress::spinner;
-use crate::targets::{lock_targets, open_all};
+use crate::targets::{lock_targets, open_all, LockWait};
 
 /// Exit status: problems found (as e2fsck's "errors left uncorrected").
 pub const EXIT_PROBLEMS: i32 = 4;
@@ -23,7 +23,7 @@ pub struct FsckArgs {
 
 /// Runs fsck; returns the exit status (0 clean, 4 problems or corruption, 8 could not run).
 pub fn run(a: &FsckArgs) -> Result<i32, String> {
-    let _lock = lock_targets(&a.targets, false)?;
+    let _lock = lock_targets(&a.targets, LockWait::WhileReleasing)?;
     let targets = open_all(&a.targets)?;
     let spin = spinner("checking");
     let mut stage = |s: FsckStage| match s {

@@ -13,7 +13,7 @@ use std::time::Instant;
 use stripefs::{Attr, CreateParams, FallocMode, File, FileKind, Follow, Fs, RenameMode, Whence};
 
 use crate::size::{human, parse_size};
-use crate::targets::{lock_targets, open_all};
+use crate::targets::{lock_targets, open_all, LockWait};
 
 const DEFAULT_BUF: u64 = 1 << 20;
 
@@ -66,7 +66,7 @@ struct Runner {
 
 /// Runs the commands; returns 0 if all succeeded, 1 otherwise.
 pub fn run(a: &IoArgs) -> Result<i32, String> {
-    let _lock = lock_targets(&a.targets, false)?;
+    let _lock = lock_targets(&a.targets, LockWait::WhileReleasing)?;
     let targets = open_all(&a.targets)?;
     let (fs, report) = Fs::mount(targets, crate::mount_opts::parse(&a.options)?)
         .map_err(|e| format!("mount failed: {e}"))?;

@@ -8,7 +8,7 @@ use stripefs_target::{Batch, IoBuf, IoOp, Target};
 
 use crate::progress::bytes_bar;
 use crate::size::{human, parse_size};
-use crate::targets::{lock_targets, open_one};
+use crate::targets::{lock_targets, open_one, LockWait};
 
 /// Bytes per pre-zeroing write.
 const ZERO_CHUNK: u64 = 4 << 20;
@@ -68,7 +68,10 @@ pub fn run(a: &MkfsArgs) -> Result<i32, String> {
         }
         let t = open_one(p, if existed { None } else { a.size })?;
         // Never format targets a mounted file system is using.
-        locks.extend(lock_targets(std::slice::from_ref(p), false)?);
+        locks.extend(lock_targets(
+            std::slice::from_ref(p),
+            LockWait::WhileReleasing,
+        )?);
         let regular = std::fs::metadata(p).map(|m| m.is_file()).unwrap_or(false);
         if regular && ((!existed && !a.no_prezero) || (existed && a.prezero_existing)) {
             to_zero.push(Arc::clone(&t));

@@ -3,7 +3,8 @@
 //! The daemon holds an exclusive `flock` on every target for as long as the engine is
 //! mounted: a second mount (or `io`, `fsck`, `inspect`) of the same targets is refused,
 //! and `stripefs umount` waits on the locks, so when it returns the journal is
-//! checkpointed and the targets are closed.
+//! checkpointed and the targets are closed. After a plain `umount` (which does not wait)
+//! the next mount waits for the old daemon ([`LockWait::WhileReleasing`]).
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use stripefs::Fs;
 use stripefs_fuse::{serve, ServeOptions};
 
-use crate::targets::{lock_targets, open_all};
+use crate::targets::{lock_targets, open_all, LockWait};
 
 /// Keys of `-o` that the FUSE front end (not the engine) understands.
 const FUSE_KEYS: &str = "writeback_cache, fopen_direct_io, allow_other, ro, rw, threads=N, \
@@ -50,6 +51,10 @@ pub struct MountArgs {
     /// Stay in the foreground (logs go to stderr; set STRIPEFS_LOG=info for more).
     #[arg(short = 'f')]
     foreground: bool,
+    /// Print nothing on success (the mount helper always passes it: `mount(8)` helpers
+    /// are silent).
+    #[arg(short = 'q', long)]
+    quiet: bool,
     /// The targets, then the mount point.
     #[arg(required = true, num_args = 2.., value_name = "TARGET... MOUNTPOINT")]
     paths: Vec<PathBuf>,
@@ -140,7 +145,7 @@ fn translate_helper(args: Vec<String>) -> Result<Vec<std::ffi::OsString>, String
     }
     let [source, mountpoint] = <[String; 2]>::try_from(positional)
         .map_err(|_| format!("usage: {HELPER_NAME} SOURCE MOUNTPOINT [-o OPTIONS]"))?;
-    let mut out: Vec<std::ffi::OsString> = vec!["stripefs".into(), "mount".into()];
+    let mut out: Vec<std::ffi::OsString> = vec!["stripefs".into(), "mount".into(), "-q".into()];
     for o in opts {
         out.push("-o".into());
         out.push(o.into());
@@ -173,10 +178,10 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
     }
     if !a.foreground {
         // Refuse here, with a clear error, what the daemon would refuse.
-        drop(lock_targets(&abs, false)?);
+        drop(lock_targets(&abs, LockWait::WhileReleasing)?);
         return daemonize(a, mp);
     }
-    let _lock = lock_targets(&abs, false)?;
+    let _lock = lock_targets(&abs, LockWait::WhileReleasing)?;
     block_signals();
     let (fs, report) = Fs::mount(open_all(&abs)?, mount_opts).map_err(|e| e.to_string())?;
     tracing::info!(?report, "engine mounted");
@@ -297,6 +302,9 @@ fn daemonize(a: &MountArgs, mp: &Path) -> Result<i32, String> {
     let start = Instant::now();
     loop {
         if is_mounted(mp) {
+            if a.quiet {
+                return Ok(0);
+            }
             println!(
                 "mounted at {} (daemon pid {}); unmount with: stripefs umount {}",
                 mp.display(),
@@ -339,7 +347,7 @@ pub fn run_umount(a: &UmountArgs) -> Result<i32, String> {
     // closed. Sources not written by `stripefs mount` (absolute paths) are not waited on.
     let targets: Vec<PathBuf> = source.split(':').map(PathBuf::from).collect();
     if targets.iter().all(|t| t.is_absolute() && t.exists()) {
-        drop(lock_targets(&targets, true)?);
+        drop(lock_targets(&targets, LockWait::Forever)?);
     }
     Ok(0)
 }
@@ -369,6 +377,7 @@ mod tests {
             args(&[
                 "stripefs",
                 "mount",
+                "-q",
                 "-o",
                 "rw,threads=8",
                 "/d/t0",

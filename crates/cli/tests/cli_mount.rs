@@ -175,3 +175,48 @@ fn sigkill_loses_only_what_was_never_fsynced() {
     assert_eq!(rc, 0, "{out}");
     assert!(out.contains("clean"), "{out}");
 }
+
+/// `mount -t fuse.stripefs` as `mount(8)` runs it (the helper, by its name) prints
+/// nothing, and a mount right after a plain `umount2(2)` (what `umount(8)`, systemd and
+/// scripts do; it returns before the daemon's final checkpoint) waits for the daemon to
+/// release the targets instead of failing with "in use" (issue 9, item 11).
+#[test]
+fn helper_is_silent_and_mount_after_plain_umount_waits_for_the_old_daemon() {
+    let s = Setup::new("loop");
+    let helper = s.dir.join("mount.fuse.stripefs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_stripefs"), &helper).unwrap();
+    let source = s.targets.join(":");
+    let mnt = CString::new(s.mnt().as_os_str().as_bytes()).unwrap();
+    let payload = vec![7u8; 4 << 20];
+    for round in 0..10 {
+        let out = Command::new(&helper)
+            .arg(&source)
+            .arg(s.mnt())
+            .args(["-o", "rw"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "round {round}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "the helper talked: {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        // Dirty data makes the daemon's final writeback and checkpoint take a while.
+        fs::write(s.mnt().join(format!("f{round}")), &payload).unwrap();
+        // SAFETY: a valid C string naming the mount this test made.
+        let rc = unsafe { libc::umount2(mnt.as_ptr(), 0) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    }
+    // fsck waits the same way for the last daemon, then finds every round's file.
+    let (rc, out) = s.fsck();
+    assert_eq!(rc, 0, "{out}");
+    let (rc, out) = run(bin().args(["io", "-c", "ls /"]).args(&s.targets));
+    assert_eq!(rc, 0, "{out}");
+    for round in 0..10 {
+        assert!(out.contains(&format!("f{round}")), "{out}");
+    }
+}

@@ -26,7 +26,9 @@ use stripefs::{
     CreateParams, Fh, FileKind, Fs, FsError, Ino, RenameMode, SetAttr, TimeSet, Whence, XattrMode,
 };
 
-pub use session::{generic_flag, mount_source, serve, Mounted, ServeOptions, Unmounter};
+pub use session::{
+    fuse_mounts, generic_flag, mount_source, serve, Mounted, ServeOptions, Unmounter,
+};
 
 /// How long the kernel may cache attributes and names. Every change goes through this
 /// mount, so the kernel's own updates keep its cache right; the timeout only bounds how

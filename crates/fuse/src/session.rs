@@ -2,7 +2,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -144,14 +144,32 @@ impl Unmounter {
 /// path) in `/proc/self/mounts`, if there is one.
 #[must_use]
 pub fn mount_source(mountpoint: &Path) -> Option<String> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
-    let want = mountpoint.as_os_str().as_bytes();
-    mounts.lines().rev().find_map(|l| {
-        let mut f = l.split(' ');
-        let (src, dir, kind) = (f.next()?, f.next()?, f.next()?);
-        (unescape(dir) == want && kind.starts_with("fuse"))
-            .then(|| String::from_utf8_lossy(&unescape(src)).into_owned())
-    })
+    fuse_mounts()
+        .into_iter()
+        .rev()
+        .find(|(_, dir)| dir == mountpoint)
+        .map(|(src, _)| src)
+}
+
+/// Every FUSE mount in `/proc/self/mounts`, oldest first: (source, mount point).
+#[must_use]
+pub fn fuse_mounts() -> Vec<(String, PathBuf)> {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return Vec::new();
+    };
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let (src, dir, kind) = (f.next()?, f.next()?, f.next()?);
+            kind.starts_with("fuse").then(|| {
+                (
+                    String::from_utf8_lossy(&unescape(src)).into_owned(),
+                    PathBuf::from(std::ffi::OsString::from_vec(unescape(dir))),
+                )
+            })
+        })
+        .collect()
 }
 
 /// Undoes the octal escapes of `/proc/self/mounts` (`\040` for a space, ...).
