@@ -62,6 +62,16 @@ fn dir(m: &MetaCore, ino: Ino) -> Result<&Inode> {
     Ok(d)
 }
 
+/// A directory that can take a new entry: removed ones (link count 0, alive only while
+/// open) take none, as on a kernel file system (`ENOENT`).
+fn live_dir(m: &MetaCore, ino: Ino) -> Result<&Inode> {
+    let d = dir(m, ino)?;
+    if d.attrs.nlink == 0 {
+        return Err(FsError::NotFound);
+    }
+    Ok(d)
+}
+
 /// Parent attributes after an entry change: new times, link count adjusted by `dlink`.
 fn touched_dir(d: &Inode, now: Timespec, dlink: i32) -> Record {
     let mut a = d.attrs.clone();
@@ -180,7 +190,7 @@ impl Fs {
         let name = check_name(name)?;
         self.reserve_metadata(256 + 2 * name.len() as u64 + link.map_or(0, |l| l.len() as u64))?;
         let mut m = self.inner.meta.lock();
-        let d = dir(&m, parent)?;
+        let d = live_dir(&m, parent)?;
         if d.entries.contains_key(name) {
             return Err(FsError::Exists);
         }
@@ -290,7 +300,7 @@ impl Fs {
         if i.attrs.nlink == 0 {
             return Err(FsError::NotFound);
         }
-        let d = dir(&m, newparent)?;
+        let d = live_dir(&m, newparent)?;
         if d.entries.contains_key(name) {
             return Err(FsError::Exists);
         }
@@ -432,7 +442,7 @@ impl Fs {
         self.reserve_metadata(256 + new.len() as u64)?;
         let mut m = self.inner.meta.lock();
         let src = *dir(&m, parent)?.entries.get(old).ok_or(FsError::NotFound)?;
-        let dst = dir(&m, newparent)?.entries.get(new).copied();
+        let dst = live_dir(&m, newparent)?.entries.get(new).copied();
         if src.kind == FileKind::Directory && self.is_ancestor(&m, src.ino, newparent)? {
             return Err(FsError::invalid("cannot move a directory into itself"));
         }

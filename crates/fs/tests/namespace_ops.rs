@@ -288,3 +288,67 @@ fn unlinked_open_file_survives_until_close_and_crash_frees_it() {
     assert_eq!(errno(fs.getattr(g.ino)), libc::ESTALE);
     fs.unmount().unwrap();
 }
+
+/// An open directory outlives `rmdir` (and a rename over it) with link count 0 and takes
+/// no new entries; a crash with it open frees it at the next mount (issue 9, item 9).
+#[test]
+fn removed_open_directory_stays_until_close_and_takes_no_entries() {
+    let s = sims(2, 16 << 20);
+    let fs = fresh(&s, 4096, 65536);
+    let top = fs.mkdir(Ino::ROOT, "top".as_ref(), p()).unwrap();
+    let d = fs.mkdir(top.ino, "d".as_ref(), p()).unwrap();
+    let h = fs.open(d.ino).unwrap();
+    fs.rmdir(top.ino, "d".as_ref()).unwrap();
+    let a = fs.getattr(d.ino).unwrap();
+    assert_eq!((a.kind, a.nlink), (FileKind::Directory, 0));
+    assert!(fs.readdir(d.ino).unwrap().is_empty());
+    assert_eq!(errno(fs.create(d.ino, "f".as_ref(), p())), libc::ENOENT);
+    assert_eq!(errno(fs.mkdir(d.ino, "s".as_ref(), p())), libc::ENOENT);
+    let sym = fs.symlink(d.ino, "l".as_ref(), "x".as_ref(), p());
+    assert_eq!(errno(sym), libc::ENOENT);
+    let f = fs.create(Ino::ROOT, "f".as_ref(), p()).unwrap();
+    assert_eq!(errno(fs.link(f.ino, d.ino, "f".as_ref())), libc::ENOENT);
+    let mv = fs.rename(
+        Ino::ROOT,
+        "f".as_ref(),
+        d.ino,
+        "f".as_ref(),
+        RenameMode::Replace,
+    );
+    assert_eq!(errno(mv), libc::ENOENT);
+    assert_eq!(fs.getattr(top.ino).unwrap().nlink, 2);
+    fs.release(h).unwrap();
+    assert_eq!(errno(fs.getattr(d.ino)), libc::ESTALE);
+
+    // Renamed over while open: the same, and the parent's count is right.
+    let a = fs.mkdir(top.ino, "a".as_ref(), p()).unwrap();
+    let b = fs.mkdir(top.ino, "b".as_ref(), p()).unwrap();
+    let hb = fs.open(b.ino).unwrap();
+    fs.rename(
+        top.ino,
+        "a".as_ref(),
+        top.ino,
+        "b".as_ref(),
+        RenameMode::Replace,
+    )
+    .unwrap();
+    assert_eq!(fs.getattr(b.ino).unwrap().nlink, 0);
+    assert_eq!(fs.getattr(top.ino).unwrap().nlink, 3);
+    assert_eq!(fs.lookup(top.ino, "b".as_ref()).unwrap().ino, a.ino);
+    assert_eq!(errno(fs.mkdir(b.ino, "s".as_ref(), p())), libc::ENOENT);
+    // Its old parent goes too; then a crash with it still open.
+    fs.rmdir(top.ino, "b".as_ref()).unwrap();
+    fs.rmdir(Ino::ROOT, "top".as_ref()).unwrap();
+    fs.sync().unwrap();
+    let _still_open = hb;
+    std::mem::forget(fs);
+    for t in &s {
+        t.crash(CrashMode::DropUnflushed);
+    }
+    let (fs, rep) = Fs::mount(dyns(&s), quiet()).unwrap();
+    assert_eq!(rep.orphans_freed, 1);
+    assert_eq!(errno(fs.getattr(b.ino)), libc::ESTALE);
+    fs.unmount().unwrap();
+    let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}

@@ -5,6 +5,7 @@
 //! kernel is told (capabilities, open flags, cache timeouts) and why.
 
 mod convert;
+mod kernel_refs;
 mod privs;
 mod session;
 
@@ -71,6 +72,8 @@ pub struct FuseConfig {
 pub struct StripeFuse {
     fs: Arc<Fs>,
     files: Mutex<HashMap<u64, OpenFile>>,
+    /// Directories the kernel holds, pinned until it forgets them.
+    dirs: kernel_refs::DirRefs,
     cfg: FuseConfig,
 }
 
@@ -81,8 +84,17 @@ impl StripeFuse {
         Self {
             fs,
             files: Mutex::new(HashMap::new()),
+            dirs: kernel_refs::DirRefs::default(),
             cfg,
         }
+    }
+
+    /// Answers with an entry the kernel will hold: a directory is pinned first.
+    fn entry(&self, reply: ReplyEntry, r: stripefs::Result<stripefs::Attr>) {
+        entry(
+            reply,
+            r.and_then(|a| self.dirs.add(&self.fs, &a).map(|()| a)),
+        );
     }
 
     fn open_file(&self, fh: FileHandle) -> Result<OpenFile, Errno> {
@@ -255,11 +267,35 @@ impl Filesystem for StripeFuse {
     }
 
     fn destroy(&mut self) {
+        self.dirs.release_all(&self.fs);
         tracing::info!("FUSE session ends");
     }
 
+    fn forget(&self, _req: &Request, i: INodeNo, nlookup: u64) {
+        self.dirs.forget(&self.fs, ino(i), nlookup);
+    }
+
+    fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // The handle keeps a directory removed while open answerable (link count 0).
+        match self.fs.open(ino(i)) {
+            Ok(fh) => reply.opened(FileHandle(fh.0), FopenFlags::empty()),
+            Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        done(reply, self.fs.release(Fh(fh.0)));
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fs.lookup(ino(parent), name))
+        self.entry(reply, self.fs.lookup(ino(parent), name));
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -354,10 +390,10 @@ impl Filesystem for StripeFuse {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        entry(
+        self.entry(
             reply,
             self.fs.mkdir(ino(parent), name, params(req, mode, umask)),
-        )
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {

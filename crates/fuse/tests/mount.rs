@@ -47,11 +47,17 @@ impl Scratch {
     }
 }
 
-/// Unmounts the FUSE session, then the engine. The kernel may drop a file closed by an
-/// io_uring worker a moment after the close (deferred `fput`), so `EBUSY` is retried
-/// for up to 2 s.
+/// Unmounts the FUSE session, then the engine.
 fn finish(m: Mounted, fs: Arc<Fs>) {
-    let u = m.unmounter();
+    unmount_retrying(&m.unmounter());
+    m.join().unwrap();
+    Arc::into_inner(fs).unwrap().unmount().unwrap();
+}
+
+/// Unmounts, retrying `EBUSY` for up to 2 s: the kernel may drop a file closed by an
+/// io_uring worker a moment after the close (deferred `fput`), and a child another test
+/// thread is forking holds copies of this process's descriptors until it execs.
+fn unmount_retrying(u: &stripefs_fuse::Unmounter) {
     let mut tries = 0;
     loop {
         match u.unmount() {
@@ -62,8 +68,6 @@ fn finish(m: Mounted, fs: Arc<Fs>) {
             r => break r.unwrap(),
         }
     }
-    m.join().unwrap();
-    Arc::into_inner(fs).unwrap().unmount().unwrap();
 }
 
 impl Drop for Scratch {
@@ -494,7 +498,7 @@ fn unmount_after_ebusy_can_be_retried() {
     assert_eq!(busy.raw_os_error(), Some(libc::EBUSY), "{busy}");
     fs::write(mnt.join("still-served"), b"yes").unwrap();
     drop(f);
-    u.unmount().unwrap();
+    unmount_retrying(&u);
     assert!(
         stripefs_fuse::mount_source(&mnt).is_none(),
         "unmount reported success but the file system is still mounted"
@@ -559,4 +563,59 @@ fn mmap_writes_through_an_o_direct_handle_reach_the_disk() {
     fs.read_at(ino, OFF as u64, &mut back).unwrap();
     assert_eq!(back, pattern, "mapped stores lost after remount");
     fs.unmount().unwrap();
+}
+
+fn fstat(f: &fs::File) -> std::io::Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is valid; `fstat` fills it from an open descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    match unsafe { libc::fstat(f.as_raw_fd(), &mut st) } {
+        0 => Ok(st),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// A directory removed (or renamed over) while open or while a process works in it stays
+/// answerable with link count 0, as on a kernel file system, instead of `ESTALE`
+/// (issue 9, item 9).
+#[test]
+fn removed_directory_stays_answerable_while_held() {
+    let s = Scratch::new("rmdir");
+    let (fs, m) = s.serve();
+    let mnt = s.mnt();
+    fs::create_dir(mnt.join("d")).unwrap();
+    let d = fs::File::open(mnt.join("d")).unwrap();
+    fs::remove_dir(mnt.join("d")).unwrap();
+    let st = fstat(&d).expect("fstat on an open removed directory");
+    assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFDIR);
+    assert_eq!(st.st_nlink, 0);
+    // Nothing can be created in it.
+    let at = CString::new("new").unwrap();
+    // SAFETY: valid descriptor and C string.
+    let rc = unsafe { libc::mkdirat(d.as_raw_fd(), at.as_ptr(), 0o755) };
+    let e = std::io::Error::last_os_error();
+    assert_eq!((rc, e.raw_os_error()), (-1, Some(libc::ENOENT)), "{e}");
+    drop(d);
+
+    // Renamed over while open.
+    fs::create_dir(mnt.join("a")).unwrap();
+    fs::create_dir(mnt.join("b")).unwrap();
+    let b = fs::File::open(mnt.join("b")).unwrap();
+    fs::rename(mnt.join("a"), mnt.join("b")).unwrap();
+    assert_eq!(fstat(&b).expect("fstat after rename over").st_nlink, 0);
+    drop(b);
+
+    // A shell whose working directory is removed (held by the kernel, no open file).
+    fs::create_dir(mnt.join("cwd")).unwrap();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("cd cwd && rmdir ../cwd && stat -c %h . && ls -a .")
+        .current_dir(&mnt)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let errs = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}{errs}");
+    assert_eq!(text.lines().next(), Some("0"), "{text}{errs}");
+    finish(m, fs);
 }
