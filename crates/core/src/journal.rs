@@ -78,6 +78,39 @@ fn le64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// How far past its tail the log may extend, in units: a commit that would end beyond
+/// this writes a checkpoint instead of appending. Recovery relies on it to bound the search
+/// for transactions after a damaged one.
+#[must_use]
+pub fn log_limit(journal_units: u64) -> u64 {
+    journal_units * 3 / 4
+}
+
+/// The fields of a header that verifies on its own (magic, checksum, file system), before
+/// it is compared with the position and sequence the reader expects.
+fn intact(first_unit: &[u8], uuid: Uuid) -> Result<TxnHeader, String> {
+    if first_unit.len() < TXN_HEADER_BYTES {
+        return Err("unit smaller than a header".into());
+    }
+    let h = &first_unit[..TXN_HEADER_BYTES];
+    if le64(h, 0) != TXN_MAGIC {
+        return Err("no record magic".into());
+    }
+    if crc32c(&h[12..]) != le32(h, 8) {
+        return Err("header checksum mismatch".into());
+    }
+    if h[16..32] != uuid.0 {
+        return Err("record of another file system".into());
+    }
+    Ok(TxnHeader {
+        lsn: le64(h, 32),
+        seq: le64(h, 40),
+        units: le32(h, 48),
+        payload_len: le32(h, 52),
+        payload_crc: le32(h, 12),
+    })
+}
+
 /// Checks that `first_unit` starts transaction `seq` at `lsn` of file system `uuid`, no
 /// longer than `max_units`.
 ///
@@ -90,37 +123,44 @@ pub fn decode_header(
     seq: u64,
     max_units: u64,
 ) -> Result<TxnHeader, HeaderMismatch> {
-    let no = |why: String| Err(HeaderMismatch::NotNext(why));
-    if first_unit.len() < TXN_HEADER_BYTES {
-        return no("unit smaller than a header".into());
+    let h = intact(first_unit, uuid).map_err(HeaderMismatch::NotNext)?;
+    if h.lsn != lsn || h.seq != seq {
+        return Err(HeaderMismatch::NotNext(format!(
+            "record lsn {} seq {}, expected lsn {lsn} seq {seq}",
+            h.lsn, h.seq
+        )));
     }
-    let h = &first_unit[..TXN_HEADER_BYTES];
-    if le64(h, 0) != TXN_MAGIC {
-        return no("no record magic".into());
+    if h.units == 0 || u64::from(h.units) > max_units {
+        return Err(HeaderMismatch::NotNext(format!(
+            "record claims {} units",
+            h.units
+        )));
     }
-    if crc32c(&h[12..]) != le32(h, 8) {
-        return no("header checksum mismatch".into());
-    }
-    if h[16..32] != uuid.0 {
-        return no("record of another file system".into());
-    }
-    let (hl, hs, units) = (le64(h, 32), le64(h, 40), le32(h, 48));
-    if hl != lsn || hs != seq {
-        return no(format!(
-            "record lsn {hl} seq {hs}, expected lsn {lsn} seq {seq}"
-        ));
-    }
-    let payload_len = le32(h, 52);
-    if u64::from(units) == 0 || u64::from(units) > max_units {
-        return no(format!("record claims {units} units"));
-    }
-    Ok(TxnHeader {
-        lsn,
-        seq,
-        units,
-        payload_len,
-        payload_crc: le32(h, 12),
-    })
+    Ok(h)
+}
+
+/// Looks in `units` (consecutive journal units, the first at logical position `first_lsn`)
+/// for an intact header of `uuid` that names its own position and a sequence after
+/// `after_seq`: a transaction committed after the one recovery stopped at. Returns its
+/// (lsn, seq).
+///
+/// A header names its position, so a record left from an earlier lap of the log never
+/// qualifies; only a transaction written after `after_seq` was durable does.
+#[must_use]
+pub fn find_later(
+    units: &[u8],
+    unit: u32,
+    first_lsn: u64,
+    uuid: Uuid,
+    after_seq: u64,
+) -> Option<(u64, u64)> {
+    units
+        .chunks_exact(unit as usize)
+        .zip(first_lsn..)
+        .find_map(|(u, lsn)| {
+            let h = intact(u, uuid).ok()?;
+            (h.lsn == lsn && h.seq > after_seq).then_some((h.lsn, h.seq))
+        })
 }
 
 /// Returns the payload of a whole transaction (`units` units read from `lsn`) if its
@@ -159,5 +199,24 @@ mod tests {
         let mut torn = buf.clone();
         torn[3000] ^= 1;
         assert!(verify_payload(&h, &torn).is_none(), "torn payload detected");
+    }
+
+    #[test]
+    fn find_later_wants_a_later_transaction_at_its_own_position() {
+        let u = Uuid([3; 16]);
+        let mut log = vec![0u8; 512 * 4];
+        // Unit 75 holds a record from an earlier lap of a 64-unit log (it names 75 - 64).
+        log[512..1024].copy_from_slice(&encode_txn(u, 11, 9, b"x", 512));
+        assert_eq!(find_later(&log, 512, 74, u, 5), None, "stale lap record");
+        log[1024..1536].copy_from_slice(&encode_txn(u, 76, 5, b"x", 512));
+        assert_eq!(
+            find_later(&log, 512, 74, u, 5),
+            None,
+            "not a later sequence"
+        );
+        log[1536..].copy_from_slice(&encode_txn(Uuid([4; 16]), 77, 7, b"x", 512));
+        assert_eq!(find_later(&log, 512, 74, u, 5), None, "another file system");
+        log[1536..].copy_from_slice(&encode_txn(u, 77, 7, b"x", 512));
+        assert_eq!(find_later(&log, 512, 74, u, 5), Some((77, 7)));
     }
 }

@@ -20,7 +20,7 @@ use stripefs_core::checkpoint::{self, CheckpointHeader};
 use stripefs_core::codec::Enc;
 use stripefs_core::geometry::Geometry;
 use stripefs_core::inode::Timespec;
-use stripefs_core::journal::{encode_txn, txn_units};
+use stripefs_core::journal::{encode_txn, log_limit, txn_units};
 use stripefs_target::{Batch, FaultPoint, IoBuf, IoOp, Target};
 
 use crate::error::{FsError, Result};
@@ -132,7 +132,7 @@ impl Journal {
         }
         let units = txn_units(e.len(), fs.geo.journal_unit);
         let cap = fs.geo.journal_units();
-        let full = pos.head + units - pos.tail > cap * 3 / 4;
+        let full = pos.head + units - pos.tail > log_limit(cap);
         let snapshot = (mode == CommitMode::Checkpoint || full)
             .then(|| (m.state.encode_snapshot(), m.state.next_ino));
         Some(Work {

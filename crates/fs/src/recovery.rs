@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use stripefs_core::checkpoint::{self, CheckpointHeader};
 use stripefs_core::geometry::Geometry;
-use stripefs_core::journal::{decode_header, verify_payload};
+use stripefs_core::journal::{
+    decode_header, find_later, log_limit, verify_payload, HeaderMismatch,
+};
 use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::superblock::{Superblock, SB_BYTES};
@@ -182,6 +184,10 @@ fn read_units(t0: &dyn Target, geo: &Geometry, lsn: u64, n: u64) -> Result<Vec<u
 }
 
 /// Replays transactions after `ckpt`; returns (head, next seq, transactions, records).
+///
+/// The log ends at the first transaction that does not verify. That is a torn final write
+/// only if no later transaction follows it; otherwise acknowledged transactions would be
+/// dropped, so it is reported as corruption naming the damaged one.
 fn replay(
     t0: &dyn Target,
     geo: &Geometry,
@@ -192,28 +198,16 @@ fn replay(
     let (mut lsn, mut seq) = (ckpt.journal_tail, ckpt.journal_seq);
     let (mut txns, mut records) = (0u64, 0u64);
     while lsn - ckpt.journal_tail < cap {
-        let room = cap - (lsn - ckpt.journal_tail);
-        let first = read_units(t0, geo, lsn, 1)?;
-        let Ok(hdr) = decode_header(&first, geo.uuid, lsn, seq, room) else {
-            break;
-        };
-        let whole = read_units(t0, geo, lsn, u64::from(hdr.units))?;
         let what = format!("journal transaction {seq} at journal unit {lsn}");
-        let Some(payload) = verify_payload(&hdr, &whole) else {
-            let next = lsn + u64::from(hdr.units);
-            let successor = next - ckpt.journal_tail < cap
-                && decode_header(&read_units(t0, geo, next, 1)?, geo.uuid, next, seq + 1, cap)
-                    .is_ok();
-            if successor {
-                return Err(CoreError::corrupted(
-                    what,
-                    "payload checksum mismatch, yet later transactions exist",
-                )
-                .into());
+        let room = cap - (lsn - ckpt.journal_tail);
+        let (units, payload) = match read_txn(t0, geo, lsn, seq, room)? {
+            TxnRead::Found(units, payload) => (units, payload),
+            TxnRead::Missing(why) => {
+                end_of_log(t0, geo, ckpt, lsn, seq, &what, &why)?;
+                break;
             }
-            break; // A torn final transaction: it was never acknowledged.
         };
-        let recs = Record::decode_all(payload, &what)?;
+        let recs = Record::decode_all(&payload, &what)?;
         for r in &recs {
             state
                 .apply(r)
@@ -221,8 +215,71 @@ fn replay(
         }
         records += recs.len() as u64;
         txns += 1;
-        lsn += u64::from(hdr.units);
+        lsn += units;
         seq += 1;
     }
     Ok((lsn, seq, txns, records))
+}
+
+/// What is at the position of the next transaction.
+enum TxnRead {
+    /// The transaction: its length in units and its verified payload.
+    Found(u64, Vec<u8>),
+    /// Not the transaction expected there, and why (a damaged, stale or foreign header, or
+    /// a payload checksum mismatch).
+    Missing(String),
+}
+
+/// Reads transaction `seq` at `lsn`.
+///
+/// # Errors
+/// Target read errors (never taken for the end of the log).
+fn read_txn(t0: &dyn Target, geo: &Geometry, lsn: u64, seq: u64, room: u64) -> Result<TxnRead> {
+    let first = read_units(t0, geo, lsn, 1)?;
+    let hdr = match decode_header(&first, geo.uuid, lsn, seq, room) {
+        Ok(h) => h,
+        Err(HeaderMismatch::NotNext(why)) => {
+            return Ok(TxnRead::Missing(format!("header not valid ({why})")))
+        }
+    };
+    let whole = read_units(t0, geo, lsn, u64::from(hdr.units))?;
+    Ok(match verify_payload(&hdr, &whole) {
+        Some(p) => TxnRead::Found(u64::from(hdr.units), p.to_vec()),
+        None => TxnRead::Missing("payload checksum mismatch".into()),
+    })
+}
+
+/// Units read at a time while searching for later transactions.
+const SCAN_BYTES: u64 = 1 << 20;
+
+/// The log ended at transaction `seq` at `lsn` because of `why`. Fails, naming it, if a
+/// later transaction is on disk: the log can only extend [`log_limit`] units past its tail,
+/// so every position up to there is searched.
+fn end_of_log(
+    t0: &dyn Target,
+    geo: &Geometry,
+    ckpt: &CheckpointHeader,
+    lsn: u64,
+    seq: u64,
+    what: &str,
+    why: &str,
+) -> Result<()> {
+    let end = ckpt.journal_tail + log_limit(geo.journal_units());
+    let step = (SCAN_BYTES / u64::from(geo.journal_unit)).max(1);
+    let mut at = lsn;
+    while at < end {
+        let n = step.min(end - at);
+        let units = read_units(t0, geo, at, n)?;
+        if let Some((l, s)) = find_later(&units, geo.journal_unit, at, geo.uuid, seq) {
+            return Err(CoreError::corrupted(
+                what.to_string(),
+                format!(
+                    "{why}, yet later transactions exist (transaction {s} at journal unit {l}): acknowledged changes would be lost"
+                ),
+            )
+            .into());
+        }
+        at += n;
+    }
+    Ok(())
 }

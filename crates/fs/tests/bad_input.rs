@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use stripefs::{CreateParams, Fs, Ino};
+use stripefs::{CreateParams, Fs, Ino, RenameMode};
 use stripefs_target::{CrashMode, Rng, SimTarget, Target};
 
 /// A small file system with some content; returns the targets after a clean unmount.
@@ -140,6 +140,139 @@ fn corrupted_journal_record_before_later_ones_is_corruption() {
         "{msg}"
     );
     assert!(fsck_err(dyns(&s)).contains("journal transaction"));
+}
+
+/// Journal position and sequence of one committed transaction.
+#[derive(Debug, Clone, Copy)]
+struct Logged {
+    lsn: u64,
+    seq: u64,
+}
+
+/// Seven operations, each acknowledged by `sync` as its own journal transaction after the
+/// mount's checkpoint (creates with data, a mkdir, an append, a rename, an unlink), then a
+/// crash that keeps exactly what was flushed. Returns the targets and the transactions.
+fn seven_acknowledged() -> (Vec<Arc<SimTarget>>, Vec<Logged>) {
+    let s = sims(2, 8 << 20);
+    let fs = fresh(&s, 4096, 16384);
+    let mut logged = Vec::new();
+    let mut step = |fs: &Fs, op: &dyn Fn(&Fs)| {
+        let lsn = fs.status().journal.head;
+        op(fs);
+        fs.sync().unwrap();
+        let st = fs.status();
+        assert!(st.journal.head > lsn, "each step is its own transaction");
+        logged.push(Logged {
+            lsn,
+            seq: st.committed_seq,
+        });
+    };
+    let p = || CreateParams::with_perm(0o644);
+    step(&fs, &|fs| {
+        let a = fs.create(Ino::ROOT, "f1".as_ref(), p()).unwrap();
+        fs.write_at(a.ino, 0, &pattern(1, 0, 5000)).unwrap();
+    });
+    step(&fs, &|fs| {
+        let a = fs.create(Ino::ROOT, "f2".as_ref(), p()).unwrap();
+        fs.write_at(a.ino, 0, &pattern(2, 0, 5000)).unwrap();
+    });
+    step(&fs, &|fs| {
+        fs.mkdir(Ino::ROOT, "d".as_ref(), CreateParams::with_perm(0o755))
+            .unwrap();
+    });
+    step(&fs, &|fs| {
+        let a = fs.lookup(Ino::ROOT, "f1".as_ref()).unwrap();
+        fs.write_at(a.ino, 5000, &pattern(1, 5000, 3000)).unwrap();
+    });
+    step(&fs, &|fs| {
+        let d = fs.lookup(Ino::ROOT, "d".as_ref()).unwrap();
+        fs.rename(
+            Ino::ROOT,
+            "f2".as_ref(),
+            d.ino,
+            "g".as_ref(),
+            RenameMode::Replace,
+        )
+        .unwrap();
+    });
+    step(&fs, &|fs| {
+        let a = fs.create(Ino::ROOT, "f3".as_ref(), p()).unwrap();
+        fs.write_at(a.ino, 0, &pattern(3, 0, 100)).unwrap();
+    });
+    step(&fs, &|fs| fs.unlink(Ino::ROOT, "f1".as_ref()).unwrap());
+    std::mem::forget(fs);
+    for t in &s {
+        t.crash(CrashMode::DropUnflushed);
+    }
+    (s, logged)
+}
+
+#[test]
+fn damaged_first_header_before_acknowledged_ones_is_corruption() {
+    let (s, logged) = seven_acknowledged();
+    assert_eq!(logged.len(), 7);
+    let geo = Fs::mount(dyns(&copy(&s)), quiet())
+        .unwrap()
+        .0
+        .geometry()
+        .clone();
+    let first = logged[0];
+    s[0].corrupt(geo.journal_unit_offset(first.lsn) + 40, 0x01);
+    let name = format!(
+        "journal transaction {} at journal unit {}",
+        first.seq, first.lsn
+    );
+    for msg in [mount_err(dyns(&s)), fsck_err(dyns(&s))] {
+        assert!(
+            msg.contains(&name) && msg.contains("later transactions exist"),
+            "{msg}"
+        );
+    }
+}
+
+/// Every damaged transaction followed by acknowledged ones is refused by mount and fsck,
+/// naming it, wherever the damage is in its header (magic, checksums, uuid, position,
+/// sequence, length, reserved bytes) or payload; the same damage to the last transaction
+/// is a torn write: mount keeps exactly the transactions before it.
+#[test]
+fn every_damaged_transaction_before_acknowledged_ones_is_refused() {
+    let (s, logged) = seven_acknowledged();
+    let geo = Fs::mount(dyns(&copy(&s)), quiet())
+        .unwrap()
+        .0
+        .geometry()
+        .clone();
+    let last = logged.len() - 1;
+    for (i, t) in logged.iter().enumerate() {
+        for byte in [0, 5, 9, 13, 20, 31, 33, 41, 49, 53, 60, 64, 90] {
+            let c = copy(&s);
+            c[0].corrupt(geo.journal_unit_offset(t.lsn) + byte, 0x10);
+            if i < last {
+                let name = format!("journal transaction {} at journal unit {}", t.seq, t.lsn);
+                for msg in [mount_err(dyns(&c)), fsck_err(dyns(&c))] {
+                    assert!(
+                        msg.contains(&name) && msg.contains("later transactions exist"),
+                        "transaction {i} byte {byte}: {msg}"
+                    );
+                }
+                continue;
+            }
+            let report = stripefs::fsck::fsck(dyns(&c), &mut |_| {}).unwrap();
+            assert!(
+                report.is_clean(),
+                "torn last transaction: {:?}",
+                report.problems
+            );
+            let (fs, r) = Fs::mount(dyns(&c), quiet()).expect("a torn last write mounts");
+            assert_eq!(r.replayed_txns, last as u64, "byte {byte}");
+            assert!(
+                fs.lookup(Ino::ROOT, "f1".as_ref()).is_ok(),
+                "unlink was torn"
+            );
+            assert!(fs.lookup(Ino::ROOT, "f3".as_ref()).is_ok());
+            fs.unmount().unwrap();
+        }
+    }
 }
 
 #[test]
