@@ -611,10 +611,9 @@ impl Fs {
         for (i, b) in g.data[off..].iter_mut().enumerate() {
             *b = seed.wrapping_add(i as u8) | 0x80;
         }
-        let blocks = g.state.blocks();
-        g.state.set_uptodate(0, blocks);
-        let newly = g.state.set_dirty(0, blocks);
-        self.inner.cache.add_dirty_blocks(newly);
+        let blocks = g.state().blocks();
+        g.set_uptodate(0, blocks);
+        self.inner.cache.set_dirty(&mut g, 0, blocks);
         Ok(())
     }
 }

@@ -355,9 +355,8 @@ fn copy_in<O: FileIo>(
         let s = (cur - p) as usize;
         g.data[off as usize..(off + len) as usize].copy_from_slice(&src[s..s + len as usize]);
         g.state.set_uptodate(b0, b1);
-        let newly = g.state.set_dirty(b0, b1);
-        cache.add_dirty_blocks(newly);
-        cache.touch(&mut g);
+        cache.set_dirty(&mut g, b0, b1);
+        cache.touch(&g);
         cur += len;
     }
     Ok(())

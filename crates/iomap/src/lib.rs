@@ -14,6 +14,7 @@ pub mod cache;
 pub mod direct;
 pub mod folio;
 mod iter;
+pub mod lru;
 mod writeback;
 mod zero;
 

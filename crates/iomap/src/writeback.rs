@@ -135,7 +135,7 @@ fn write_chunk<O: FileIo>(
     stats.bytes += ends.iter().map(|e| e.len).sum::<u64>();
     let completed = ops.writeback_done(&ends, ok);
     for cell in busy {
-        cell.end_writeback();
+        cache.end_writeback(&cell);
     }
     let err = map_err
         .or_else(|| io_err.map(|e| ops.io_error(e)))
@@ -246,12 +246,10 @@ fn collect<O: FileIo>(
                 at += n as u64;
             }
             let (oa, ob) = (a - g.index * fb, b - g.index * fb);
-            let cleared = g.state.clear_dirty((oa / bs) as u32, (ob / bs) as u32);
-            cache.sub_dirty_blocks(cleared);
+            cache.take_for_writeback(&mut g, (oa / bs) as u32, (ob / bs) as u32);
             took = true;
         }
         if took {
-            g.writeback = true;
             busy.push(Arc::clone(cell));
         }
     }

@@ -103,11 +103,10 @@ pub fn zero_range<O: FileIo>(
         // folio; a clean block over a hole or unwritten extent already reads zero there.
         for b in b0..b1 {
             if on_disk || g.writeback || g.state.is_dirty(b) {
-                let newly = g.state.set_dirty(b, b + 1);
-                cache.add_dirty_blocks(newly);
+                cache.set_dirty(&mut g, b, b + 1);
             }
         }
-        cache.touch(&mut g);
+        cache.touch(&g);
         drop(g);
         ops.end(&map, cur, n, IomapOp::Report)?;
         cur = piece_end;
@@ -179,9 +178,7 @@ pub fn invalidate_range(cache: &PageCache, fc: &FileCache, pos: u64, end: u64) -
             g.data[a as usize..b as usize].fill(0);
             let (b0, b1) = (a.div_ceil(bs) as u32, (b / bs) as u32);
             if b0 < b1 {
-                let d = g.state.invalidate(b0, b1);
-                cache.sub_dirty_blocks(d);
-                discarded += d;
+                discarded += cache.invalidate_blocks(&mut g, b0, b1);
             }
             g.index
         };
