@@ -72,6 +72,28 @@ fn live_dir(m: &MetaCore, ino: Ino) -> Result<&Inode> {
     Ok(d)
 }
 
+/// Set-group-ID on a directory (`S_ISGID`).
+const SGID: u16 = 0o2000;
+
+/// Group and permission bits of a new `kind` inode in directory `parent`, as a kernel
+/// file system sets them (`inode_init_owner`): in a set-group-ID directory the new inode
+/// takes the directory's group, and a new subdirectory inherits the set-group-ID bit;
+/// elsewhere the creator's group and the asked-for bits stand. (Clearing set-group-ID
+/// from a new file whose creator is not in that group needs the caller's credentials:
+/// the front end does it before asking.)
+fn inherited_group(parent: &InodeAttrs, kind: FileKind, p: &CreateParams) -> (u32, u16) {
+    let perm = p.perm & 0o7777;
+    if parent.perm & SGID == 0 {
+        return (p.gid, perm);
+    }
+    let perm = if kind == FileKind::Directory {
+        perm | SGID
+    } else {
+        perm
+    };
+    (parent.gid, perm)
+}
+
 /// Parent attributes after an entry change: new times, link count adjusted by `dlink`.
 fn touched_dir(d: &Inode, now: Timespec, dlink: i32) -> Record {
     let mut a = d.attrs.clone();
@@ -211,12 +233,13 @@ impl Fs {
         let now = Timespec::now();
         let ino = Ino(m.state.next_ino);
         let is_dir = kind == FileKind::Directory;
+        let (gid, perm) = inherited_group(&live_dir(&m, parent)?.attrs, kind, &p);
         let attrs = InodeAttrs {
             ino,
             kind,
-            perm: (p.perm & 0o7777),
+            perm,
             uid: p.uid,
-            gid: p.gid,
+            gid,
             nlink: if is_dir { 2 } else { 1 },
             size: link.map_or(0, |l| l.len() as u64),
             atime: now,
@@ -860,7 +883,6 @@ impl Fs {
 #[must_use]
 pub fn setid_dropped(kind: FileKind, perm: u16, sgid_always: bool) -> u16 {
     const SUID: u16 = 0o4000;
-    const SGID: u16 = 0o2000;
     const XGRP: u16 = 0o0010;
     if kind == FileKind::Directory {
         return perm;

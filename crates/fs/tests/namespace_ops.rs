@@ -352,3 +352,51 @@ fn removed_open_directory_stays_until_close_and_takes_no_entries() {
     let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
 }
+
+/// In a set-group-ID directory new entries take the directory's group and new
+/// subdirectories inherit the bit; elsewhere the creator's group stands (issue 9, item 8).
+#[test]
+fn setgid_directory_passes_its_group_on() {
+    let s = sims(2, 16 << 20);
+    let fs = fresh(&s, 4096, 65536);
+    let by = |perm: u16| CreateParams {
+        uid: 7,
+        gid: 8,
+        ..CreateParams::with_perm(perm)
+    };
+    let pd = fs.mkdir(Ino::ROOT, "p".as_ref(), p()).unwrap();
+    let own = SetAttr {
+        uid: Some(100),
+        gid: Some(100),
+        mode: Some(0o2755),
+        ..SetAttr::default()
+    };
+    fs.setattr(pd.ino, &own).unwrap();
+    let sub = fs.mkdir(pd.ino, "sub".as_ref(), by(0o755)).unwrap();
+    assert_eq!((sub.uid, sub.gid, sub.mode), (7, 100, 0o42755));
+    let file = fs.create(pd.ino, "file".as_ref(), by(0o644)).unwrap();
+    assert_eq!((file.uid, file.gid, file.mode), (7, 100, 0o100644));
+    let fifo = fs
+        .mknod(pd.ino, "fifo".as_ref(), FileKind::Fifo, by(0o600))
+        .unwrap();
+    assert_eq!(fifo.gid, 100);
+    let link = fs
+        .symlink(pd.ino, "l".as_ref(), "file".as_ref(), by(0o777))
+        .unwrap();
+    assert_eq!(link.gid, 100);
+    // Inherited again one level down, and kept across a remount.
+    let deeper = fs.mkdir(sub.ino, "deeper".as_ref(), by(0o700)).unwrap();
+    assert_eq!((deeper.gid, deeper.mode), (100, 0o42700));
+    // A plain directory leaves the creator's group.
+    let plain = fs.mkdir(Ino::ROOT, "plain".as_ref(), by(0o755)).unwrap();
+    let f2 = fs.create(plain.ino, "f".as_ref(), by(0o2755)).unwrap();
+    assert_eq!(
+        (plain.gid, plain.mode, f2.gid, f2.mode),
+        (8, 0o40755, 8, 0o102755)
+    );
+    fs.unmount().unwrap();
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).unwrap();
+    let a = fs.getattr(deeper.ino).unwrap();
+    assert_eq!((a.gid, a.mode), (100, 0o42700));
+    fs.unmount().unwrap();
+}

@@ -89,6 +89,27 @@ impl StripeFuse {
         }
     }
 
+    /// Creation parameters for a non-directory in `parent`: set-group-ID cleared as the
+    /// VFS does when the directory is set-group-ID and the creator is neither in its
+    /// group nor privileged (a new kernel has done so already; an older one has not).
+    fn file_params(
+        &self,
+        req: &Request,
+        parent: Ino,
+        mode: u32,
+        umask: u32,
+    ) -> stripefs::Result<CreateParams> {
+        let mut p = params(req, mode, umask);
+        if p.perm & 0o2000 != 0 {
+            let dir = self.fs.getattr(parent)?;
+            let dir_perm = (dir.mode & 0o7777) as u16;
+            p.perm = privs::new_file_perm(p.perm, dir_perm, || {
+                privs::in_group_or_capable(req.pid(), req.gid(), dir.gid)
+            });
+        }
+        Ok(p)
+    }
+
     /// Answers with an entry the kernel will hold: a directory is pinned first.
     fn entry(&self, reply: ReplyEntry, r: stripefs::Result<stripefs::Attr>) {
         entry(
@@ -371,13 +392,19 @@ impl Filesystem for StripeFuse {
             reply.error(Errno::EINVAL);
             return;
         };
-        let mut p = params(req, mode, umask);
-        p.rdev = u64::from(rdev);
-        let r = if kind == FileKind::Regular {
-            self.fs.create(ino(parent), name, p)
-        } else {
-            self.fs.mknod(ino(parent), name, kind, p)
-        };
+        let r = self
+            .file_params(req, ino(parent), mode, umask)
+            .and_then(|p| {
+                let p = CreateParams {
+                    rdev: u64::from(rdev),
+                    ..p
+                };
+                if kind == FileKind::Regular {
+                    self.fs.create(ino(parent), name, p)
+                } else {
+                    self.fs.mknod(ino(parent), name, kind, p)
+                }
+            });
         entry(reply, r)
     }
 
@@ -474,7 +501,8 @@ impl Filesystem for StripeFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let a = match self.fs.create(ino(parent), name, params(req, mode, umask)) {
+        let p = self.file_params(req, ino(parent), mode, umask);
+        let a = match p.and_then(|p| self.fs.create(ino(parent), name, p)) {
             Ok(a) => a,
             Err(e) => return reply.error(err(&e)),
         };

@@ -40,9 +40,45 @@ pub(crate) fn in_group_or_capable(pid: u32, fsgid: u32, gid: u32) -> bool {
         || has_fsetid(pid)
 }
 
+/// Permission bits of a new non-directory asked for with `perm` in a directory with
+/// `dir_perm`: in a set-group-ID directory the file takes the directory's group, and a
+/// group-executable set-group-ID file keeps the bit only if `in_group_or_capable` says
+/// the creator is in that group or holds `CAP_FSETID` (the VFS's `mode_strip_sgid`).
+/// The check is asked only when it can matter.
+pub(crate) fn new_file_perm(
+    perm: u16,
+    dir_perm: u16,
+    in_group_or_capable: impl FnOnce() -> bool,
+) -> u16 {
+    const SGID: u16 = 0o2000;
+    const XGRP: u16 = 0o0010;
+    if perm & (SGID | XGRP) != SGID | XGRP || dir_perm & SGID == 0 || in_group_or_capable() {
+        return perm;
+    }
+    perm & !SGID
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_file_in_setgid_directory_loses_sgid_unless_in_group() {
+        let never = || -> bool { panic!("asked although it cannot matter") };
+        assert_eq!(new_file_perm(0o2755, 0o2775, || false), 0o0755);
+        assert_eq!(new_file_perm(0o2755, 0o2775, || true), 0o2755);
+        assert_eq!(
+            new_file_perm(0o2745, 0o2775, never),
+            0o2745,
+            "not group-executable"
+        );
+        assert_eq!(
+            new_file_perm(0o2755, 0o0775, never),
+            0o2755,
+            "not a setgid dir"
+        );
+        assert_eq!(new_file_perm(0o0755, 0o2775, never), 0o0755);
+    }
 
     #[test]
     fn reads_this_process() {

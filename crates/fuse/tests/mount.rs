@@ -619,3 +619,78 @@ fn removed_directory_stays_answerable_while_held() {
     assert_eq!(text.lines().next(), Some("0"), "{text}{errs}");
     finish(m, fs);
 }
+
+/// As `nobody` with umask 0, creates `path` with `open(O_CREAT, mode)`.
+fn create_as_nobody(path: &Path, mode: libc::mode_t) {
+    use std::os::unix::process::CommandExt;
+    let c = cpath(path);
+    let mut cmd = std::process::Command::new("true");
+    cmd.uid(65534).gid(65534);
+    // SAFETY: the closure runs in the forked child after the uid change and calls only
+    // async-signal-safe system calls on memory prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::umask(0);
+            let fd = libc::open(c.as_ptr(), libc::O_CREAT | libc::O_WRONLY, mode);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            Ok(())
+        });
+    }
+    let st = cmd.status().unwrap();
+    assert!(st.success(), "create {} as nobody", path.display());
+}
+
+/// The set-group-ID directory cases of issue 9 item 8 in `dir`: returns (name, gid,
+/// permission bits) of each new inode.
+fn setgid_scenario(dir: &Path) -> Vec<(&'static str, u32, u32)> {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    let p = dir.join("p");
+    fs::create_dir(&p).unwrap();
+    chown(&p, Some(100), Some(100)).unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o2755)).unwrap();
+    fs::create_dir(p.join("sub")).unwrap();
+    fs::write(p.join("file"), b"").unwrap();
+    fs::create_dir(p.join("sub/deeper")).unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o2777)).unwrap();
+    // Not in group 100: a group-executable set-group-ID file loses the bit.
+    create_as_nobody(&p.join("nobody-file"), 0o2775);
+    as_nobody(&format!("mkdir '{}'", p.join("nobody-dir").display()));
+    let plain = dir.join("plain");
+    fs::create_dir(&plain).unwrap();
+    fs::set_permissions(&plain, fs::Permissions::from_mode(0o777)).unwrap();
+    create_as_nobody(&plain.join("nobody-file"), 0o2775);
+    [
+        "p/sub",
+        "p/file",
+        "p/sub/deeper",
+        "p/nobody-file",
+        "p/nobody-dir",
+        "plain/nobody-file",
+    ]
+    .into_iter()
+    .map(|n| {
+        let m = fs::metadata(dir.join(n)).unwrap();
+        (n, m.gid(), m.mode() & 0o7777)
+    })
+    .collect()
+}
+
+/// New entries in a set-group-ID directory take its group, subdirectories inherit the
+/// bit, and a creator outside the group loses set-group-ID on a new file: as on a local
+/// file system (issue 9, item 8).
+#[test]
+fn setgid_directories_pass_their_group_on_as_on_a_local_file_system() {
+    let s = Scratch::new("setgid");
+    let local = s.dir.join("local");
+    fs::create_dir(&local).unwrap();
+    let expected = setgid_scenario(&local);
+    assert_eq!(expected[0], ("p/sub", 100, 0o2755), "{expected:?}");
+    assert_eq!(expected[1].1, 100, "{expected:?}");
+    let (fs, m) = s.serve();
+    let got = setgid_scenario(&s.mnt());
+    finish(m, fs);
+    assert_eq!(got, expected);
+}
