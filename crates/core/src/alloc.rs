@@ -242,6 +242,16 @@ impl Allocator {
         self.busy.iter().map(|b| b.len).sum()
     }
 
+    /// Blocks of `target` waiting in the busy list.
+    #[must_use]
+    pub fn busy_blocks_on(&self, target: TargetId) -> u64 {
+        self.busy
+            .iter()
+            .filter(|b| b.target == target)
+            .map(|b| b.len)
+            .sum()
+    }
+
     /// Data blocks on `target`.
     #[must_use]
     pub fn data_blocks(&self, target: TargetId) -> u64 {

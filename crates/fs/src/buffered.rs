@@ -140,14 +140,32 @@ impl Fs {
         let cfg = self.inner.cache.config();
         let step = (cfg.dirty_limit_bytes / 4).max(u64::from(cfg.folio_bytes)) as usize;
         let mut done = 0;
+        let mut committed = false;
         while done < data.len() {
             let n = step.min(data.len() - done);
-            match self.write_chunk(ino, off + done as u64, &data[done..done + n]) {
-                Ok(w) if w == n => done += w,
-                Ok(w) => return Ok(done + w),
-                Err(e) if done == 0 => return Err(e),
-                Err(_) => break,
+            let (w, err) = match self.write_chunk(ino, off + done as u64, &data[done..done + n]) {
+                Ok(w) => (w, None),
+                Err(e) => (0, Some(e)),
+            };
+            done += w;
+            if w == n {
+                continue;
             }
+            // Short or failed: if space ran out while freed blocks wait for a commit, commit
+            // once and go on (the reservation failed; nothing of the rest was written).
+            let mut err = err;
+            if !committed && matches!(err, None | Some(FsError::NoSpace(_))) {
+                committed = true;
+                match self.commit_for_space() {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) => err = Some(e),
+                }
+            }
+            return match err {
+                Some(e) if done == 0 => Err(e),
+                _ => Ok(done),
+            };
         }
         Ok(done)
     }

@@ -357,20 +357,30 @@ impl Fs {
             }
             cur = piece_end;
         }
+        // Blocks freed by uncommitted transactions become reservable after a commit.
+        let reserved =
+            self.reserve_all(&need) || (self.commit_for_space()? && self.reserve_all(&need));
+        if !reserved {
+            return Ok(false);
+        }
+        mapper.set_dio_reservation(need);
+        Ok(true)
+    }
+
+    /// Reserves `need` blocks per target, all or nothing.
+    fn reserve_all(&self, need: &std::collections::HashMap<stripefs_core::TargetId, u64>) -> bool {
         let mut m = self.inner.meta.lock();
         let mut taken = Vec::new();
-        for (&t, &n) in &need {
+        for (&t, &n) in need {
             if !m.alloc.reserve(t, n) {
                 for (t, n) in taken {
                     m.alloc.unreserve(t, n);
                 }
-                return Ok(false);
+                return false;
             }
             taken.push((t, n));
         }
-        drop(m);
-        mapper.set_dio_reservation(need);
-        Ok(true)
+        true
     }
 
     /// Records a completed direct write: new and unwritten blocks written, size grown to

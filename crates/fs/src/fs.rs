@@ -19,7 +19,7 @@ use crate::inner::{FsInner, MetaCore, Txn};
 use crate::journal::{write_checkpoint, CommitMode, Journal, JournalPosition};
 use crate::options::{MkfsOptions, MountOptions};
 use crate::recovery;
-use crate::types::{FsStatus, StatFs, TargetStatus};
+use crate::types::{FsStatus, SpaceAccount, StatFs, TargetStatus};
 
 /// A mounted stripefs file system. Cloning is cheap and shares the mount.
 #[derive(Debug, Clone)]
@@ -311,7 +311,10 @@ impl Fs {
         let m = self.inner.meta.lock();
         let n = self.inner.geo.target_count();
         let blocks = (0..n).map(|t| m.alloc.data_blocks(TargetId(t))).sum();
-        let blocks_free = (0..n).map(|t| m.alloc.available_blocks(TargetId(t))).sum();
+        // Busy blocks are free: the allocator commits to reuse them (`commit_for_space`).
+        let blocks_free = (0..n)
+            .map(|t| m.alloc.available_blocks(TargetId(t)) + m.alloc.busy_blocks_on(TargetId(t)))
+            .sum();
         let files = m.state.inodes.len() as u64;
         let room = self
             .inner
@@ -369,6 +372,71 @@ impl Fs {
             dio_exclusive: self.inner.dio_exclusive.load(Ordering::Relaxed),
             dio_pieces: self.inner.dio_pieces.load(Ordering::Relaxed),
         }
+    }
+
+    /// The space books of every target (see [`SpaceAccount`]): allocator counters next to
+    /// what the extent maps and delayed allocations actually hold.
+    #[must_use]
+    pub fn space_accounting(&self) -> Vec<SpaceAccount> {
+        let m = self.inner.meta.lock();
+        let n = self.inner.geo.target_count();
+        let mut books: Vec<SpaceAccount> = (0..n)
+            .map(|t| {
+                let id = TargetId(t);
+                SpaceAccount {
+                    target: t,
+                    data_blocks: m.alloc.data_blocks(id),
+                    available_blocks: m.alloc.available_blocks(id),
+                    reserved_blocks: m.alloc.reserved_blocks(id),
+                    busy_blocks: m.alloc.busy_blocks_on(id),
+                    extent_blocks: 0,
+                    delalloc_blocks: 0,
+                }
+            })
+            .collect();
+        for (ino, i) in &m.state.inodes {
+            let l = i.attrs.layout;
+            for (object, map) in i.objects.iter().enumerate() {
+                let t = l.target_of(object as u32, n).index();
+                books[t].extent_blocks += map.mapped_blocks();
+                if let Some(da) = m.delalloc.get(ino).and_then(|v| v.get(object)) {
+                    books[t].delalloc_blocks += da.total();
+                }
+            }
+        }
+        books
+    }
+
+    /// Checks [`Self::space_accounting`] on every target (call with no I/O in flight).
+    ///
+    /// # Errors
+    /// The first target whose books do not balance.
+    pub fn check_space_accounting(&self) -> std::result::Result<(), String> {
+        self.space_accounting()
+            .iter()
+            .try_for_each(SpaceAccount::check)
+    }
+
+    /// Blocks freed by a transaction stay busy until it is durable (see `Allocator`), so
+    /// an allocation or reservation can fail while freed space waits for a commit. Callers
+    /// that met `ENOSPC` call this: with busy blocks, it commits the running transaction
+    /// (which makes them allocatable) and returns true, and the caller retries once, as
+    /// XFS forces the log and ext4 commits the journal before reporting `ENOSPC`.
+    ///
+    /// # Errors
+    /// The commit's error (the file system is then poisoned).
+    pub(crate) fn commit_for_space(&self) -> Result<bool> {
+        let seq = {
+            let m = self.inner.meta.lock();
+            if m.alloc.busy_blocks() == 0 {
+                return Ok(false);
+            }
+            m.txn.seq
+        };
+        self.inner
+            .journal
+            .commit(&self.inner, seq, CommitMode::Append)?;
+        Ok(true)
     }
 
     /// Upper bound on the checkpoint size if one were written now.

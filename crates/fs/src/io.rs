@@ -184,8 +184,22 @@ impl Fs {
         }
     }
 
-    /// Gives holes in `[off, off + len)` unwritten extents.
+    /// Gives holes in `[off, off + len)` unwritten extents; on `ENOSPC` with freed blocks
+    /// waiting for a commit, commits and tries once more.
     fn allocate_unwritten(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
+        match self.try_allocate_unwritten(mapper, off, len) {
+            Err(FsError::NoSpace(e)) => {
+                if self.commit_for_space()? {
+                    self.try_allocate_unwritten(mapper, off, len)
+                } else {
+                    Err(FsError::NoSpace(e))
+                }
+            }
+            r => r,
+        }
+    }
+
+    fn try_allocate_unwritten(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
         let ino = mapper.ino;
         let mut fresh = Vec::new();
         let walked = iterate(mapper, off, len, IomapOp::Write, |map, _pos, n| {

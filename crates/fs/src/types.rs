@@ -129,7 +129,8 @@ pub struct StatFs {
     pub block_size: u32,
     /// Data blocks across all targets.
     pub blocks: u64,
-    /// Free data blocks (blocks freed by uncommitted transactions excluded).
+    /// Free data blocks (blocks freed by uncommitted transactions included: a write that
+    /// needs them commits first).
     pub blocks_free: u64,
     /// Inodes in use.
     pub files: u64,
@@ -206,4 +207,56 @@ pub struct TargetStatus {
     pub data_blocks: u64,
     pub free_blocks: u64,
     pub free_ranges: usize,
+}
+
+/// The space books of one target (a diagnostic snapshot for tests and `inspect`).
+///
+/// At rest (no I/O in flight) every data block is exactly one of: available, reserved
+/// (promised to a delayed allocation), in an extent of some file, or busy (freed by a
+/// transaction not yet durable); and every reserved block is backed by a delayed
+/// allocation. [`Self::check`] verifies both: reserved + allocated + free = total.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpaceAccount {
+    pub target: u32,
+    pub data_blocks: u64,
+    /// Free blocks not promised to anyone.
+    pub available_blocks: u64,
+    /// Free blocks promised to delayed allocations.
+    pub reserved_blocks: u64,
+    /// Blocks freed by a transaction that is not yet durable.
+    pub busy_blocks: u64,
+    /// Blocks in file extents (written or unwritten) on this target.
+    pub extent_blocks: u64,
+    /// Blocks of delayed allocations on this target.
+    pub delalloc_blocks: u64,
+}
+
+impl SpaceAccount {
+    /// Checks that the books balance (only meaningful with no I/O in flight).
+    ///
+    /// # Errors
+    /// A sentence naming the target and the numbers that disagree.
+    pub fn check(&self) -> Result<(), String> {
+        let sum =
+            self.available_blocks + self.reserved_blocks + self.extent_blocks + self.busy_blocks;
+        if sum != self.data_blocks {
+            return Err(format!(
+                "target {}: available {} + reserved {} + in extents {} + busy {} = {sum}, \
+                 not the {} data blocks",
+                self.target,
+                self.available_blocks,
+                self.reserved_blocks,
+                self.extent_blocks,
+                self.busy_blocks,
+                self.data_blocks
+            ));
+        }
+        if self.reserved_blocks != self.delalloc_blocks {
+            return Err(format!(
+                "target {}: {} blocks reserved but delayed allocations hold {}",
+                self.target, self.reserved_blocks, self.delalloc_blocks
+            ));
+        }
+        Ok(())
+    }
 }

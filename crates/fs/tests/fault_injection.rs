@@ -185,6 +185,10 @@ fn one_run(kind: FaultKind, nth: u64) -> bool {
             "poisoned file system accepted a call: {e}"
         );
     } else {
+        // Whatever the fault dropped (a failed writeback, a failed direct write, a refused
+        // allocation) returned its reservations and allocations exactly once.
+        fs.check_space_accounting()
+            .unwrap_or_else(|e| panic!("after {kind:?} at {point} (hit {nth}): {e}"));
         let a = fs
             .create(Ino::ROOT, "after".as_ref(), CreateParams::with_perm(0o644))
             .expect("still usable");
@@ -348,6 +352,8 @@ fn writeback_error_is_reported_once_per_handle() {
         faults.fired(),
         vec![FaultPoint::TargetWrite(faults.fired()[0].target_index())]
     );
+    fs.check_space_accounting()
+        .expect("the failed writeback returned its space");
     h1.sync_all().expect("already reported to this handle");
     let e = h2.sync_data().unwrap_err();
     assert_eq!(e.errno(), libc::EIO, "the other handle is told too");

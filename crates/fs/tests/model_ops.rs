@@ -6,7 +6,8 @@
 //! {1 KiB, 4 KiB, 64 KiB}, and stripe counts {1, 3, 8} x folio sizes {4 KiB, 2 MiB} (64
 //! KiB is the default of the first group); plus an EOF-pollution mode (fsx `-e 1`:
 //! garbage is written into the cache past EOF before every size-changing operation) and
-//! a mode that routes every zero range through the cache. On a mismatch the seed and the
+//! a mode that routes every zero range through the cache. After every operation the space
+//! books of every target must balance (`Fs::check_space_accounting`). On a mismatch the seed and the
 //! tail of the operation log are printed.
 mod common;
 
@@ -121,6 +122,17 @@ impl Run {
             _ => self.verify_all(),
         }
         self.check_sizes();
+        self.check_space();
+    }
+
+    /// Issue 9 item 1: after every operation each target's books balance (available +
+    /// reserved + in extents + busy = data blocks) and every reservation is held by a
+    /// delayed allocation, so no path (truncate, punch, unlink, failed writeback, eviction)
+    /// leaks or double-returns space.
+    fn check_space(&mut self) {
+        if let Err(e) = self.sut.fs.check_space_accounting() {
+            self.fail(&format!("space accounting: {e}"));
+        }
     }
 
     /// Every file's size matches the model after every operation (cheap, and it points at
