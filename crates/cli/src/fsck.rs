@@ -16,7 +16,7 @@ pub const EXIT_OPERATIONAL: i32 = 8;
 /// Check a stripefs file system without changing it.
 #[derive(Debug, clap::Args)]
 pub struct FsckArgs {
-    /// All targets of the file system (any order).
+    /// All targets of the file system (any order): paths or NBD URIs.
     #[arg(required = true)]
     targets: Vec<PathBuf>,
 }

@@ -10,7 +10,7 @@ use crate::targets::{lock_targets, open_all, LockWait};
 /// Show the on-disk state of a stripefs file system (read-only).
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
-    /// All targets of the file system (any order).
+    /// All targets of the file system (any order): paths or NBD URIs.
     #[arg(required = true)]
     targets: Vec<PathBuf>,
 }

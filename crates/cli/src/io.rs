@@ -13,7 +13,7 @@ use std::time::Instant;
 use stripefs::{Attr, CreateParams, FallocMode, File, FileKind, Follow, Fs, RenameMode, Whence};
 
 use crate::size::{human, parse_size};
-use crate::targets::{lock_targets, open_all, LockWait};
+use crate::targets::{lock_targets, open_all_with, split_target_options, LockWait};
 
 const DEFAULT_BUF: u64 = 1 << 20;
 
@@ -26,10 +26,12 @@ pub struct IoArgs {
     commands: Vec<String>,
     /// Mount options, `key=value[,...]`: folio_size, cache_size, dirty_limit, readahead,
     /// dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off,
-    /// commit_interval, writeback_interval.
+    /// commit_interval, writeback_interval; for NBD targets nbd_timeout=SECS|NNms,
+    /// nbd_conns=N.
     #[arg(short = 'o', long = "options")]
     options: Vec<String>,
-    /// All targets of the file system (any order).
+    /// All targets of the file system (any order): paths, or NBD URIs
+    /// (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH).
     #[arg(required = true)]
     targets: Vec<PathBuf>,
 }
@@ -67,8 +69,9 @@ struct Runner {
 /// Runs the commands; returns 0 if all succeeded, 1 otherwise.
 pub fn run(a: &IoArgs) -> Result<i32, String> {
     let _lock = lock_targets(&a.targets, LockWait::WhileReleasing)?;
-    let targets = open_all(&a.targets)?;
-    let (fs, report) = Fs::mount(targets, crate::mount_opts::parse(&a.options)?)
+    let (engine, target_opts) = split_target_options(&a.options)?;
+    let targets = open_all_with(&a.targets, &target_opts)?;
+    let (fs, report) = Fs::mount(targets, crate::mount_opts::parse(&engine)?)
         .map_err(|e| format!("mount failed: {e}"))?;
     if report.replayed_txns > 0 || report.orphans_freed > 0 {
         eprintln!(

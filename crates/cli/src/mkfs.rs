@@ -45,7 +45,8 @@ pub struct MkfsArgs {
     /// Also write zeros over existing regular-file targets (same reason as above).
     #[arg(long)]
     prezero_existing: bool,
-    /// Target files or block devices, in target-index order.
+    /// Target files, block devices or NBD URIs (nbd://HOST[:PORT]/EXPORT,
+    /// nbd+unix:///EXPORT?socket=PATH), in target-index order.
     #[arg(required = true)]
     targets: Vec<PathBuf>,
 }
@@ -59,7 +60,7 @@ pub fn run(a: &MkfsArgs) -> Result<i32, String> {
     let mut to_zero = Vec::new();
     let mut locks = Vec::new();
     for p in &a.targets {
-        let existed = p.exists();
+        let existed = crate::targets::exists(p);
         if !existed && a.size.is_none() {
             return Err(format!(
                 "target {} does not exist; give --size to create it as a file",

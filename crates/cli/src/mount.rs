@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use stripefs::Fs;
 use stripefs_fuse::{serve, ServeOptions};
 
-use crate::targets::{lock_targets, open_all, LockWait};
+use crate::targets::{lock_targets, open_all_with, LockWait};
 
 /// Keys of `-o` that the FUSE front end (not the engine) understands.
 const FUSE_KEYS: &str = "writeback_cache, fopen_direct_io, allow_other, ro, rw, threads=N, \
@@ -44,8 +44,9 @@ const IGNORED: &[&str] = &[
 /// Mount a stripefs file system through FUSE.
 #[derive(Debug, clap::Args)]
 pub struct MountArgs {
-    /// Mount options: engine keys (see `stripefs io --help`) and FUSE keys
-    /// (writeback_cache, fopen_direct_io, allow_other, ro, threads=N).
+    /// Mount options: engine keys (see `stripefs io --help`), FUSE keys
+    /// (writeback_cache, fopen_direct_io, allow_other, ro, threads=N) and NBD target keys
+    /// (nbd_timeout=SECS|NNms, nbd_conns=N).
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Stay in the foreground (logs go to stderr; set STRIPEFS_LOG=info for more).
@@ -55,7 +56,7 @@ pub struct MountArgs {
     /// are silent).
     #[arg(short = 'q', long)]
     quiet: bool,
-    /// The targets, then the mount point.
+    /// The targets (paths or NBD URIs), then the mount point.
     #[arg(required = true, num_args = 2.., value_name = "TARGET... MOUNTPOINT")]
     paths: Vec<PathBuf>,
 }
@@ -150,7 +151,11 @@ fn translate_helper(args: Vec<String>) -> Result<Vec<std::ffi::OsString>, String
         out.push("-o".into());
         out.push(o.into());
     }
-    out.extend(source.split(':').filter(|t| !t.is_empty()).map(Into::into));
+    out.extend(
+        crate::targets::split_source(&source)
+            .into_iter()
+            .map(Into::into),
+    );
     out.push(mountpoint.into());
     Ok(out)
 }
@@ -160,10 +165,11 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
     let (targets, mp) = a.paths.split_at(a.paths.len() - 1);
     let mp = &mp[0];
     let (engine, mut serve_opts) = split_options(&a.options)?;
+    let (engine, target_opts) = crate::targets::split_target_options(&engine)?;
     let mount_opts = crate::mount_opts::parse(&engine)?;
     let abs: Vec<PathBuf> = targets
         .iter()
-        .map(|t| std::path::absolute(t).unwrap_or_else(|_| t.clone()))
+        .map(|t| crate::targets::absolute(t))
         .collect();
     serve_opts.fsname = abs
         .iter()
@@ -183,7 +189,8 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
     }
     let _lock = lock_targets(&abs, LockWait::WhileReleasing)?;
     block_signals();
-    let (fs, report) = Fs::mount(open_all(&abs)?, mount_opts).map_err(|e| e.to_string())?;
+    let targets = open_all_with(&abs, &target_opts)?;
+    let (fs, report) = Fs::mount(targets, mount_opts).map_err(|e| e.to_string())?;
     tracing::info!(?report, "engine mounted");
     let fs = Arc::new(fs);
     let mounted = match serve(fs.clone(), mp, &serve_opts) {
@@ -345,8 +352,11 @@ pub fn run_umount(a: &UmountArgs) -> Result<i32, String> {
     }
     // The daemon holds the targets' locks until its checkpoint is on disk and they are
     // closed. Sources not written by `stripefs mount` (absolute paths) are not waited on.
-    let targets: Vec<PathBuf> = source.split(':').map(PathBuf::from).collect();
-    if targets.iter().all(|t| t.is_absolute() && t.exists()) {
+    let targets = crate::targets::split_source(&source);
+    if targets
+        .iter()
+        .all(|t| crate::targets::is_uri(t) || (t.is_absolute() && t.exists()))
+    {
         drop(lock_targets(&targets, LockWait::Forever)?);
     }
     Ok(0)

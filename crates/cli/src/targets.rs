@@ -1,4 +1,6 @@
-//! Opening targets named on the command line.
+//! Opening targets named on the command line: files and block devices by path, NBD
+//! exports by URI (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`). Every
+//! command goes through here, so a URI is accepted wherever a target path is.
 
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
@@ -6,14 +8,138 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stripefs_target::{FileTarget, FileTargetOptions, Target};
+use stripefs_target::{FileTarget, FileTargetOptions, NbdOptions, NbdTarget, NbdUri, Target};
 
-/// Opens every path as a file target (must exist).
+/// How targets are opened, from the `-o` keys `nbd_timeout=SECS|NNms` (default 30 s) and
+/// `nbd_conns=N` (default 2, used when the server advertises multi-conn).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TargetOptions {
+    pub nbd: NbdOptions,
+}
+
+/// Takes the target keys out of a `-o` list, returning the rest for the engine.
+///
+/// # Errors
+/// A bad value for a target key.
+pub fn split_target_options(list: &[String]) -> Result<(Vec<String>, TargetOptions), String> {
+    let mut o = TargetOptions::default();
+    let mut rest = Vec::new();
+    for item in list
+        .iter()
+        .flat_map(|s| s.split(','))
+        .filter(|s| !s.is_empty())
+    {
+        match item.split_once('=') {
+            Some(("nbd_timeout", v)) => o.nbd.timeout = parse_timeout(v)?,
+            Some(("nbd_conns", v)) => {
+                o.nbd.connections = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or_else(|| format!("nbd_conns must be 1 to 64, not {v:?}"))?;
+            }
+            _ => rest.push(item.to_string()),
+        }
+    }
+    Ok((rest, o))
+}
+
+fn parse_timeout(v: &str) -> Result<Duration, String> {
+    let bad = || format!("nbd_timeout must be a positive number of seconds or NNms, not {v:?}");
+    let d = match v.strip_suffix("ms") {
+        Some(ms) => Duration::from_millis(ms.parse().map_err(|_| bad())?),
+        None => Duration::from_secs(v.parse().map_err(|_| bad())?),
+    };
+    if d.is_zero() {
+        return Err(bad());
+    }
+    Ok(d)
+}
+
+/// True when `p` names an NBD export rather than a file.
+#[must_use]
+pub fn is_uri(p: &Path) -> bool {
+    p.to_str().is_some_and(NbdUri::looks_like_uri)
+}
+
+/// True when the target exists (a URI is taken to: opening it says otherwise).
+#[must_use]
+pub fn exists(p: &Path) -> bool {
+    is_uri(p) || p.exists()
+}
+
+/// The form a mount records: absolute for paths, unchanged for URIs.
+#[must_use]
+pub fn absolute(p: &Path) -> PathBuf {
+    if is_uri(p) {
+        return p.to_path_buf();
+    }
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// Splits a mount SOURCE (targets joined by `:`) into targets. A `:` inside an NBD URI's
+/// scheme separator or host:port does not split; one in its export or query does, so a
+/// socket path containing `:` cannot appear in a SOURCE.
+#[must_use]
+pub fn split_source(source: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut rest = source;
+    while !rest.is_empty() {
+        let end = match rest.split_once("://") {
+            Some((scheme, after)) if NbdUri::looks_like_uri(rest) && !scheme.contains(':') => {
+                let authority = authority_len(after);
+                let tail = &after[authority..];
+                scheme.len() + 3 + authority + tail.find(':').unwrap_or(tail.len())
+            }
+            _ => rest.find(':').unwrap_or(rest.len()),
+        };
+        if end > 0 {
+            out.push(PathBuf::from(&rest[..end]));
+        }
+        rest = rest.get(end + 1..).unwrap_or("");
+    }
+    out
+}
+
+/// Length of a URI's authority (`host`, `host:port`, `[v6]:port`) at the start of `s`.
+fn authority_len(s: &str) -> usize {
+    let b = s.as_bytes();
+    let mut i = 0;
+    let mut bracket = false;
+    while i < b.len() {
+        match b[i] {
+            b'[' => bracket = true,
+            b']' => bracket = false,
+            b'/' if !bracket => return i,
+            b':' if !bracket => {
+                let digits = b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+                let after = b.get(i + 1 + digits);
+                if digits == 0 || !matches!(after, None | Some(b'/' | b':')) {
+                    return i;
+                }
+                i += digits;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    b.len()
+}
+
+/// Opens every target (must exist) with default options.
 ///
 /// # Errors
 /// The first target that cannot be opened, with the reason.
 pub fn open_all(paths: &[PathBuf]) -> Result<Vec<Arc<dyn Target>>, String> {
-    paths.iter().map(|p| open_one(p, None)).collect()
+    open_all_with(paths, &TargetOptions::default())
+}
+
+/// Opens every target (must exist).
+///
+/// # Errors
+/// The first target that cannot be opened, with the reason.
+pub fn open_all_with(paths: &[PathBuf], o: &TargetOptions) -> Result<Vec<Arc<dyn Target>>, String> {
+    paths.iter().map(|p| open_with(p, None, o)).collect()
 }
 
 /// Opens one target, creating a regular file of `create_size` if it is missing.
@@ -21,6 +147,20 @@ pub fn open_all(paths: &[PathBuf]) -> Result<Vec<Arc<dyn Target>>, String> {
 /// # Errors
 /// A sentence naming the target.
 pub fn open_one(p: &Path, create_size: Option<u64>) -> Result<Arc<dyn Target>, String> {
+    open_with(p, create_size, &TargetOptions::default())
+}
+
+fn open_with(
+    p: &Path,
+    create_size: Option<u64>,
+    o: &TargetOptions,
+) -> Result<Arc<dyn Target>, String> {
+    if is_uri(p) {
+        let uri = p.to_str().expect("URIs are UTF-8");
+        let t = NbdTarget::open(uri, o.nbd)
+            .map_err(|e| format!("cannot open target {uri}: {}", e.kind))?;
+        return Ok(Arc::new(t));
+    }
     let opts = FileTargetOptions {
         create_size,
         ..FileTargetOptions::default()
@@ -49,7 +189,9 @@ const POLL: Duration = Duration::from_millis(10);
 
 /// Takes the exclusive advisory lock that every command using the engine holds on each
 /// target (`stripefs mount` for the daemon's lifetime), so that two engines never run on
-/// the same targets, whatever order they were named in.
+/// the same targets, whatever order they were named in. An NBD target's lock is a file
+/// named after its server address and export in the temporary directory: it excludes
+/// engines on this machine only (the protocol has no lock of its own).
 ///
 /// # Errors
 /// The targets are in use (see [`LockWait`]), or a file cannot be opened.
@@ -57,8 +199,29 @@ pub fn lock_targets(paths: &[PathBuf], wait: LockWait) -> Result<Vec<File>, Stri
     paths.iter().map(|p| lock_one(p, wait)).collect()
 }
 
+fn lock_file(p: &Path) -> Result<File, String> {
+    if !is_uri(p) {
+        return File::open(p).map_err(|e| format!("cannot open {}: {e}", p.display()));
+    }
+    let uri = NbdUri::parse(&p.to_string_lossy())?;
+    // FNV-1a of the normalised address and export: stable across builds and runs.
+    let key = format!("{:?}\0{}", uri.addr, uri.export);
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let dir = std::env::temp_dir().join("stripefs-locks");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = dir.join(format!("nbd-{hash:016x}.lock"));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))
+}
+
 fn lock_one(path: &Path, wait: LockWait) -> Result<File, String> {
-    let f = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let f = lock_file(path)?;
     if wait == LockWait::Forever {
         return flock(&f, libc::LOCK_EX)
             .map(|()| f)
@@ -104,13 +267,64 @@ fn flock(f: &File, op: libc::c_int) -> std::io::Result<()> {
 
 /// The mount point of a FUSE mount whose source (targets joined by `:`) names `target`.
 fn mounted_at(target: &Path) -> Option<PathBuf> {
-    let want = std::fs::canonicalize(target).ok()?;
+    let same = |t: &Path| -> bool {
+        if is_uri(target) {
+            return t == target;
+        }
+        let want = std::fs::canonicalize(target);
+        want.is_ok_and(|w| std::fs::canonicalize(t).is_ok_and(|t| t == w))
+    };
     stripefs_fuse::fuse_mounts()
         .into_iter()
-        .find(|(source, _)| {
-            source
-                .split(':')
-                .any(|t| std::fs::canonicalize(t).is_ok_and(|t| t == want))
-        })
+        .find(|(source, _)| split_source(source).iter().any(|t| same(t)))
         .map(|(_, mp)| mp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_split_around_uris() {
+        let s = "/d/t0:nbd://h:10809/e1:nbd+unix:///e2?socket=/run/s.sock:rel/t3:nbd://[::1]/x";
+        let got: Vec<String> = split_source(s)
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "/d/t0",
+                "nbd://h:10809/e1",
+                "nbd+unix:///e2?socket=/run/s.sock",
+                "rel/t3",
+                "nbd://[::1]/x"
+            ]
+        );
+        assert_eq!(split_source("/a:/b"), [PathBuf::from("/a"), "/b".into()]);
+        assert_eq!(
+            split_source("nbd://[::1]:10809:nbd://h:/t"),
+            [
+                PathBuf::from("nbd://[::1]:10809"),
+                "nbd://h".into(),
+                "/t".into()
+            ]
+        );
+    }
+
+    #[test]
+    fn target_keys_are_taken_out() {
+        let (rest, o) = split_target_options(&[
+            "nbd_timeout=500ms,dio_submit=serial".into(),
+            "nbd_conns=4".into(),
+        ])
+        .unwrap();
+        assert_eq!(rest, ["dio_submit=serial"]);
+        assert_eq!(o.nbd.timeout, Duration::from_millis(500));
+        assert_eq!(o.nbd.connections, 4);
+        assert!(split_target_options(&["nbd_timeout=0".into()]).is_err());
+        assert!(split_target_options(&["nbd_conns=x".into()]).is_err());
+        assert_eq!(absolute(Path::new("nbd://h/e")), PathBuf::from("nbd://h/e"));
+        assert!(exists(Path::new("nbd+unix:///e?socket=/nonexistent")));
+    }
 }

@@ -40,6 +40,11 @@ pub enum TargetErrorKind {
     Short { done: u64, want: u64 },
     /// The target cannot be used (wrong type, bad geometry).
     Unusable(String),
+    /// A network target's server could not be reached, or the connection was lost with
+    /// the operation unanswered (maps to `EIO`).
+    Disconnected(String),
+    /// A network target's server did not answer within the timeout (maps to `EIO`).
+    TimedOut { after_ms: u64 },
 }
 
 impl fmt::Display for TargetErrorKind {
@@ -57,6 +62,10 @@ impl fmt::Display for TargetErrorKind {
                 write!(f, "short transfer: {done} of {want} bytes")
             }
             TargetErrorKind::Unusable(why) => f.write_str(why),
+            TargetErrorKind::Disconnected(why) => write!(f, "server connection: {why}"),
+            TargetErrorKind::TimedOut { after_ms } => {
+                write!(f, "no reply from the server within {after_ms} ms")
+            }
         }
     }
 }
@@ -93,6 +102,7 @@ impl TargetError {
             TargetErrorKind::OutOfRange { .. } => libc::EINVAL,
             TargetErrorKind::Short { .. } => libc::EIO,
             TargetErrorKind::Unusable(_) => libc::EINVAL,
+            TargetErrorKind::Disconnected(_) | TargetErrorKind::TimedOut { .. } => libc::EIO,
         }
     }
 

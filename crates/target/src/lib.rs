@@ -11,6 +11,8 @@
 //!   io_uring thread per target or, where io_uring is unavailable, a pool of threads;
 //! - [`SimTarget`]: an in-memory target with a live and a durable image, crash, torn and
 //!   reordered writes and injected faults, reproducible from one seed;
+//! - [`NbdTarget`]: an export of a Network Block Device server on another machine (or a
+//!   Unix socket), many requests in flight per connection, named by an NBD URI;
 //! - [`RecordingTarget`]: logs completed writes and flushes so that a test can rebuild the
 //!   image at any flush point.
 //!
@@ -22,6 +24,7 @@ mod buf;
 mod error;
 pub mod fault;
 mod file;
+mod nbd;
 mod pool;
 mod pool_buf;
 mod recording;
@@ -36,6 +39,7 @@ pub use buf::{IoBuf, IO_ALIGN};
 pub use error::{OpKind, TargetError, TargetErrorKind};
 pub use fault::{FaultInjector, FaultKind, FaultPoint, Persistence, PointMatch};
 pub use file::{EngineKind, FileTarget, FileTargetOptions};
+pub use nbd::{NbdAddr, NbdOptions, NbdTarget, NbdUri, NBD_DEFAULT_PORT};
 pub use pool_buf::BufPool;
 pub use recording::{Event, Recorder, RecordingTarget, UnflushedPolicy};
 pub use rng::Rng;
