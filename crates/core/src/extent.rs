@@ -214,6 +214,23 @@ impl ExtentMap {
         self.map.range(first..start + len).map(|(&s, e)| (s, e))
     }
 
+    /// The physical ranges mapped inside `[start, start + len)`: what [`Self::set`] or
+    /// [`Self::clear`] over that range would displace, without changing the map.
+    #[must_use]
+    pub fn mapped_in(&self, start: u64, len: u64) -> Vec<PhysRange> {
+        let end = start.saturating_add(len);
+        self.range(start, len)
+            .map(|(s, e)| {
+                let lo = s.max(start);
+                let hi = (s + e.len).min(end);
+                PhysRange {
+                    phys: e.phys + (lo - s),
+                    len: hi - lo,
+                }
+            })
+            .collect()
+    }
+
     /// Number of extents.
     #[must_use]
     pub fn len(&self) -> usize {

@@ -85,6 +85,14 @@ impl MetaState {
                 state,
                 refcount,
             } => {
+                if *len == 0
+                    || block.checked_add(*len).is_none()
+                    || phys.checked_add(*len).is_none()
+                {
+                    return Err(bad(format!(
+                        "inode {ino} object {object}: extent of {len} blocks at block {block}"
+                    )));
+                }
                 let i = self.get_mut(*ino, rec)?;
                 let map = i
                     .objects
@@ -106,6 +114,11 @@ impl MetaState {
                 block,
                 len,
             } => {
+                if block.checked_add(*len).is_none() {
+                    return Err(bad(format!(
+                        "inode {ino} object {object}: clear of {len} blocks at block {block}"
+                    )));
+                }
                 let i = self.get_mut(*ino, rec)?;
                 let map = i
                     .objects

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use stripefs_core::check::ReplayCheck;
 use stripefs_core::checkpoint::{self, CheckpointHeader};
 use stripefs_core::geometry::Geometry;
 use stripefs_core::journal::{
@@ -185,6 +186,10 @@ fn read_units(t0: &dyn Target, geo: &Geometry, lsn: u64, n: u64) -> Result<Vec<u
 
 /// Replays transactions after `ckpt`; returns (head, next seq, transactions, records).
 ///
+/// Every transaction is checked against the rules fsck applies ([`ReplayCheck`]) before
+/// the model accepts it; one that breaks them is corruption named by its sequence and
+/// position, even though its checksums verify (a software bug or a crafted image).
+///
 /// The log ends at the first transaction that does not verify. That is a torn final write
 /// only if no later transaction follows it; otherwise acknowledged transactions would be
 /// dropped, so it is reported as corruption naming the damaged one.
@@ -197,6 +202,9 @@ fn replay(
     let cap = geo.journal_units();
     let (mut lsn, mut seq) = (ckpt.journal_tail, ckpt.journal_seq);
     let (mut txns, mut records) = (0u64, 0u64);
+    // The rules fsck checks, applied to every transaction (built at the first one: a clean
+    // unmount leaves none to replay).
+    let mut rules: Option<ReplayCheck> = None;
     while lsn - ckpt.journal_tail < cap {
         let what = format!("journal transaction {seq} at journal unit {lsn}");
         let room = cap - (lsn - ckpt.journal_tail);
@@ -208,11 +216,15 @@ fn replay(
             }
         };
         let recs = Record::decode_all(&payload, &what)?;
-        for r in &recs {
-            state
-                .apply(r)
-                .map_err(|e| CoreError::corrupted(what.clone(), e.to_string()))?;
-        }
+        let rules = match &mut rules {
+            Some(r) => r,
+            None => rules.insert(ReplayCheck::new(state, geo).map_err(|e| {
+                CoreError::corrupted(format!("checkpoint generation {}", ckpt.generation), e)
+            })?),
+        };
+        rules
+            .apply_txn(state, geo, &recs)
+            .map_err(|e| CoreError::corrupted(what.clone(), e))?;
         records += recs.len() as u64;
         txns += 1;
         lsn += units;

@@ -7,6 +7,9 @@ use std::sync::Arc;
 
 use common::*;
 use stripefs::{CreateParams, Fs, Ino, RenameMode};
+use stripefs_core::codec::Enc;
+use stripefs_core::inode::FileKind;
+use stripefs_core::record::Record;
 use stripefs_target::{CrashMode, Rng, SimTarget, Target};
 
 /// A small file system with some content; returns the targets after a clean unmount.
@@ -273,6 +276,124 @@ fn every_damaged_transaction_before_acknowledged_ones_is_refused() {
             fs.unmount().unwrap();
         }
     }
+}
+
+/// Rewrites transaction `t` with its records changed by `alter`, checksums recomputed (a
+/// software bug or a crafted image, not a torn write). Returns the changed targets.
+fn rewrite_txn(
+    s: &[Arc<SimTarget>],
+    geo: &stripefs_core::geometry::Geometry,
+    t: Logged,
+    alter: &dyn Fn(&mut Record),
+) -> Vec<Arc<SimTarget>> {
+    use stripefs_core::journal::{decode_header, encode_txn, verify_payload};
+    let mut img = s[0].durable_image();
+    let unit = geo.journal_unit as usize;
+    let at = geo.journal_unit_offset(t.lsn) as usize;
+    let hdr = decode_header(&img[at..at + unit], geo.uuid, t.lsn, t.seq, 64).unwrap();
+    let whole = &img[at..at + hdr.units as usize * unit];
+    let mut recs = Record::decode_all(verify_payload(&hdr, whole).unwrap(), "test").unwrap();
+    recs.iter_mut().for_each(alter);
+    let mut e = Enc::new();
+    recs.iter().for_each(|r| r.encode(&mut e));
+    let buf = encode_txn(geo.uuid, t.lsn, t.seq, &e.buf, geo.journal_unit);
+    assert_eq!(
+        buf.len(),
+        whole.len(),
+        "the altered transaction keeps its length"
+    );
+    img[at..at + buf.len()].copy_from_slice(&buf);
+    let mut out = copy(s);
+    out[0] = Arc::new(SimTarget::from_image("sim0", img, 512));
+    out
+}
+
+/// Journal records whose checksums verify but which break a rule fsck checks: mount
+/// refuses them, naming the transaction, instead of serving (and checkpointing) them; and
+/// mount and fsck agree on every case.
+#[test]
+fn journal_records_that_fsck_rejects_are_refused_by_mount() {
+    let (s, logged) = seven_acknowledged();
+    let geo = Fs::mount(dyns(&copy(&s)), quiet())
+        .unwrap()
+        .0
+        .geometry()
+        .clone();
+    // Transaction 0 creates f1 and writes its first 5000 bytes.
+    let t = logged[0];
+    type Alter = Box<dyn Fn(&mut Record)>;
+    let cases: Vec<(&str, &str, Alter)> = vec![
+        (
+            "refcount",
+            "refcount 10241 but sharing is not enabled",
+            Box::new(|r| {
+                if let Record::ExtentSet { refcount, .. } = r {
+                    *refcount = 10241;
+                }
+            }),
+        ),
+        (
+            "range",
+            "outside the data area",
+            Box::new(|r| {
+                if let Record::ExtentSet { phys, .. } = r {
+                    *phys = 1;
+                }
+            }),
+        ),
+        (
+            "object",
+            "has no object 9",
+            Box::new(|r| {
+                if let Record::ExtentSet { object, .. } = r {
+                    *object = 9;
+                }
+            }),
+        ),
+        (
+            "inode existence",
+            "points to missing inode 4242",
+            Box::new(|r| {
+                if let Record::DirAdd { ino, .. } = r {
+                    *ino = Ino(4242);
+                }
+            }),
+        ),
+        (
+            "link count",
+            "has link count 3, but 1 entries reference it",
+            Box::new(|r| {
+                if let Record::InodeSet(a) = r {
+                    if a.kind == FileKind::Regular {
+                        a.nlink = 3;
+                    }
+                }
+            }),
+        ),
+        (
+            "entry name",
+            "invalid entry name",
+            Box::new(|r| {
+                if let Record::DirAdd { name, .. } = r {
+                    name[0] = b'/';
+                }
+            }),
+        ),
+    ];
+    let name = format!("journal transaction {} at journal unit {}", t.seq, t.lsn);
+    for (kind, why, alter) in &cases {
+        let c = rewrite_txn(&s, &geo, t, alter.as_ref());
+        let mount = mount_err(dyns(&c));
+        assert!(
+            mount.contains(&name) && mount.contains(why),
+            "{kind}: {mount}"
+        );
+        let fsck = fsck_err(dyns(&c));
+        assert!(fsck.contains(&name) && fsck.contains(why), "{kind}: {fsck}");
+    }
+    // The untouched image mounts, so each refusal above is the altered record's.
+    let c = rewrite_txn(&s, &geo, t, &|_| {});
+    Fs::mount(dyns(&c), quiet()).unwrap().0.unmount().unwrap();
 }
 
 #[test]
