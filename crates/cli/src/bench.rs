@@ -198,6 +198,8 @@ fn w2(dir: &Path, runs: usize, ops: u64, json: bool) -> Result<String, String> {
             let mut opts = quiet();
             opts.cache.dirty_tracking = tracking;
             opts.cache.folio_bytes = 64 << 10;
+            // Every folio 64 KiB, as when this comparison was first measured.
+            opts.cache.folio_sizing = stripefs_iomap::cache::FolioSizing::Fixed;
             let fs = mount(&paths, opts)?;
             let ino = fs
                 .lookup(Ino::ROOT, "f".as_ref())

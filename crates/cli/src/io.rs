@@ -24,7 +24,8 @@ pub struct IoArgs {
     /// A command to run; repeat for several (run in order). See the list below.
     #[arg(short = 'c', long = "command", required = true)]
     commands: Vec<String>,
-    /// Mount options, `key=value[,...]`: folio_size, cache_size, dirty_limit, readahead,
+    /// Mount options, `key=value[,...]`: folio_size, folio_sizing=file|fixed, cache_size,
+    /// dirty_limit, readahead,
     /// dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off,
     /// commit_interval, writeback_interval; for NBD targets nbd_timeout=SECS|NNms,
     /// nbd_conns=N.

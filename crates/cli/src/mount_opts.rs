@@ -3,13 +3,14 @@
 use std::time::Duration;
 
 use stripefs::MountOptions;
+use stripefs_iomap::cache::FolioSizing;
 use stripefs_iomap::folio::DirtyTracking;
 use stripefs_iomap::ZeroMode;
 
 use crate::size::parse_size;
 
 /// The keys `-o` understands, for help texts and errors.
-pub const KEYS: &str = "folio_size=SIZE, cache_size=SIZE, dirty_limit=SIZE, readahead=SIZE, \
+pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, readahead=SIZE, \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
 commit_interval=SECS (0: off), writeback_interval=SECS (0: off)";
 
@@ -37,6 +38,13 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
             "folio_size" => {
                 o.cache.folio_bytes =
                     u32::try_from(parse_size(v)?).map_err(|_| format!("{k} too large"))?
+            }
+            "folio_sizing" => {
+                o.cache.folio_sizing = match v {
+                    "file" => FolioSizing::File,
+                    "fixed" => FolioSizing::Fixed,
+                    _ => return Err(format!("folio_sizing must be file or fixed, not {v:?}")),
+                }
             }
             "cache_size" => o.cache.budget_bytes = parse_size(v)?,
             "dirty_limit" => o.cache.dirty_limit_bytes = parse_size(v)?,
@@ -96,13 +104,17 @@ mod tests {
     fn keys_and_errors() {
         let o = parse(&[
             "dirty_tracking=folio,eof_zeroing=flush".into(),
-            "folio_size=16k".into(),
+            "folio_size=16k,folio_sizing=fixed".into(),
             "commit_interval=0".into(),
         ])
         .unwrap();
         assert_eq!(o.cache.dirty_tracking, DirtyTracking::Folio);
         assert_eq!(o.eof_zeroing, ZeroMode::Flush);
         assert_eq!(o.cache.folio_bytes, 16384);
+        assert_eq!(o.cache.folio_sizing, FolioSizing::Fixed);
+        assert!(parse(&["folio_sizing=big".into()])
+            .unwrap_err()
+            .contains("file or fixed"));
         assert_eq!(o.commit_interval, None);
         assert!(parse(&["dirty_tracking=page".into()])
             .unwrap_err()

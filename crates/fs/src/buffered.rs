@@ -608,7 +608,7 @@ impl Fs {
     /// Test hook modelling fsx's EOF pollution (`-e 1`): writes garbage into the cached
     /// EOF folio past EOF and marks it dirty, as an mmap store past EOF in the EOF page
     /// would (I-002-4: such a store dirties the whole folio). Size-changing operations must
-    /// then zero it. No-op if the EOF block is not cached or EOF is folio-aligned.
+    /// then zero it. No-op if EOF is at the end of the folio holding the last byte.
     ///
     /// # Errors
     /// Mapping or device errors bringing the EOF folio in.
@@ -618,14 +618,16 @@ impl Fs {
         let _excl = lock.write();
         let mapper = FileMapper::new(self, ino)?;
         let size = mapper.size();
-        let fb = u64::from(self.inner.cache.config().folio_bytes);
-        if size % fb == 0 {
+        if size == 0 {
             return Ok(());
         }
         let fc = self.inner.cache.file(ino.0);
-        let cells = iomap::fill(&self.inner.cache, &mapper, &fc, size / fb * fb, fb)?;
+        let cells = iomap::fill(&self.inner.cache, &mapper, &fc, size - 1, 1)?;
         let mut g = cells[0].lock();
-        let off = (size % fb) as usize;
+        let off = (size - g.pos) as usize;
+        if off == g.data.len() {
+            return Ok(());
+        }
         for (i, b) in g.data[off..].iter_mut().enumerate() {
             *b = seed.wrapping_add(i as u8) | 0x80;
         }

@@ -230,10 +230,7 @@ impl Fs {
     /// clean folios over `[off, off + len)` (`len > 0`).
     pub(crate) fn drop_clean_after_dio(&self, ino: Ino, off: u64, len: u64) {
         if let Some(fc) = self.inner.cache.existing(ino.0) {
-            let fb = u64::from(self.inner.cache.config().folio_bytes);
-            self.inner
-                .cache
-                .drop_clean(&fc, off / fb, (off + len - 1) / fb);
+            self.inner.cache.drop_clean(&fc, off, off + len);
         }
     }
 

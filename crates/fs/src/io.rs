@@ -55,7 +55,7 @@ impl Fs {
             // reads zero if the file grows again; then the same on disk.
             self.discard_cache_from(ino, bs.round_up(size));
             if let Some(fc) = self.inner.cache.existing(ino.0) {
-                stripefs_iomap::zero_cached(&self.inner.cache, &fc, size, bs.round_up(size));
+                stripefs_iomap::zero_cached(&fc, size, bs.round_up(size));
             }
             self.zero_block_tail(&mapper, size)?;
         } else if size > old {

@@ -48,7 +48,8 @@ pub enum DioSubmit {
 /// How a mounted file system behaves.
 #[derive(Debug, Clone)]
 pub struct MountOptions {
-    /// Page cache: folio size, memory budget, dirty limit, dirty tracking
+    /// Page cache: largest folio size and how folios are sized (`folio_sizing = fixed`
+    /// brings back one size for all), memory budget, dirty limit, dirty tracking
     /// (`dirty_tracking = folio` brings back whole-folio writeback), readahead.
     pub cache: CacheConfig,
     /// How zero range and EOF zeroing treat dirty cache over holes and unwritten extents

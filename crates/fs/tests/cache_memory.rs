@@ -116,3 +116,60 @@ fn writers_and_readers_on_different_folios_of_one_file() {
     let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
 }
+
+/// Small files get small folios: 4 KiB files in a cache whose largest folio is 64 KiB
+/// occupy 4 KiB each, so sixteen times more of them fit the budget than with one folio
+/// size for all (`folio_sizing = fixed`, the behaviour before).
+#[test]
+fn small_files_occupy_small_folios() {
+    let s = sims(3, 64 << 20);
+    let fs = fresh(&s, 4096, 65536);
+    fs.unmount().unwrap();
+    let mut o = quiet();
+    o.cache.folio_bytes = 64 << 10;
+    o.cache.budget_bytes = 32 << 20;
+    o.cache.dirty_limit_bytes = 8 << 20;
+    let (fs, _) = Fs::mount(dyns(&s), o).unwrap();
+    let files = 256u64;
+    for i in 0..files {
+        let f = fs
+            .create(
+                Ino::ROOT,
+                format!("small{i}").as_ref(),
+                CreateParams::with_perm(0o644),
+            )
+            .unwrap();
+        fs.write_at(f.ino, 0, &pattern(i, 0, 4096)).unwrap();
+    }
+    let st = fs.status().cache;
+    assert_eq!(
+        st.resident_bytes,
+        files * 4096,
+        "each 4 KiB file occupies one 4 KiB folio"
+    );
+    // A large file written sequentially in 4 KiB writes ramps up to 64 KiB folios.
+    let big = fs
+        .create(Ino::ROOT, "big".as_ref(), CreateParams::with_perm(0o644))
+        .unwrap();
+    for off in (0..1u64 << 20).step_by(4096) {
+        fs.write_at(big.ino, off, &pattern(7, off, 4096)).unwrap();
+    }
+    let st2 = fs.status().cache;
+    let big_folios = st2.clean_folios + st2.dirty_folios + st2.writeback_folios
+        - (st.clean_folios + st.dirty_folios + st.writeback_folios);
+    // 4, 4, 8, 16, 32 KiB, then fifteen 64 KiB folios.
+    assert_eq!(big_folios, 5 + 15, "folios of the 1 MiB file");
+    assert_eq!(st2.resident_bytes - st.resident_bytes, 1 << 20);
+    let mut back = vec![0u8; 4096];
+    for i in 0..files {
+        let ino = fs
+            .lookup(Ino::ROOT, format!("small{i}").as_ref())
+            .unwrap()
+            .ino;
+        fs.read_at(ino, 0, &mut back).unwrap();
+        assert!(back == pattern(i, 0, 4096), "small file {i} reads back");
+    }
+    fs.unmount().unwrap();
+    let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}

@@ -35,6 +35,8 @@ struct Cfg {
     force_zero: bool,
     /// Whole-folio dirty tracking (the pre-6.6 switch).
     folio_tracking: bool,
+    /// Every folio `folio_bytes` (`folio_sizing = fixed`) instead of sized by the file.
+    fixed_folios: bool,
 }
 
 impl Cfg {
@@ -44,6 +46,9 @@ impl Cfg {
         o.force_zero_via_cache = self.force_zero;
         if self.folio_tracking {
             o.cache.dirty_tracking = stripefs_iomap::folio::DirtyTracking::Folio;
+        }
+        if self.fixed_folios {
+            o.cache.folio_sizing = stripefs_iomap::cache::FolioSizing::Fixed;
         }
         o
     }
@@ -658,6 +663,7 @@ fn cfg(stripe_count: u32, block_size: u32, folio_bytes: u32) -> Cfg {
         pollute: false,
         force_zero: false,
         folio_tracking: false,
+        fixed_folios: false,
     }
 }
 
@@ -739,6 +745,24 @@ model_case!(
         folio_tracking: true,
         pollute: true,
         ..cfg(3, 4096, 65536)
+    }
+);
+// The folio_sizing = fixed switch (every folio the largest size).
+model_case!(
+    fixed_folios_folio64k,
+    Cfg {
+        fixed_folios: true,
+        pollute: true,
+        ..cfg(3, 4096, 65536)
+    }
+);
+model_case!(
+    fixed_folios_folio_tracking_bs1k,
+    Cfg {
+        fixed_folios: true,
+        folio_tracking: true,
+        force_zero: true,
+        ..cfg(3, 1024, 65536)
     }
 );
 model_case!(

@@ -89,7 +89,7 @@ pub(crate) fn prepare_block<O: FileIo>(
     }
     let bs = cache.block_size() as usize;
     let at = b as usize * bs;
-    let block_pos = f.index * u64::from(cache.config().folio_bytes) + at as u64;
+    let block_pos = f.pos + at as u64;
     let written = map.kind == IomapKind::Mapped && !map.flags.contains(IomapFlags::NEW);
     if written && block_pos < size && map.covers(block_pos) {
         let buf = read_block(ops, map, block_pos, bs)?;
@@ -115,12 +115,16 @@ pub fn fill<O: FileIo>(
     pos: u64,
     len: u64,
 ) -> Result<Vec<Arc<FolioCell>>, O::Error> {
-    let fb = u64::from(cache.config().folio_bytes);
     let bs = u64::from(cache.block_size());
-    let cells: Vec<Arc<FolioCell>> = (pos / fb..=(pos + len.max(1) - 1) / fb)
-        .map(|i| cache.folio(fc, i))
-        .collect();
-    let first_index = pos / fb;
+    // Contiguous folios covering the range: each new one starts where the last ended.
+    let end = pos + len.max(1);
+    let mut cells: Vec<Arc<FolioCell>> = Vec::new();
+    let mut cur = pos;
+    while cur < end {
+        let cell = cache.folio(fc, cur, end - cur);
+        cur = cell.end();
+        cells.push(cell);
+    }
     let mut guards: Vec<_> = cells.iter().map(|c| c.lock()).collect();
     let size = ops.size();
     let size_blocks_end = size.div_ceil(bs) * bs;
@@ -132,7 +136,7 @@ pub fn fill<O: FileIo>(
             if g.state.is_uptodate(b) {
                 continue;
             }
-            let at = g.index * fb + u64::from(b) * bs;
+            let at = g.pos + u64::from(b) * bs;
             if at >= size_blocks_end {
                 // Wholly past EOF: reads see nothing there; the cache holds zeros.
                 let o = (u64::from(b) * bs) as usize;
@@ -154,7 +158,7 @@ pub fn fill<O: FileIo>(
                 let slot = ops.submit(&batch, map, p, false, ops.buffers().get(n as usize));
                 pending.push((slot, p, n));
             } else {
-                for_each_span(&mut guards, first_index, fb, p, n, |g, off, len| {
+                for_each_span(&mut guards, p, n, |g, off, len| {
                     g.data[off..off + len].fill(0);
                     mark_uptodate(g, off, len, bs);
                 });
@@ -169,8 +173,8 @@ pub fn fill<O: FileIo>(
         match &done[slot].result {
             Ok(()) => {
                 let src = &done[slot].bufs[0];
-                for_each_span(&mut guards, first_index, fb, p, n, |g, off, len| {
-                    let from = (g.index * fb + off as u64 - p) as usize;
+                for_each_span(&mut guards, p, n, |g, off, len| {
+                    let from = (g.pos + off as u64 - p) as usize;
                     g.data[off..off + len].copy_from_slice(&src[from..from + len]);
                     mark_uptodate(g, off, len, bs);
                 });
@@ -192,26 +196,24 @@ fn mark_uptodate(g: &mut Folio, off: usize, len: usize, bs: u64) {
     g.state.set_uptodate(b0, b1);
 }
 
-/// Calls `f(folio, offset in folio, len)` for each folio piece of `[p, p + n)`.
+/// Calls `f(folio, offset in folio, len)` for each folio piece of `[p, p + n)`; `guards`
+/// are contiguous folios, ascending, covering the range.
 fn for_each_span(
     guards: &mut [parking_lot::MutexGuard<'_, Folio>],
-    first_index: u64,
-    fb: u64,
     p: u64,
     n: u64,
     mut f: impl FnMut(&mut Folio, usize, usize),
 ) {
+    let mut i = guards.partition_point(|g| g.end() <= p);
     let mut cur = p;
     while cur < p + n {
-        let idx = cur / fb;
-        let off = cur % fb;
-        let len = (fb - off).min(p + n - cur);
-        f(
-            &mut guards[(idx - first_index) as usize],
-            off as usize,
-            len as usize,
-        );
+        let g = &mut guards[i];
+        debug_assert!(g.pos <= cur && cur < g.end(), "folios cover the range");
+        let off = cur - g.pos;
+        let len = (g.len() - off).min(p + n - cur);
+        f(g, off as usize, len as usize);
         cur += len;
+        i += 1;
     }
 }
 
@@ -256,12 +258,12 @@ pub fn read<O: FileIo>(
         let cells = fill(cache, ops, fc, at, chunk + ahead)?;
         let mut cur = at;
         for cell in &cells {
-            let g = cell.lock();
-            let start = g.index * fb;
-            if cur >= at + chunk || cur < start || cur >= start + fb {
+            if cur >= at + chunk || cur < cell.pos() || cur >= cell.end() {
                 continue;
             }
-            let len = (start + fb - cur).min(at + chunk - cur);
+            let g = cell.lock();
+            let start = g.pos;
+            let len = (g.end() - cur).min(at + chunk - cur);
             let off = (cur - start) as usize;
             let dst = (cur - pos) as usize;
             buf[dst..dst + len as usize].copy_from_slice(&g.data[off..off + len as usize]);
@@ -290,19 +292,14 @@ pub fn write<O: FileIo>(
     if pos > size {
         zero_range(cache, ops, fc, size, pos - size, eof_zeroing)?;
     }
-    let fb = u64::from(cache.config().folio_bytes);
     let len = data.len() as u64;
-    if cache.config().dirty_tracking == DirtyTracking::Folio {
-        // Pre-6.6 behaviour: the folio is the unit, so it must be wholly uptodate.
-        let first = pos / fb * fb;
-        drop(fill(
-            cache,
-            ops,
-            fc,
-            first,
-            (pos + len).div_ceil(fb) * fb - first,
-        )?);
-    }
+    // Pre-6.6 behaviour: the folio is the unit, so it must be wholly uptodate; the filled
+    // folios stay held (unevictable) until the copy is done.
+    let _held = if cache.config().dirty_tracking == DirtyTracking::Folio {
+        fill(cache, ops, fc, pos, len)?
+    } else {
+        Vec::new()
+    };
     let walked = iterate(ops, pos, len, IomapOp::BufferedWrite, |map, p, n| {
         copy_in(
             cache,
@@ -334,16 +331,14 @@ fn copy_in<O: FileIo>(
     src: &[u8],
     size: u64,
 ) -> Result<(), O::Error> {
-    let fb = u64::from(cache.config().folio_bytes);
     let bs = u64::from(cache.block_size());
     let mut cur = p;
     let end = p + src.len() as u64;
     while cur < end {
-        let idx = cur / fb;
-        let off = cur % fb;
-        let len = (fb - off).min(end - cur);
-        let cell = cache.folio(fc, idx);
+        let cell = cache.folio(fc, cur, end - cur);
         let mut g = cell.lock();
+        let off = cur - g.pos;
+        let len = (g.len() - off).min(end - cur);
         let b0 = (off / bs) as u32;
         let b1 = (off + len).div_ceil(bs) as u32;
         if !off.is_multiple_of(bs) {

@@ -1,5 +1,14 @@
-//! The page cache: folios of a fixed size per file, a memory budget with eviction of clean
-//! folios, dirty accounting with a limit, and the writeback error sequence.
+//! The page cache: folios whose size follows the file, a memory budget with eviction of
+//! clean folios, dirty accounting with a limit, and the writeback error sequence.
+//!
+//! Folio size: every folio is a naturally aligned power of two from the block size to
+//! `folio_bytes`, and the folios of a file never overlap. With [`FolioSizing::File`] (the
+//! default) a new folio at `pos` is as large as the I/O that creates it or as `pos` (the
+//! largest power of two not above it), whichever is larger, halved until it overlaps no
+//! cached folio: a 4 KiB file gets one 4 KiB folio, a file written or read sequentially
+//! ramps up 4, 4, 8, 16, 32 KiB... to full-size folios, as Linux's large-folio page cache
+//! sizes folios by the write and readahead sizes. [`FolioSizing::Fixed`] makes every folio
+//! `folio_bytes` (the behaviour before, kept for benchmarks).
 //!
 //! Reclaim: every folio is on one of the reclaim lists of [`crate::lru`] (clean, dirty,
 //! under writeback), moved between them by the methods that change its dirty or writeback
@@ -10,7 +19,7 @@
 //!
 //! Locking: the per-file folio map is a read-write lock held only to find or insert a
 //! folio; each folio has its own mutex, so readers and writers on different folios of the
-//! same file proceed in parallel. Lock order: folio (ascending index within a file), then
+//! same file proceed in parallel. Lock order: folio (ascending position within a file), then
 //! whatever the file system takes in its mapping callbacks. A folio under writeback stays
 //! cached (it cannot be evicted or invalidated) until its I/O completed.
 
@@ -30,8 +39,10 @@ const RECLAIM_SKIP_LIMIT: u32 = 32;
 /// Page-cache configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheConfig {
-    /// Folio size in bytes: a power of two from 4 KiB to 2 MiB, at least the block size.
+    /// Largest folio in bytes: a power of two from 4 KiB to 2 MiB, at least the block size.
     pub folio_bytes: u32,
+    /// How the size of a new folio is chosen.
+    pub folio_sizing: FolioSizing,
     /// Most bytes of folios resident at once (clean folios are evicted beyond it).
     pub budget_bytes: u64,
     /// Most dirty bytes before writers are throttled.
@@ -46,6 +57,7 @@ impl Default for CacheConfig {
     fn default() -> Self {
         Self {
             folio_bytes: 64 << 10,
+            folio_sizing: FolioSizing::File,
             budget_bytes: 256 << 20,
             dirty_limit_bytes: 64 << 20,
             dirty_tracking: DirtyTracking::Block,
@@ -81,12 +93,23 @@ impl CacheConfig {
     }
 }
 
+/// How big a new folio is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FolioSizing {
+    /// As large as the I/O creating it or as its position in the file (see the module
+    /// documentation), from the block size up to `folio_bytes`.
+    #[default]
+    File,
+    /// Always `folio_bytes` (a 4 KiB file occupies a whole large folio).
+    Fixed,
+}
+
 /// One cached folio.
 #[derive(Debug)]
 pub struct Folio {
-    /// Folio number within the file (`pos / folio_bytes`).
-    pub index: u64,
-    /// The cached bytes.
+    /// File position of the folio's first byte (a multiple of its size).
+    pub pos: u64,
+    /// The cached bytes (the folio's size: a power of two).
     pub data: Box<[u8]>,
     /// Per-block state. Dirty bits change only through [`PageCache::set_dirty`] and the
     /// crate's writeback and invalidation paths, which keep the reclaim lists right.
@@ -98,6 +121,24 @@ pub struct Folio {
 }
 
 impl Folio {
+    /// Bytes in the folio.
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    /// True for a folio of no bytes (never: folios hold at least one block).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// One past the folio's last file position.
+    #[must_use]
+    pub fn end(&self) -> u64 {
+        self.pos + self.len()
+    }
+
     /// Per-block state.
     #[must_use]
     pub fn state(&self) -> &FolioState {
@@ -127,14 +168,41 @@ impl Folio {
     }
 }
 
-/// A folio and the condition variable its writeback completion signals.
+/// A folio, its (fixed) extent in the file, and the condition variable its writeback
+/// completion signals.
 #[derive(Debug)]
 pub struct FolioCell {
+    pos: u64,
+    len: u64,
     folio: Mutex<Folio>,
     wb_done: Condvar,
 }
 
 impl FolioCell {
+    /// File position of the folio's first byte.
+    #[must_use]
+    pub fn pos(&self) -> u64 {
+        self.pos
+    }
+
+    /// One past the folio's last file position.
+    #[must_use]
+    pub fn end(&self) -> u64 {
+        self.pos + self.len
+    }
+
+    /// Bytes in the folio.
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for a folio of no bytes (never).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Locks the folio.
     pub fn lock(&self) -> MutexGuard<'_, Folio> {
         self.folio.lock()
@@ -162,6 +230,7 @@ pub struct ErrSeq {
 #[derive(Debug)]
 pub struct FileCache {
     pub key: u64,
+    /// Folios by the file position of their first byte; they never overlap.
     folios: RwLock<BTreeMap<u64, Arc<FolioCell>>>,
     /// End of the last read, for sequential readahead detection.
     pub next_read: AtomicU64,
@@ -169,46 +238,63 @@ pub struct FileCache {
 }
 
 impl FileCache {
-    /// The folio at `index`, if cached.
+    /// The folio holding byte `pos`, if cached.
     #[must_use]
-    pub fn get(&self, index: u64) -> Option<Arc<FolioCell>> {
-        self.folios.read().get(&index).cloned()
+    pub fn get(&self, pos: u64) -> Option<Arc<FolioCell>> {
+        containing(&self.folios.read(), pos).cloned()
     }
 
-    /// Cached folios with index in `[first, last]`, ascending.
+    /// Cached folios overlapping `[from, to)`, ascending.
     #[must_use]
-    pub fn range(&self, first: u64, last: u64) -> Vec<Arc<FolioCell>> {
-        if first > last {
+    pub fn overlapping(&self, from: u64, to: u64) -> Vec<Arc<FolioCell>> {
+        if from >= to {
             return Vec::new();
         }
+        let map = self.folios.read();
+        let first = containing(&map, from).map(|c| c.pos);
+        let mut out: Vec<Arc<FolioCell>> = first
+            .and_then(|p| map.get(&p))
+            .into_iter()
+            .cloned()
+            .collect();
+        out.extend(
+            map.range(from..to)
+                .filter(|(&p, _)| Some(p) != first)
+                .map(|(_, c)| Arc::clone(c)),
+        );
+        out
+    }
+
+    /// File position of the first cached folio starting after `pos`.
+    #[must_use]
+    pub fn next_folio_after(&self, pos: u64) -> Option<u64> {
+        use std::ops::Bound;
         self.folios
             .read()
-            .range(first..=last)
-            .map(|(_, f)| Arc::clone(f))
-            .collect()
+            .range((Bound::Excluded(pos), Bound::Unbounded))
+            .next()
+            .map(|(&p, _)| p)
     }
 
     /// True if the block holding byte `pos` is cached dirty.
     #[must_use]
     pub fn block_dirty(&self, cache: &PageCache, pos: u64) -> bool {
-        let fb = u64::from(cache.config().folio_bytes);
-        let Some(cell) = self.get(pos / fb) else {
+        let Some(cell) = self.get(pos) else {
             return false;
         };
         let g = cell.lock();
         g.state
-            .is_dirty(((pos % fb) / u64::from(cache.block_size())) as u32)
+            .is_dirty(((pos - g.pos) / u64::from(cache.block_size())) as u32)
     }
 
     /// True if any cached block starting below `end` is dirty.
     #[must_use]
     pub fn has_dirty_below(&self, cache: &PageCache, end: u64) -> bool {
-        let fb = u64::from(cache.config().folio_bytes);
         let bs = u64::from(cache.block_size());
         let folios: Vec<Arc<FolioCell>> = self
             .folios
             .read()
-            .range(..end.div_ceil(fb).max(1))
+            .range(..end.max(1))
             .map(|(_, c)| Arc::clone(c))
             .collect();
         folios.iter().any(|c| {
@@ -216,7 +302,7 @@ impl FileCache {
             g.state
                 .dirty_runs()
                 .iter()
-                .any(|r| g.index * fb + u64::from(r.first) * bs < end)
+                .any(|r| g.pos + u64::from(r.first) * bs < end)
         })
     }
 
@@ -243,6 +329,19 @@ impl FileCache {
         }
         None
     }
+}
+
+/// The folio of `map` holding byte `pos`.
+fn containing(map: &BTreeMap<u64, Arc<FolioCell>>, pos: u64) -> Option<&Arc<FolioCell>> {
+    map.range(..=pos)
+        .next_back()
+        .map(|(_, c)| c)
+        .filter(|c| pos < c.end())
+}
+
+/// True if a folio of `map` overlaps `[a, b)`.
+fn overlaps(map: &BTreeMap<u64, Arc<FolioCell>>, a: u64, b: u64) -> bool {
+    map.range(..b).next_back().is_some_and(|(_, c)| c.end() > a)
 }
 
 /// Counters of the cache (bytes).
@@ -281,10 +380,10 @@ pub struct PageCache {
     lru: Mutex<LruLists>,
     /// Signalled when dirty bytes drop (throttled writers wait on it).
     dirty_fell: (Mutex<()>, Condvar),
-    /// Data buffers of dropped folios, reused for new ones (at most 1/8 of the budget).
-    /// A reused buffer holds old bytes: harmless, since no byte of a folio is read before
-    /// its block is made uptodate (read, zeroed or wholly written).
-    spare: Mutex<Vec<Box<[u8]>>>,
+    /// Data buffers of dropped folios by size (log2), reused for new ones (at most 1/8 of
+    /// the budget in all). A reused buffer holds old bytes: harmless, since no byte of a
+    /// folio is read before its block is made uptodate (read, zeroed or wholly written).
+    spare: Mutex<Spare>,
 }
 
 impl PageCache {
@@ -308,7 +407,7 @@ impl PageCache {
             scanned: AtomicU64::new(0),
             lru: Mutex::new(LruLists::new()),
             dirty_fell: (Mutex::new(()), Condvar::new()),
-            spare: Mutex::new(Vec::new()),
+            spare: Mutex::new(Spare::default()),
         }
     }
 
@@ -322,12 +421,6 @@ impl PageCache {
     #[must_use]
     pub fn block_size(&self) -> u32 {
         self.block_size
-    }
-
-    /// Blocks per folio.
-    #[must_use]
-    pub fn blocks_per_folio(&self) -> u32 {
-        self.cfg.folio_bytes / self.block_size
     }
 
     /// The cache of file `key`, created empty if needed.
@@ -370,39 +463,71 @@ impl PageCache {
             self.sub_dirty(dirty);
             self.lru.lock().remove(g.lru);
         }
-        self.resident.fetch_sub(
-            folios.len() as u64 * u64::from(self.cfg.folio_bytes),
-            Ordering::Relaxed,
-        );
+        let bytes: u64 = folios.values().map(|c| c.len).sum();
+        self.resident.fetch_sub(bytes, Ordering::Relaxed);
     }
 
-    /// The folio at `index` of `fc`, created (empty, nothing uptodate) if absent; evicts
-    /// clean folios first if the budget is exceeded.
-    pub fn folio(&self, fc: &FileCache, index: u64) -> Arc<FolioCell> {
-        if let Some(c) = fc.get(index) {
-            return c;
-        }
-        let size = u64::from(self.cfg.folio_bytes);
+    /// The folio holding byte `pos` of `fc`, created (empty, nothing uptodate) if absent,
+    /// sized for an I/O of `len` bytes from `pos` (see [`FolioSizing`]); evicts clean
+    /// folios first if the budget is exceeded.
+    pub fn folio(&self, fc: &FileCache, pos: u64, len: u64) -> Arc<FolioCell> {
+        let size = {
+            let map = fc.folios.read();
+            if let Some(c) = containing(&map, pos) {
+                return Arc::clone(c);
+            }
+            self.new_folio_size(&map, pos, len)
+        };
         if self.resident.load(Ordering::Relaxed) + size > self.cfg.budget_bytes {
             self.evict(size);
         }
         let mut map = fc.folios.write();
-        Arc::clone(map.entry(index).or_insert_with(|| {
-            let now = self.resident.fetch_add(size, Ordering::Relaxed) + size;
-            self.peak.fetch_max(now, Ordering::Relaxed);
-            Arc::new(FolioCell {
-                folio: Mutex::new(Folio {
-                    index,
-                    data: self.spare.lock().pop().unwrap_or_else(|| {
-                        vec![0u8; self.cfg.folio_bytes as usize].into_boxed_slice()
-                    }),
-                    state: FolioState::new(self.blocks_per_folio(), self.cfg.dirty_tracking),
-                    writeback: false,
-                    lru: self.lru.lock().insert(LruList::Clean, (fc.key, index)),
-                }),
-                wb_done: Condvar::new(),
-            })
-        }))
+        if let Some(c) = containing(&map, pos) {
+            return Arc::clone(c); // Created meanwhile.
+        }
+        // Folios created meanwhile may leave room for a smaller one only.
+        let size = self.new_folio_size(&map, pos, len);
+        let start = pos & !(size - 1);
+        let now = self.resident.fetch_add(size, Ordering::Relaxed) + size;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        let blocks = u32::try_from(size / u64::from(self.block_size)).expect("at most 2 MiB");
+        let cell = Arc::new(FolioCell {
+            pos: start,
+            len: size,
+            folio: Mutex::new(Folio {
+                pos: start,
+                data: self.spare.lock().take(size),
+                state: FolioState::new(blocks, self.cfg.dirty_tracking),
+                writeback: false,
+                lru: self.lru.lock().insert(LruList::Clean, (fc.key, start)),
+            }),
+            wb_done: Condvar::new(),
+        });
+        map.insert(start, Arc::clone(&cell));
+        cell
+    }
+
+    /// Size of a new folio holding `pos` (not cached) for an I/O of `len` bytes: see
+    /// [`FolioSizing`]; halved until it overlaps no folio of `map` (a block-sized one never
+    /// does, since folios are aligned to their size and `pos` is not cached).
+    fn new_folio_size(&self, map: &BTreeMap<u64, Arc<FolioCell>>, pos: u64, len: u64) -> u64 {
+        let (min, max) = (u64::from(self.block_size), u64::from(self.cfg.folio_bytes));
+        let mut size = match self.cfg.folio_sizing {
+            FolioSizing::Fixed => max,
+            FolioSizing::File => {
+                let by_len = len.max(1).checked_next_power_of_two().unwrap_or(max);
+                let by_pos = if pos == 0 { 0 } else { 1 << pos.ilog2() };
+                by_len.max(by_pos).clamp(min, max)
+            }
+        };
+        loop {
+            let start = pos & !(size - 1);
+            if !overlaps(map, start, start + size) {
+                return size;
+            }
+            debug_assert!(size > min, "a block-sized folio cannot overlap at {pos}");
+            size /= 2;
+        }
     }
 
     /// Takes a folio out of the cache: the caller removed it from its file's map (and
@@ -410,8 +535,7 @@ impl PageCache {
     fn unlink(&self, cell: Arc<FolioCell>) {
         let slot = cell.folio.lock().lru;
         self.lru.lock().remove(slot);
-        self.resident
-            .fetch_sub(u64::from(self.cfg.folio_bytes), Ordering::Relaxed);
+        self.resident.fetch_sub(cell.len, Ordering::Relaxed);
         self.recycle(cell);
     }
 
@@ -468,10 +592,7 @@ impl PageCache {
             return;
         };
         let data = cell.folio.into_inner().data;
-        let mut spare = self.spare.lock();
-        if (spare.len() as u64 + 1) * u64::from(self.cfg.folio_bytes) <= self.cfg.budget_bytes / 8 {
-            spare.push(data);
-        }
+        self.spare.lock().put(data, self.cfg.budget_bytes / 8);
     }
 
     /// Moves a folio to the front of its reclaim list (it was just used).
@@ -536,28 +657,30 @@ impl PageCache {
         Reclaimed::Evicted
     }
 
-    /// Removes folio `index` from `fc` if it is clean and idle (after invalidation).
-    pub fn drop_if_empty(&self, fc: &FileCache, index: u64) {
+    /// Removes the folio starting at `pos` from `fc` if it is clean, idle and holds no
+    /// uptodate block (after invalidation).
+    pub fn drop_if_empty(&self, fc: &FileCache, pos: u64) {
         let mut map = fc.folios.write();
-        let Some(cell) = map.get(&index) else { return };
+        let Some(cell) = map.get(&pos) else { return };
         let empty = cell.folio.try_lock().is_some_and(|g| {
             !g.writeback
                 && !g.state.folio_dirty()
                 && !(0..g.state.blocks()).any(|b| g.state.is_uptodate(b))
         });
         if empty && Arc::strong_count(cell) == 1 {
-            let cell = map.remove(&index).expect("folio just looked up");
+            let cell = map.remove(&pos).expect("folio just looked up");
             self.unlink(cell);
         }
     }
 
-    /// Drops the clean, idle folios with index in `[first, last]` (after a direct write:
-    /// cached copies of the old bytes must go; dirty ones are left alone, they belong to
-    /// a concurrent buffered writer and will be written back).
-    pub fn drop_clean(&self, fc: &FileCache, first: u64, last: u64) {
+    /// Drops the clean, idle folios overlapping `[from, to)` (after a direct write: cached
+    /// copies of the old bytes must go; dirty ones are left alone, they belong to a
+    /// concurrent buffered writer and will be written back).
+    pub fn drop_clean(&self, fc: &FileCache, from: u64, to: u64) {
         let mut map = fc.folios.write();
+        let first = containing(&map, from).map_or(from, |c| c.pos);
         let idle: Vec<u64> = map
-            .range(first..=last)
+            .range(first..to.max(first))
             .filter(|(_, c)| {
                 Arc::strong_count(c) == 1
                     && c.folio
@@ -630,5 +753,41 @@ impl PageCache {
             dirty_folios: lru.len(LruList::Dirty) as u64,
             writeback_folios: lru.len(LruList::Writeback) as u64,
         }
+    }
+}
+
+/// Recycled folio buffers by size.
+#[derive(Debug, Default)]
+struct Spare {
+    /// Index: log2 of the buffer size.
+    by_size: Vec<Vec<Box<[u8]>>>,
+    bytes: u64,
+}
+
+impl Spare {
+    /// A buffer of `size` bytes (a power of two), recycled if one is kept.
+    fn take(&mut self, size: u64) -> Box<[u8]> {
+        let class = size.ilog2() as usize;
+        match self.by_size.get_mut(class).and_then(Vec::pop) {
+            Some(b) => {
+                self.bytes -= size;
+                b
+            }
+            None => vec![0u8; usize::try_from(size).expect("folio fits memory")].into_boxed_slice(),
+        }
+    }
+
+    /// Keeps `data` if the spare buffers stay within `limit` bytes.
+    fn put(&mut self, data: Box<[u8]>, limit: u64) {
+        let size = data.len() as u64;
+        if self.bytes + size > limit {
+            return;
+        }
+        let class = size.ilog2() as usize;
+        if self.by_size.len() <= class {
+            self.by_size.resize_with(class + 1, Vec::new);
+        }
+        self.by_size[class].push(data);
+        self.bytes += size;
     }
 }

@@ -57,16 +57,10 @@ pub fn writeback<O: FileIo>(
     to: u64,
     wait: WbWait,
 ) -> Result<WbStats, O::Error> {
-    let fb = u64::from(cache.config().folio_bytes);
-    let last = if to == u64::MAX {
-        u64::MAX
-    } else {
-        to.div_ceil(fb).saturating_sub(1)
-    };
-    let folios = fc.range(from / fb, last);
+    let folios = fc.overlapping(from, to);
     let mut stats = WbStats::default();
     let mut first_err = None;
-    for chunk in chunks(cache, &folios) {
+    for chunk in chunks(&folios) {
         if let Err(e) = write_chunk(cache, ops, fc, chunk, wait, &mut stats) {
             first_err.get_or_insert(e);
         }
@@ -74,13 +68,26 @@ pub fn writeback<O: FileIo>(
     first_err.map_or(Ok(stats), Err)
 }
 
-/// Splits folios into groups of at most `BATCH_BYTES`.
-fn chunks<'a>(
-    cache: &PageCache,
-    folios: &'a [Arc<FolioCell>],
-) -> impl Iterator<Item = &'a [Arc<FolioCell>]> {
-    let per = (BATCH_BYTES / u64::from(cache.config().folio_bytes)).max(1) as usize;
-    folios.chunks(per)
+/// Splits folios into groups of at most `BATCH_BYTES` (or one folio).
+fn chunks(folios: &[Arc<FolioCell>]) -> impl Iterator<Item = &[Arc<FolioCell>]> {
+    let mut rest = folios;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut bytes = 0;
+        let n = rest
+            .iter()
+            .take_while(|c| {
+                bytes += c.len();
+                bytes <= BATCH_BYTES
+            })
+            .count()
+            .max(1);
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Some(head)
+    })
 }
 
 fn write_chunk<O: FileIo>(
@@ -188,7 +195,6 @@ fn collect<O: FileIo>(
     folios: &[Arc<FolioCell>],
     wait: WbWait,
 ) -> Collected {
-    let fb = u64::from(cache.config().folio_bytes);
     let bs = u64::from(cache.block_size());
     let mut runs: Vec<(u64, IoBuf)> = Vec::new();
     let mut busy = Vec::new();
@@ -207,7 +213,7 @@ fn collect<O: FileIo>(
         let size = ops.size();
         let mut took = false;
         for r in g.state.dirty_runs() {
-            let a = g.index * fb + u64::from(r.first) * bs;
+            let a = g.pos + u64::from(r.first) * bs;
             if a >= size {
                 continue; // Wholly past EOF: not written, stays dirty until EOF moves.
             }
@@ -235,7 +241,7 @@ fn collect<O: FileIo>(
                 let s = cur.as_mut().expect("staging run");
                 let boundary = (at / RUN_BYTES + 1) * RUN_BYTES;
                 let n = (b - at).min(boundary - at) as usize;
-                let from = (at - g.index * fb) as usize;
+                let from = (at - g.pos) as usize;
                 s.buf[s.len..s.len + n].copy_from_slice(&g.data[from..from + n]);
                 if at + n as u64 > size {
                     // The EOF block's bytes past EOF go out as zeros.
@@ -245,7 +251,7 @@ fn collect<O: FileIo>(
                 s.len += n;
                 at += n as u64;
             }
-            let (oa, ob) = (a - g.index * fb, b - g.index * fb);
+            let (oa, ob) = (a - g.pos, b - g.pos);
             cache.take_for_writeback(&mut g, (oa / bs) as u32, (ob / bs) as u32);
             took = true;
         }

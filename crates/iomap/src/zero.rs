@@ -47,37 +47,38 @@ pub fn zero_range<O: FileIo>(
         return Ok(());
     }
     let end = pos + len;
-    if mode == ZeroMode::Flush
-        && range_busy(cache, fc, pos, end)
-        && has_hole_or_unwritten(ops, pos, len)?
+    if mode == ZeroMode::Flush && range_busy(fc, pos, end) && has_hole_or_unwritten(ops, pos, len)?
     {
-        let fb = u64::from(cache.config().folio_bytes);
-        writeback(cache, ops, fc, pos / fb * fb, end, WbWait::Busy)?;
+        writeback(cache, ops, fc, pos, end, WbWait::Busy)?;
     }
-    let fb = u64::from(cache.config().folio_bytes);
     let size = ops.size();
     let mut cur = pos;
     while cur < end {
         let map = ops.begin(cur, end - cur, IomapOp::Report)?;
-        let piece_end = map.end().min(end).min((cur / fb + 1) * fb);
-        let n = piece_end - cur;
         let on_disk = matches!(
             map.kind,
             IomapKind::Mapped | IomapKind::Delalloc | IomapKind::Shared
         );
-        let cell = match fc.get(cur / fb) {
+        let cell = match fc.get(cur) {
             Some(c) => Some(c),
-            None if on_disk => Some(cache.folio(fc, cur / fb)),
+            None if on_disk => Some(cache.folio(fc, cur, map.end().min(end) - cur)),
             None => None,
         };
         let Some(cell) = cell else {
-            ops.end(&map, cur, n, IomapOp::Report)?;
+            // Nothing cached here: skip up to the next cached folio at most.
+            let piece_end = map
+                .end()
+                .min(end)
+                .min(fc.next_folio_after(cur).unwrap_or(u64::MAX));
+            ops.end(&map, cur, piece_end - cur, IomapOp::Report)?;
             cur = piece_end;
             continue;
         };
+        let piece_end = map.end().min(end).min(cell.end());
+        let n = piece_end - cur;
         // Folio tracking dirties whole folios, which must then be wholly uptodate.
         let _held = if cache.config().dirty_tracking == crate::folio::DirtyTracking::Folio {
-            Some(crate::buffered::fill(cache, ops, fc, cur / fb * fb, fb)?)
+            Some(crate::buffered::fill(cache, ops, fc, cur, 1)?)
         } else {
             None
         };
@@ -88,7 +89,7 @@ pub fn zero_range<O: FileIo>(
             continue; // Extents changed under us: look again.
         }
         let bs = u64::from(cache.block_size());
-        let off = cur % fb;
+        let off = cur - g.pos;
         let (b0, b1) = ((off / bs) as u32, (off + n).div_ceil(bs) as u32);
         if !off.is_multiple_of(bs) {
             prepare_block(ops, cache, &mut g, b0, &map, size)?;
@@ -116,9 +117,8 @@ pub fn zero_range<O: FileIo>(
 
 /// True if a cached folio over `[pos, end)` is dirty or under writeback (folio
 /// granularity, as Linux's `filemap_range_needs_writeback`).
-fn range_busy(cache: &PageCache, fc: &FileCache, pos: u64, end: u64) -> bool {
-    let fb = u64::from(cache.config().folio_bytes);
-    fc.range(pos / fb, (end - 1) / fb).iter().any(|c| {
+fn range_busy(fc: &FileCache, pos: u64, end: u64) -> bool {
+    fc.overlapping(pos, end).iter().any(|c| {
         let g = c.lock();
         g.writeback || g.state.folio_dirty()
     })
@@ -140,16 +140,15 @@ fn has_hole_or_unwritten<O: FileIo>(ops: &O, pos: u64, len: u64) -> Result<bool,
 
 /// Zeroes the cached bytes of `[pos, end)` without changing block state (truncate: the
 /// bytes past the new EOF in its block must read zero if the file grows again).
-pub fn zero_cached(cache: &PageCache, fc: &FileCache, pos: u64, end: u64) {
+pub fn zero_cached(fc: &FileCache, pos: u64, end: u64) {
     if pos >= end {
         return;
     }
-    let fb = u64::from(cache.config().folio_bytes);
-    for cell in fc.range(pos / fb, (end - 1) / fb) {
+    for cell in fc.overlapping(pos, end) {
         let mut g = cell.lock();
-        let start = g.index * fb;
+        let start = g.pos;
         let a = pos.max(start) - start;
-        let b = end.min(start + fb) - start;
+        let b = end.min(g.end()) - start;
         g.data[a as usize..b as usize].fill(0);
     }
 }
@@ -161,29 +160,23 @@ pub fn invalidate_range(cache: &PageCache, fc: &FileCache, pos: u64, end: u64) -
     if pos >= end {
         return 0;
     }
-    let fb = u64::from(cache.config().folio_bytes);
     let bs = u64::from(cache.block_size());
-    let last = if end == u64::MAX {
-        u64::MAX
-    } else {
-        (end - 1) / fb
-    };
     let mut discarded = 0;
-    for cell in fc.range(pos / fb, last) {
-        let index = {
+    for cell in fc.overlapping(pos, end) {
+        let start = {
             let mut g = cell.lock_idle();
-            let start = g.index * fb;
+            let start = g.pos;
             let a = pos.max(start) - start;
-            let b = end.min(start + fb) - start;
+            let b = end.min(g.end()) - start;
             g.data[a as usize..b as usize].fill(0);
             let (b0, b1) = (a.div_ceil(bs) as u32, (b / bs) as u32);
             if b0 < b1 {
                 discarded += cache.invalidate_blocks(&mut g, b0, b1);
             }
-            g.index
+            start
         };
         drop(cell);
-        cache.drop_if_empty(fc, index);
+        cache.drop_if_empty(fc, start);
     }
     discarded
 }

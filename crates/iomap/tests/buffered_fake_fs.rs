@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use stripefs_iomap::cache::{CacheConfig, PageCache};
+use stripefs_iomap::cache::{CacheConfig, FolioSizing, PageCache};
 use stripefs_iomap::folio::DirtyTracking;
 use stripefs_iomap::{
     self as iomap, FileIo, Iomap, IomapFlags, IomapKind, IomapOp, IomapOps, WbEnd, WbWait, ZeroMode,
@@ -200,9 +200,10 @@ impl FileIo for Fake {
     }
 }
 
-fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32) {
+fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32, folio_sizing: FolioSizing) {
     let cfg = CacheConfig {
         folio_bytes,
+        folio_sizing,
         budget_bytes: 1 << 20,
         dirty_limit_bytes: 256 << 10,
         dirty_tracking: tracking,
@@ -285,6 +286,9 @@ fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32) {
         0,
         "dirty accounting returns to zero"
     );
+    let st = cache.stats();
+    assert_eq!(st.resident_bytes, 0, "seed {seed}: resident accounting");
+    assert_eq!(st.clean_folios + st.dirty_folios + st.writeback_folios, 0);
     // The device now holds the model: written blocks have the bytes, the rest read zero.
     for (b, chunk) in model.chunks(BS as usize).enumerate() {
         let got = match fake.blk(b as u64) {
@@ -304,14 +308,17 @@ fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32) {
 #[test]
 fn adversarial_mappings_block_tracking() {
     for seed in 1..=12 {
-        run(seed, DirtyTracking::Block, 4096);
-        run(seed, DirtyTracking::Block, 16384);
+        for sizing in [FolioSizing::File, FolioSizing::Fixed] {
+            run(seed, DirtyTracking::Block, 4096, sizing);
+            run(seed, DirtyTracking::Block, 16384, sizing);
+        }
     }
 }
 
 #[test]
 fn adversarial_mappings_folio_tracking() {
     for seed in 1..=12 {
-        run(seed, DirtyTracking::Folio, 8192);
+        run(seed, DirtyTracking::Folio, 8192, FolioSizing::File);
+        run(seed, DirtyTracking::Folio, 8192, FolioSizing::Fixed);
     }
 }

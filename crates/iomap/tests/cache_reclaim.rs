@@ -5,6 +5,7 @@
 use stripefs_iomap::cache::{CacheConfig, PageCache};
 
 const BS: u32 = 4096;
+const B: u64 = BS as u64;
 
 fn cache() -> PageCache {
     PageCache::new(
@@ -24,14 +25,14 @@ fn scanned_per_eviction(files: u64, reads: u64) -> f64 {
     let cache = cache();
     for k in 1..=files {
         let fc = cache.file(k);
-        let cell = cache.folio(&fc, 0);
+        let cell = cache.folio(&fc, 0, B);
         let mut g = cell.lock();
         g.set_uptodate(0, 1);
         assert_eq!(cache.set_dirty(&mut g, 0, 1), 1);
     }
     let reader = cache.file(0);
     for i in 0..reads {
-        let cell = cache.folio(&reader, i);
+        let cell = cache.folio(&reader, i * B, B);
         let mut g = cell.lock();
         g.set_uptodate(0, 1);
         cache.touch(&g);
@@ -67,10 +68,10 @@ fn folios_in_use_are_skipped_a_bounded_number_of_times() {
     let cache = cache();
     let fc = cache.file(1);
     // 512 clean folios held by their users: twice the budget, none evictable.
-    let held: Vec<_> = (0..512).map(|i| cache.folio(&fc, i)).collect();
+    let held: Vec<_> = (0..512).map(|i| cache.folio(&fc, i * B, B)).collect();
     let before = cache.stats().reclaim_scanned;
     for i in 512..612 {
-        drop(cache.folio(&fc, i));
+        drop(cache.folio(&fc, i * B, B));
     }
     let scanned = cache.stats().reclaim_scanned - before;
     assert!(
@@ -85,16 +86,16 @@ fn the_least_recently_used_clean_folio_goes_first() {
     let cache = cache();
     let fc = cache.file(1);
     for i in 0..200 {
-        drop(cache.folio(&fc, i));
+        drop(cache.folio(&fc, i * B, B));
     }
     // Folio 0 is used again; folio 1 is now the oldest.
     let cell = fc.get(0).expect("cached");
     cache.touch(&cell.lock());
     drop(cell);
     for i in 200..280 {
-        drop(cache.folio(&fc, i));
+        drop(cache.folio(&fc, i * B, B));
     }
     assert!(cache.stats().evicted_folios > 0);
     assert!(fc.get(0).is_some(), "the folio used again stays");
-    assert!(fc.get(1).is_none(), "the oldest unused folio went");
+    assert!(fc.get(B).is_none(), "the oldest unused folio went");
 }
