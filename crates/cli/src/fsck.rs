@@ -8,6 +8,10 @@ use stripefs::FsError;
 use crate::progress::spinner;
 use crate::targets::{lock_targets, open_all, LockWait};
 
+/// Exit status bit: warnings only (damage the file system repairs by itself, such as a
+/// damaged inactive checkpoint area; as e2fsck's bit 1 for problems that need no repair by
+/// hand).
+pub const EXIT_WARNINGS: i32 = 1;
 /// Exit status: problems found (as e2fsck's "errors left uncorrected").
 pub const EXIT_PROBLEMS: i32 = 4;
 /// Exit status: could not check (as e2fsck's "operational error").
@@ -15,16 +19,34 @@ pub const EXIT_OPERATIONAL: i32 = 8;
 
 /// Check a stripefs file system without changing it.
 #[derive(Debug, clap::Args)]
+#[command(after_help = EXIT_HELP)]
 pub struct FsckArgs {
     /// All targets of the file system (any order): paths or NBD URIs.
     #[arg(required = true)]
     targets: Vec<PathBuf>,
 }
 
-/// Runs fsck; returns the exit status (0 clean, 4 problems or corruption, 8 could not run).
+/// The exit status, for `--help`.
+const EXIT_HELP: &str = "Exit status (bits, as e2fsck):
+  0  clean
+  1  warnings only: damage that needs no repair by hand (a damaged inactive checkpoint
+     area, which the next checkpoint rewrites); the file system is correct and usable
+  4  problems: a violated invariant, or damage that prevents loading (corruption)
+  8  could not check (I/O error, missing, unreadable or locked targets)
+Bits combine: 5 is problems and warnings. Invalid arguments exit 2.";
+
+/// Runs fsck; returns the exit status (see [`EXIT_HELP`]).
 pub fn run(a: &FsckArgs) -> Result<i32, String> {
-    let _lock = lock_targets(&a.targets, LockWait::WhileReleasing)?;
-    let targets = open_all(&a.targets)?;
+    // Could not check is 8, never the generic 1, which here means warnings.
+    let opened = lock_targets(&a.targets, LockWait::WhileReleasing)
+        .and_then(|lock| Ok((lock, open_all(&a.targets)?)));
+    let (_lock, targets) = match opened {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("stripefs fsck: {e}");
+            return Ok(EXIT_OPERATIONAL);
+        }
+    };
     let spin = spinner("checking");
     let mut stage = |s: FsckStage| match s {
         FsckStage::Loaded {
@@ -53,6 +75,9 @@ pub fn run(a: &FsckArgs) -> Result<i32, String> {
     for n in &report.notes {
         println!("note: {n}");
     }
+    for w in &report.warnings {
+        println!("warning: {w}");
+    }
     for p in &report.problems {
         println!("problem: {p}");
     }
@@ -62,11 +87,18 @@ pub fn run(a: &FsckArgs) -> Result<i32, String> {
         report.extents,
         report.data_blocks_used,
         report.data_blocks,
-        if report.is_clean() {
-            "clean".to_string()
-        } else {
-            format!("{} problems", report.problems.len())
+        match (report.problems.len(), report.warnings.len()) {
+            (0, 0) => "clean".to_string(),
+            (0, w) => format!("clean, {w} warnings"),
+            (p, 0) => format!("{p} problems"),
+            (p, w) => format!("{p} problems, {w} warnings"),
         }
     );
-    Ok(if report.is_clean() { 0 } else { EXIT_PROBLEMS })
+    let problems = if report.is_clean() { 0 } else { EXIT_PROBLEMS };
+    let warnings = if report.warnings.is_empty() {
+        0
+    } else {
+        EXIT_WARNINGS
+    };
+    Ok(problems | warnings)
 }

@@ -136,6 +136,65 @@ fn fsck_reports_damage_with_status_4() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// A damaged inactive checkpoint area (the previous checkpoint, the fallback) is a
+/// warning with its own exit-status bit (1), not silence and not a problem (4); the next
+/// checkpoint rewrites the area and the warning goes away.
+#[test]
+fn fsck_warns_about_a_damaged_inactive_checkpoint_with_status_1() {
+    let d = dir("inactive-ckpt");
+    let t = targets(&d, 2);
+    let mkfs = run(bin()
+        .args([
+            "mkfs",
+            "--size",
+            "16m",
+            "--no-prezero",
+            "--block-size",
+            "4k",
+        ])
+        .args(&t));
+    assert_eq!(mkfs.0, 0, "{mkfs:?}");
+    // Right after mkfs the second area has never been written: not damage.
+    let (code, out, err) = run(bin().arg("fsck").args(&t));
+    assert_eq!((code, out.contains("clean")), (0, true), "{out}{err}");
+    // One mount and unmount: generation 2 goes to area 1, generation 1 stays in area 0.
+    let io = |dir: &str| run(bin().arg("io").args(&t).args(["-c", dir]));
+    assert_eq!(io("mkdir /d").0, 0);
+    let clean = std::fs::read(&t[0]).unwrap();
+    let (code, out, err) = run(bin().arg("fsck").args(&t));
+    assert_eq!(code, 0, "{out}{err}");
+    // Area 0 starts at block 1: its header, then its first payload block.
+    for (at, why) in [
+        (4096 + 40, "no valid checkpoint header"),
+        (2 * 4096 + 100, "checkpoint generation 1 is damaged"),
+    ] {
+        let mut img = clean.clone();
+        img[at] ^= 0x20;
+        std::fs::write(&t[0], &img).unwrap();
+        let (code, out, err) = run(bin().arg("fsck").args(&t));
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(
+            out.contains("warning: inactive checkpoint area 0") && out.contains(why),
+            "{out}"
+        );
+        assert!(out.contains("clean, 1 warnings"), "{out}");
+    }
+    // The file system is usable, and its next checkpoint (generation 3) rewrites area 0.
+    assert_eq!(io("mkdir /e").0, 0);
+    let (code, out, err) = run(bin().arg("fsck").args(&t));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains("warning"), "{out}");
+    let (code, help, _) = run(bin().args(["fsck", "--help"]));
+    assert_eq!(code, 0);
+    assert!(
+        help.contains("Exit status")
+            && help.contains("1  warnings")
+            && help.contains("4  problems"),
+        "{help}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 #[test]
 fn punch_zero_seek_and_direct() {
     let d = dir("punch");

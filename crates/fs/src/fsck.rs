@@ -4,6 +4,8 @@
 use std::sync::Arc;
 
 use stripefs_core::check;
+use stripefs_core::checkpoint;
+use stripefs_core::meta::MetaState;
 use stripefs_core::Ino;
 use stripefs_target::Target;
 
@@ -27,6 +29,10 @@ pub struct FsckReport {
     /// Facts that are not errors (pending journal replay, orphans to free, crash leftovers
     /// past EOF).
     pub notes: Vec<String>,
+    /// Damage that leaves the file system correct and usable but less protected, and that
+    /// the file system repairs by itself (a damaged inactive checkpoint area: the next
+    /// checkpoint rewrites it). Not problems: [`FsckReport::is_clean`] ignores them.
+    pub warnings: Vec<String>,
     /// Files with non-zero bytes past EOF in their last block (none after a clean unmount).
     pub eof_tails_not_zero: Vec<u64>,
     pub inodes: u64,
@@ -88,17 +94,60 @@ pub fn fsck(
             tails.len()
         ));
     }
+    let warnings = inactive_checkpoint(&l)?.into_iter().collect();
     progress(FsckStage::Checked);
     let data_blocks = l.geo.targets.iter().map(|t| t.data_blocks()).sum();
     Ok(FsckReport {
         eof_tails_not_zero: tails,
         problems: r.problems,
         notes,
+        warnings,
         inodes: r.inodes,
         extents: r.extents,
         data_blocks_used: r.data_blocks_used,
         data_blocks,
     })
+}
+
+/// Whether the checkpoint area not in charge is damaged. It holds the previous checkpoint
+/// (the fallback should the active one become unreadable) and receives the next one; only
+/// right after mkfs has it never been written (all zeros, active generation 1).
+///
+/// # Errors
+/// Target read errors.
+fn inactive_checkpoint(l: &recovery::Loaded) -> Result<Option<String>> {
+    let geo = &l.geo;
+    let bs = geo.block_size;
+    let area = 1 - l.ckpt.area as usize;
+    let start = geo.ckpt_start[area];
+    let t0 = l.targets[0].as_ref();
+    let what = format!("inactive checkpoint area {area} (target 0 block {start})");
+    let consequence = "the file system is usable, but has no older checkpoint to fall back \
+        on should the active one become unreadable; the next checkpoint (at the latest the \
+        next unmount) rewrites this area";
+    let hdr_block = t0.read_sync(bs.to_bytes(start), bs.bytes() as usize)?;
+    let hdr = match checkpoint::decode_header(&hdr_block, geo.uuid, start, geo.ckpt_blocks - 1) {
+        Ok(Some(h)) => h,
+        Ok(None) if l.ckpt.generation == 1 && hdr_block.iter().all(|&b| b == 0) => {
+            return Ok(None); // never written: mkfs wrote only the first checkpoint
+        }
+        Ok(None) => {
+            return Ok(Some(format!(
+                "{what}: no valid checkpoint header (torn or damaged); {consequence}"
+            )))
+        }
+        Err(e) => return Ok(Some(format!("{what}: {e}; {consequence}"))),
+    };
+    let len = bs.to_bytes(hdr.payload_blocks) as usize;
+    let blocks = t0.read_sync(bs.to_bytes(start + 1), len)?;
+    let loaded = checkpoint::decode_payload(&hdr, geo.uuid, bs.bytes(), &blocks)
+        .and_then(|p| MetaState::from_snapshot(&p, hdr.next_ino));
+    Ok(loaded.err().map(|e| {
+        format!(
+            "{what}: checkpoint generation {} is damaged ({e}); {consequence}",
+            hdr.generation
+        )
+    }))
 }
 
 /// Files whose last block holds non-zero bytes past EOF on disk. After a clean unmount
