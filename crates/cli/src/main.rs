@@ -9,6 +9,7 @@ mod mkfs;
 mod mount;
 mod mount_opts;
 mod progress;
+mod remount;
 mod size;
 mod targets;
 
@@ -31,6 +32,7 @@ enum Cmd {
     Bench(bench::BenchArgs),
     Mount(mount::MountArgs),
     Umount(mount::UmountArgs),
+    Remount(remount::RemountArgs),
 }
 
 fn main() {
@@ -57,6 +59,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Mount(a) => mount::run(a),
         Cmd::Umount(a) => mount::run_umount(a),
+        Cmd::Remount(a) => remount::run(a),
     };
     match res {
         Ok(code) => std::process::exit(code),

@@ -68,7 +68,7 @@ pub struct UmountArgs {
 }
 
 /// Splits `-o` into engine options and FUSE options.
-fn split_options(list: &[String]) -> Result<(Vec<String>, ServeOptions), String> {
+pub fn split_options(list: &[String]) -> Result<(Vec<String>, ServeOptions), String> {
     let mut serve_opts = ServeOptions::default();
     let mut engine = Vec::new();
     for item in list
@@ -146,6 +146,19 @@ fn translate_helper(args: Vec<String>) -> Result<Vec<std::ffi::OsString>, String
     }
     let [source, mountpoint] = <[String; 2]>::try_from(positional)
         .map_err(|_| format!("usage: {HELPER_NAME} SOURCE MOUNTPOINT [-o OPTIONS]"))?;
+    let remount = opts
+        .iter()
+        .flat_map(|o| o.split(','))
+        .any(|w| w == "remount");
+    if remount {
+        let mut out: Vec<std::ffi::OsString> = vec!["stripefs".into(), "remount".into()];
+        for o in opts {
+            out.push("-o".into());
+            out.push(o.into());
+        }
+        out.push(mountpoint.into());
+        return Ok(out);
+    }
     let mut out: Vec<std::ffi::OsString> = vec!["stripefs".into(), "mount".into(), "-q".into()];
     for o in opts {
         out.push("-o".into());

@@ -220,3 +220,113 @@ fn helper_is_silent_and_mount_after_plain_umount_waits_for_the_old_daemon() {
         assert!(out.contains(&format!("f{round}")), "{out}");
     }
 }
+
+fn remount_syscall(mnt: &Path, flags: libc::c_ulong) -> std::io::Result<()> {
+    let c = CString::new(mnt.as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid C strings; a remount takes no data.
+    let rc = unsafe {
+        libc::mount(
+            c.as_ptr(),
+            c.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | flags,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn superblock_read_only(mnt: &Path) -> bool {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap()))
+        .expect("mounted");
+    let sb = line.split(" - ").nth(1).unwrap();
+    sb.split(' ').nth(2).unwrap().split(',').any(|o| o == "ro")
+}
+
+/// `mount -o remount,ro` and back (issue 9, item 14): through the helper (which waits
+/// until the daemon has checkpointed) and as a bare `mount(2)` (what `mount(8)` does
+/// itself for type `fuse`, which the daemon notices on its own). Proof that the daemon
+/// wrote back and checkpointed: after SIGKILL nothing is replayed and the never-fsynced
+/// data is there.
+#[test]
+fn remount_read_only_and_back() {
+    let s = Setup::new("remount");
+    let mut daemon = bin()
+        .arg("mount")
+        .arg("-f")
+        .args(s.mount_args())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_mounted(&s.mnt(), &mut daemon);
+    let helper = s.dir.join("mount.fuse.stripefs");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_stripefs"), &helper).unwrap();
+    let helper_remount = |opts: &str| {
+        Command::new(&helper)
+            .arg(s.targets.join(":"))
+            .arg(s.mnt())
+            .args(["-o", opts])
+            .output()
+            .unwrap()
+    };
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 249) as u8).collect();
+    fs::write(s.mnt().join("f"), &data).unwrap(); // never fsynced
+
+    // Refused while a file is open for writing, as for a kernel file system.
+    let w = fs::OpenOptions::new()
+        .append(true)
+        .open(s.mnt().join("f"))
+        .unwrap();
+    let out = helper_remount("remount,ro");
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("open for writing"), "{msg}");
+    drop(w);
+
+    let out = helper_remount("remount,ro");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty(), "the helper talked");
+    assert!(superblock_read_only(&s.mnt()));
+    let e = fs::write(s.mnt().join("g"), b"no").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    assert_eq!(fs::read(s.mnt().join("f")).unwrap(), data);
+
+    // Back to read-write by a bare mount(2): the very next change is accepted.
+    remount_syscall(&s.mnt(), 0).unwrap();
+    assert!(!superblock_read_only(&s.mnt()));
+    fs::write(s.mnt().join("g"), b"yes").unwrap();
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(s.mnt().join("f"))
+        .unwrap();
+    f.write_all(b"tail").unwrap();
+    drop(f);
+
+    // Read-only again by a bare mount(2): the daemon follows by itself.
+    remount_syscall(&s.mnt(), libc::MS_RDONLY).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    lazy_umount(&s.mnt());
+    let (rc, out) = run(bin()
+        .args([
+            "io", "-c", "open /f", "-c", "stat", "-c", "open /g", "-c", "stat",
+        ])
+        .args(&s.targets));
+    assert_eq!(rc, 0, "{out}");
+    assert!(!out.contains("recovered"), "{out}");
+    assert!(out.contains("1000004"), "{out}");
+    let (rc, out) = s.fsck();
+    assert_eq!(rc, 0, "{out}");
+}

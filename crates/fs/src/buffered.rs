@@ -131,6 +131,7 @@ impl Fs {
     /// block, `Poisoned` (when nothing was written).
     pub fn write_at(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         if data.is_empty() {
             return Ok(0);
         }

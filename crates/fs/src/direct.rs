@@ -153,6 +153,7 @@ impl Fs {
     /// errors (nothing recorded; the range's content is undefined), `Stale`, `Poisoned`.
     pub fn write_direct(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         if data.is_empty() {
             return Ok(0);
         }

@@ -19,7 +19,7 @@ use crate::inner::{FsInner, MetaCore, Txn};
 use crate::journal::{write_checkpoint, CommitMode, Journal, JournalPosition};
 use crate::options::{MkfsOptions, MountOptions};
 use crate::recovery;
-use crate::types::{FsStatus, SpaceAccount, StatFs, TargetStatus};
+use crate::types::{Access, AccessSource, FsStatus, SpaceAccount, StatFs, TargetStatus};
 
 /// A mounted stripefs file system. Cloning is cheap and shares the mount.
 #[derive(Debug, Clone)]
@@ -162,7 +162,7 @@ impl Fs {
             .state
             .inodes
             .values()
-            .filter(|i| i.attrs.nlink == 0)
+            .filter(|i| i.attrs.nlink == 0 && !m.open.contains_key(&i.attrs.ino))
             .map(|i| i.attrs.ino)
             .collect();
         for &ino in &orphans {
@@ -227,6 +227,7 @@ impl Fs {
 
     /// Commits everything, writes a checkpoint (so the next mount replays nothing) and
     /// stops background work. The `Fs` (and its clones) must not be used afterwards.
+    /// Read-only, it writes nothing: the switch to read-only settled everything.
     ///
     /// # Errors
     /// The commit's error; the file system may then need recovery at the next mount.
@@ -236,6 +237,109 @@ impl Fs {
             return Ok(());
         }
         self.inner.check()?;
+        if self.inner.read_only() {
+            return Ok(());
+        }
+        self.settle(|m, ino| !m.open.contains_key(&ino))?;
+        self.inner
+            .journal
+            .commit(&self.inner, 0, CommitMode::Checkpoint)?;
+        for t in &self.inner.targets {
+            t.flush_sync()?;
+        }
+        Ok(())
+    }
+
+    /// Switches between read-write and read-only (`mount -o remount,ro`).
+    ///
+    /// To read-only: waits for changes in flight, refuses new ones with
+    /// [`FsError::ReadOnly`] (`EROFS`), drains direct writes, writes back every dirty
+    /// block, trims unused speculative preallocation and writes a checkpoint if anything
+    /// changed since the last one; afterwards nothing is written to the targets (an
+    /// unlinked file closed meanwhile stays an orphan). To read-write: accepts changes
+    /// again and frees those orphans.
+    ///
+    /// # Errors
+    /// `Poisoned`; the writeback or checkpoint error (the file system is then read-only
+    /// and poisoned, as after any failed flush).
+    pub fn set_access(&self, to: Access) -> Result<()> {
+        let _switch = self.inner.access_switch.lock();
+        self.inner.check()?;
+        if self.inner.unmounted.load(Ordering::Acquire) {
+            return Err(FsError::invalid("the file system is unmounted"));
+        }
+        let from = std::mem::replace(&mut *self.inner.access.write(), to);
+        match (from, to) {
+            (Access::ReadWrite, Access::ReadOnly) => {
+                self.settle(|_, _| true)?;
+                let pos = self.inner.journal.position();
+                if pos.head != pos.tail || !self.inner.meta.lock().txn.records.is_empty() {
+                    self.inner
+                        .journal
+                        .commit(&self.inner, 0, CommitMode::Checkpoint)?;
+                }
+                for t in &self.inner.targets {
+                    t.flush_sync()?;
+                }
+                Ok(())
+            }
+            (Access::ReadOnly, Access::ReadWrite) => {
+                let freed = self.free_orphans()?;
+                self.reap_dead();
+                tracing::debug!(freed, "read-write again; orphans freed");
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Read-write or read-only.
+    #[must_use]
+    pub fn access(&self) -> Access {
+        *self.inner.access.read_recursive()
+    }
+
+    /// Lets `source` decide read-only too: [`Fs::follow_access_source`] applies what it
+    /// says, and a change refused as read-only asks it first (so a change right after the
+    /// front end became read-write again is not refused for lack of news).
+    pub fn set_access_source(&self, source: AccessSource) {
+        *self.inner.access_source.lock() = Some(crate::inner::SourceSlot(source));
+    }
+
+    /// Switches to what the access source says, if it says anything different.
+    ///
+    /// # Errors
+    /// As [`Fs::set_access`].
+    pub fn follow_access_source(&self) -> Result<()> {
+        let source = self.inner.access_source.lock().clone();
+        match source.and_then(|s| (s.0)()) {
+            Some(want) if want != self.access() => self.set_access(want),
+            _ => Ok(()),
+        }
+    }
+
+    /// Admits a call that changes the file system (see [`FsInner::begin_change`]),
+    /// following the access source when it is read-only.
+    pub(crate) fn begin_change(
+        &self,
+    ) -> Result<parking_lot::RwLockReadGuard<'_, crate::types::Access>> {
+        match self.inner.begin_change() {
+            Err(FsError::ReadOnly) => {
+                self.follow_access_source()?;
+                self.inner.begin_change()
+            }
+            r => r,
+        }
+    }
+
+    /// Makes the in-memory state complete: direct writes in flight finish, dirty data is
+    /// written back, and the speculative preallocation of the inodes `trim` selects is
+    /// trimmed. The caller commits.
+    fn settle(&self, trim: impl Fn(&MetaCore, Ino) -> bool) -> Result<()> {
+        let ios: Vec<_> = self.inner.io_locks.lock().values().cloned().collect();
+        for io in ios {
+            io.dio_drain();
+        }
         self.writeback_all(stripefs_iomap::WbWait::Busy)?;
         {
             let mut m = self.inner.meta.lock();
@@ -244,19 +348,13 @@ impl Fs {
                 .inodes
                 .keys()
                 .copied()
-                .filter(|i| !m.open.contains_key(i))
+                .filter(|&i| trim(&m, i))
                 .collect();
             for ino in files {
                 self.trim_prealloc(&mut m, ino)?;
             }
         }
         self.reap_dead();
-        self.inner
-            .journal
-            .commit(&self.inner, 0, CommitMode::Checkpoint)?;
-        for t in &self.inner.targets {
-            t.flush_sync()?;
-        }
         Ok(())
     }
 

@@ -231,6 +231,13 @@ pub(crate) struct FsInner {
     pub bg: Arc<BgControl>,
     pub bg_thread: Mutex<Vec<std::thread::JoinHandle<()>>>,
     pub unmounted: AtomicBool,
+    /// Read-write or read-only; shared by every call that changes the file system for its
+    /// duration ([`FsInner::begin_change`]).
+    pub access: RwLock<crate::types::Access>,
+    /// Serialises switches of `access` (settling to read-only takes a while).
+    pub access_switch: Mutex<()>,
+    /// Who else decides `access` ([`crate::Fs::set_access_source`]).
+    pub access_source: Mutex<Option<SourceSlot>>,
     /// Recycled data buffers (bounded by [`IDLE_BUFFER_BYTES`]).
     pub bufs: BufPool,
     /// The page cache.
@@ -253,6 +260,16 @@ pub(crate) struct FsInner {
     pub dio_shared: std::sync::atomic::AtomicU64,
     pub dio_exclusive: std::sync::atomic::AtomicU64,
     pub dio_pieces: std::sync::atomic::AtomicU64,
+}
+
+/// An [`crate::AccessSource`] (a closure, so without `Debug`).
+#[derive(Clone)]
+pub(crate) struct SourceSlot(pub crate::types::AccessSource);
+
+impl std::fmt::Debug for SourceSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AccessSource")
+    }
 }
 
 /// Idle I/O buffers kept for reuse.
@@ -282,6 +299,9 @@ impl FsInner {
             bg: Arc::new(BgControl::default()),
             bg_thread: Mutex::new(Vec::new()),
             unmounted: AtomicBool::new(false),
+            access: RwLock::new(crate::types::Access::ReadWrite),
+            access_switch: Mutex::new(()),
+            access_source: Mutex::new(None),
             bufs: BufPool::new(IDLE_BUFFER_BYTES),
             cache,
             opts,
@@ -304,6 +324,25 @@ impl FsInner {
             return Err(FsError::Poisoned(why));
         }
         Ok(())
+    }
+
+    /// Admits a call that changes the file system: the returned guard is held for the
+    /// call's duration, so that a switch to read-only waits for calls in flight.
+    ///
+    /// # Errors
+    /// `ReadOnly` while read-only.
+    pub fn begin_change(&self) -> Result<parking_lot::RwLockReadGuard<'_, crate::types::Access>> {
+        // Recursive: public calls that change things call each other (setattr, set_len).
+        let g = self.access.read_recursive();
+        match *g {
+            crate::types::Access::ReadWrite => Ok(g),
+            crate::types::Access::ReadOnly => Err(FsError::ReadOnly),
+        }
+    }
+
+    /// Whether the file system is read-only now.
+    pub fn read_only(&self) -> bool {
+        *self.access.read_recursive() == crate::types::Access::ReadOnly
     }
 
     /// Shuts the file system down: every later call fails until it is mounted again.

@@ -41,6 +41,7 @@ impl Fs {
     /// `FileTooBig`, `IsDir`, `Invalid`, `Stale`, target I/O errors, `Poisoned`.
     pub fn set_len(&self, ino: Ino, size: u64) -> Result<()> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         if size > MAX_FILE_BYTES {
             return Err(FsError::FileTooBig);
         }
@@ -122,6 +123,7 @@ impl Fs {
     /// `NotSupported`, `Invalid` (zero length), `NoSpace`, `FileTooBig`, `Stale`.
     pub fn fallocate(&self, ino: Ino, mode: FallocMode, off: u64, len: u64) -> Result<()> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         if matches!(
             mode,
             FallocMode::CollapseRange | FallocMode::InsertRange | FallocMode::UnshareRange

@@ -52,6 +52,6 @@ pub use stripefs_core::inode::{FileKind, Timespec};
 pub use stripefs_core::layout::StripeLayout;
 pub use stripefs_core::Ino;
 pub use types::{
-    Attr, CreateParams, DirEntryInfo, FallocMode, Fh, FsStatus, RenameMode, SetAttr, SpaceAccount,
-    StatFs, TargetStatus, TimeSet,
+    Access, AccessSource, Attr, CreateParams, DirEntryInfo, FallocMode, Fh, FsStatus, RenameMode,
+    SetAttr, SpaceAccount, StatFs, TargetStatus, TimeSet,
 };

@@ -209,6 +209,7 @@ impl Fs {
         link: Option<&[u8]>,
     ) -> Result<Attr> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         let name = check_name(name)?;
         self.reserve_metadata(256 + 2 * name.len() as u64 + link.map_or(0, |l| l.len() as u64))?;
         let mut m = self.inner.meta.lock();
@@ -310,6 +311,7 @@ impl Fs {
     /// `NotPermitted` for directories; `Exists`; `TooManyLinks`; `NotDir`.
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         let name = check_name(newname)?;
         self.reserve_metadata(128 + name.len() as u64)?;
         let mut m = self.inner.meta.lock();
@@ -352,6 +354,7 @@ impl Fs {
     /// `NotFound`, `IsDir`, `NotDir`.
     pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<()> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         let m = self.inner.meta.lock();
         let name = name.as_bytes();
         let d = dir(&m, parent)?;
@@ -411,6 +414,7 @@ impl Fs {
     /// `NotFound`, `NotDir`, `NotEmpty`, `Invalid` for `.`.
     pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<()> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         match name.as_bytes() {
             b"." => return Err(FsError::invalid("cannot remove '.'")),
             b".." => return Err(FsError::NotEmpty),
@@ -443,6 +447,7 @@ impl Fs {
         newname: &OsStr,
         mode: RenameMode,
     ) -> Result<()> {
+        let _change = self.begin_change()?;
         let r = self.rename_locked(parent, name, newparent, newname, mode);
         self.reap_dead();
         r
@@ -638,6 +643,7 @@ impl Fs {
     /// As [`Fs::set_len`] for size changes; `Stale`.
     pub fn setattr(&self, ino: Ino, s: &SetAttr) -> Result<Attr> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         if let Some(size) = s.size {
             self.set_len(ino, size)?;
         }
@@ -679,6 +685,7 @@ impl Fs {
     /// `Stale`; `NoSpace` when the journal is full.
     pub fn drop_setid(&self, ino: Ino, sgid_always: bool) -> Result<()> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         let mut m = self.inner.meta.lock();
         let mut a = inode(&m, ino)?.attrs.clone();
         let perm = setid_dropped(a.kind, a.perm, sgid_always);
@@ -711,6 +718,7 @@ impl Fs {
     /// values over 64 KiB; `NoSpace` past 256 KiB of attributes on one inode.
     pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], mode: XattrMode) -> Result<()> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         let n = name.as_bytes();
         if n.is_empty() {
             return Err(FsError::invalid("empty extended attribute name"));
@@ -765,6 +773,7 @@ impl Fs {
     /// `NoData` if absent; `Stale`.
     pub fn removexattr(&self, ino: Ino, name: &OsStr) -> Result<()> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         let mut m = self.inner.meta.lock();
         let i = inode(&m, ino)?;
         if !i.xattrs.contains_key(name.as_bytes()) {
@@ -864,6 +873,11 @@ impl Fs {
         let mut m = self.inner.meta.lock();
         if m.open.contains_key(&ino) {
             return Ok(()); // Reopened meanwhile.
+        }
+        if self.inner.read_only() {
+            // Nothing is written while read-only: an unlinked inode stays an orphan,
+            // freed when the file system is made read-write again or at the next mount.
+            return Ok(());
         }
         let orphan = m.state.get(ino).is_some_and(|i| i.attrs.nlink == 0);
         if orphan {

@@ -151,12 +151,16 @@ impl Fs {
     where
         F: FnOnce(Result<usize>) + Send + 'static,
     {
+        let change = match self.begin_change() {
+            Ok(g) => g,
+            Err(e) => return done(Err(e)),
+        };
         let io = self.inner.io_lock(ino);
         let shared = io.read();
         let mapper = match self.shared_write_mapper(ino, off, data.len()) {
             Ok(Some(m)) => m,
             Ok(None) => {
-                drop(shared);
+                drop((shared, change));
                 return done(self.write_direct(ino, off, data));
             }
             Err(e) => {
@@ -183,7 +187,8 @@ impl Fs {
         self.inner
             .dio_pieces
             .fetch_add(batch.submitted() as u64, Ordering::Relaxed);
-        drop(shared);
+        // In flight (`dio_begin`) from here: a switch to read-only drains it.
+        drop((shared, change));
         let (fs, io) = (self.clone(), Arc::clone(&io));
         batch.finish_with(move |completed| {
             let r = walked

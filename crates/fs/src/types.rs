@@ -4,6 +4,23 @@ use stripefs_core::inode::{FileKind, Inode, Timespec};
 use stripefs_core::layout::StripeLayout;
 use stripefs_core::Ino;
 
+/// Whether the file system accepts changes ([`crate::Fs::set_access`]; `mount -o ro`,
+/// `mount -o remount,ro`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Access {
+    /// Changes are accepted.
+    #[default]
+    ReadWrite,
+    /// Every change fails with [`crate::FsError::ReadOnly`] (`EROFS`), and nothing is
+    /// written to the targets.
+    ReadOnly,
+}
+
+/// Tells the file system whether it should be read-only now: the front end's own mount
+/// state (a FUSE mount's kernel read-only flag, which `mount -o remount,ro` changes
+/// without the daemon's knowledge). `None`: no opinion (not mounted).
+pub type AccessSource = std::sync::Arc<dyn Fn() -> Option<Access> + Send + Sync>;
+
 /// `stat` of an inode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attr {

@@ -63,3 +63,89 @@ fn fsync_survives_crash_via_journal_replay() {
     let report = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// `mount -o remount,ro` in the library: the switch writes back and checkpoints, then
+/// every change fails with `ReadOnly` and nothing reaches the targets, not even the free
+/// of an unlinked file closed meanwhile; read-write again frees it and accepts changes.
+#[test]
+fn read_only_switch_settles_refuses_changes_and_writes_nothing() {
+    use stripefs::{Access, FsError, SetAttr};
+    use stripefs_target::CrashMode;
+    let s = sims(3, 32 << 20);
+    let fs = fresh(&s, 4096, 65536);
+    let p = CreateParams::with_perm(0o644);
+    let a = fs.create(Ino::ROOT, "a".as_ref(), p.clone()).unwrap();
+    let data = pattern(7, 0, 200_000);
+    fs.write_at(a.ino, 0, &data).unwrap(); // dirty in the cache, not committed
+    let gone = fs.create(Ino::ROOT, "gone".as_ref(), p.clone()).unwrap();
+    let fh = fs.open(gone.ino).unwrap();
+    fs.unlink(Ino::ROOT, "gone".as_ref()).unwrap();
+
+    fs.set_access(Access::ReadOnly).unwrap();
+    assert_eq!(fs.access(), Access::ReadOnly);
+    let writes = |s: &[std::sync::Arc<stripefs_target::SimTarget>]| {
+        s.iter().map(|t| t.stats().writes).sum::<u64>()
+    };
+    let before = writes(&s);
+    let ro = |r: Result<(), FsError>| assert!(matches!(r, Err(FsError::ReadOnly)), "{r:?}");
+    ro(fs.write_at(a.ino, 0, b"x").map(drop));
+    ro(fs.create(Ino::ROOT, "b".as_ref(), p.clone()).map(drop));
+    ro(fs.mkdir(Ino::ROOT, "d".as_ref(), p.clone()).map(drop));
+    ro(fs.unlink(Ino::ROOT, "a".as_ref()));
+    ro(fs.rename(
+        Ino::ROOT,
+        "a".as_ref(),
+        Ino::ROOT,
+        "c".as_ref(),
+        stripefs::RenameMode::Replace,
+    ));
+    ro(fs.set_len(a.ino, 1));
+    ro(fs
+        .setattr(
+            a.ino,
+            &SetAttr {
+                mode: Some(0o600),
+                ..SetAttr::default()
+            },
+        )
+        .map(drop));
+    ro(fs.setxattr(a.ino, "user.k".as_ref(), b"v", stripefs::XattrMode::Any));
+    let mut back = vec![0u8; data.len()];
+    fs.read_at(a.ino, 0, &mut back).unwrap();
+    assert_eq!(back, data);
+    fs.release(fh).unwrap(); // the orphan is not freed while read-only
+    fs.sync().unwrap();
+    fs.fsync(a.ino, false).unwrap();
+    assert_eq!(
+        writes(&s),
+        before,
+        "a read-only file system wrote to its targets"
+    );
+
+    // Everything accepted before the switch is durable with nothing to replay.
+    for t in &s {
+        t.crash(CrashMode::DropUnflushed);
+    }
+    drop(fs);
+    let (fs, rep) = Fs::mount(dyns(&s), quiet()).unwrap();
+    assert_eq!(rep.replayed_txns, 0);
+    assert_eq!(
+        rep.orphans_freed, 1,
+        "the unlinked file closed while read-only"
+    );
+    let a = fs.lookup(Ino::ROOT, "a".as_ref()).unwrap();
+    fs.read_at(a.ino, 0, &mut back).unwrap();
+    assert_eq!(back, data);
+
+    // And back: an orphan closed while read-only is freed, changes are accepted.
+    let g = fs.create(Ino::ROOT, "g".as_ref(), p.clone()).unwrap();
+    let fh = fs.open(g.ino).unwrap();
+    fs.unlink(Ino::ROOT, "g".as_ref()).unwrap();
+    fs.set_access(Access::ReadOnly).unwrap();
+    fs.release(fh).unwrap();
+    assert!(fs.getattr(g.ino).is_ok(), "freed while read-only");
+    fs.set_access(Access::ReadWrite).unwrap();
+    assert!(fs.getattr(g.ino).is_err(), "orphan not freed by read-write");
+    fs.write_at(a.ino, 0, b"again").unwrap();
+    fs.unmount().unwrap();
+}

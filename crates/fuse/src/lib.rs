@@ -634,7 +634,11 @@ impl Filesystem for StripeFuse {
         reply: ReplyEmpty,
     ) {
         // Makes the directory's entries durable: one journal commit if any is pending.
-        done(reply, self.fs.fsync(ino(i), datasync))
+        // First it catches up with a remount (`session::follow_kernel_access`), so that
+        // `fsync` on the mount after `mount -o remount,ro` returns once the engine is
+        // read-only and checkpointed: the mount helper relies on it.
+        let r = self.fs.follow_access_source();
+        done(reply, r.and_then(|()| self.fs.fsync(ino(i), datasync)))
     }
 
     fn readdir(

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use parking_lot::Mutex;
-use stripefs::Fs;
+use stripefs::{Access, Fs};
 
 use crate::{FuseConfig, StripeFuse};
 
@@ -172,6 +172,70 @@ pub fn fuse_mounts() -> Vec<(String, PathBuf)> {
         .collect()
 }
 
+/// Whether the kernel has the superblock of the FUSE mount at `mountpoint` (canonical)
+/// read-only, from `/proc/self/mountinfo`; `None` when it is not mounted.
+fn kernel_access(mountpoint: &Path) -> Option<Access> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.as_os_str().as_bytes();
+    info.lines().rev().find_map(|l| {
+        let (mount, sb) = l.split_once(" - ")?;
+        let dir = mount.split(' ').nth(4)?;
+        let mut f = sb.split(' ');
+        let (kind, _source, options) = (f.next()?, f.next()?, f.next()?);
+        (unescape(dir) == want && kind.starts_with("fuse")).then(|| {
+            if options.split(',').any(|o| o == "ro") {
+                Access::ReadOnly
+            } else {
+                Access::ReadWrite
+            }
+        })
+    })
+}
+
+/// The kernel does not tell a FUSE daemon about `mount -o remount,ro` (nor `rw`): it
+/// only flips its superblock's read-only flag, after writing its dirty pages to us and
+/// only if no file is open for writing. So the engine follows that flag: it is the
+/// engine's access source (asked when a change meets a read-only engine), a thread
+/// applies it whenever the mount table changes (`poll` on `/proc/self/mountinfo`), and
+/// `fsyncdir` applies it before answering. The thread ends when the mount is gone.
+fn follow_kernel_access(fs: Arc<Fs>, mountpoint: PathBuf) {
+    let mp = mountpoint.clone();
+    fs.set_access_source(Arc::new(move || kernel_access(&mp)));
+    let table = match std::fs::File::open("/proc/self/mountinfo") {
+        Ok(t) => t,
+        Err(e) => {
+            return tracing::error!(%e, "cannot watch the mount table; remounts are followed only on demand")
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("stripefs-remount".into())
+        .spawn(move || loop {
+            if kernel_access(&mountpoint).is_none() {
+                return;
+            }
+            if let Err(e) = fs.follow_access_source() {
+                tracing::error!(%e, "following a remount failed");
+            }
+            let mut p = libc::pollfd {
+                fd: std::os::unix::io::AsRawFd::as_raw_fd(&table),
+                events: libc::POLLPRI,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; the mount table marks a change with POLLPRI.
+            if unsafe { libc::poll(&mut p, 1, -1) } < 0
+                && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted
+            {
+                tracing::error!(
+                    "cannot watch the mount table; remounts are followed only on demand"
+                );
+                return;
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(%e, "no remount thread; remounts are followed only on demand");
+    }
+}
+
 /// Undoes the octal escapes of `/proc/self/mounts` (`\040` for a space, ...).
 fn unescape(field: &str) -> Vec<u8> {
     let b = field.as_bytes();
@@ -233,6 +297,7 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
     cfg.clone_fd = true;
     // Before mounting: afterwards resolving the path would ask the not yet running session.
     let canonical = std::fs::canonicalize(mountpoint)?;
+    let fs_for_access = Arc::clone(&fs);
     let mut session = Session::new(StripeFuse::new(fs, opts.fuse), mountpoint, &cfg)?;
     let unmounter = Unmounter {
         mountpoint: canonical,
@@ -241,6 +306,7 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
     let thread = std::thread::Builder::new()
         .name("stripefs-fuse".into())
         .spawn(move || session.run())?;
+    follow_kernel_access(fs_for_access, unmounter.mountpoint.clone());
     Ok(Mounted { unmounter, thread })
 }
 
