@@ -74,10 +74,10 @@ fn read_only_switch_settles_refuses_changes_and_writes_nothing() {
     let s = sims(3, 32 << 20);
     let fs = fresh(&s, 4096, 65536);
     let p = CreateParams::with_perm(0o644);
-    let a = fs.create(Ino::ROOT, "a".as_ref(), p.clone()).unwrap();
+    let a = fs.create(Ino::ROOT, "a".as_ref(), p).unwrap();
     let data = pattern(7, 0, 200_000);
     fs.write_at(a.ino, 0, &data).unwrap(); // dirty in the cache, not committed
-    let gone = fs.create(Ino::ROOT, "gone".as_ref(), p.clone()).unwrap();
+    let gone = fs.create(Ino::ROOT, "gone".as_ref(), p).unwrap();
     let fh = fs.open(gone.ino).unwrap();
     fs.unlink(Ino::ROOT, "gone".as_ref()).unwrap();
 
@@ -89,8 +89,8 @@ fn read_only_switch_settles_refuses_changes_and_writes_nothing() {
     let before = writes(&s);
     let ro = |r: Result<(), FsError>| assert!(matches!(r, Err(FsError::ReadOnly)), "{r:?}");
     ro(fs.write_at(a.ino, 0, b"x").map(drop));
-    ro(fs.create(Ino::ROOT, "b".as_ref(), p.clone()).map(drop));
-    ro(fs.mkdir(Ino::ROOT, "d".as_ref(), p.clone()).map(drop));
+    ro(fs.create(Ino::ROOT, "b".as_ref(), p).map(drop));
+    ro(fs.mkdir(Ino::ROOT, "d".as_ref(), p).map(drop));
     ro(fs.unlink(Ino::ROOT, "a".as_ref()));
     ro(fs.rename(
         Ino::ROOT,
@@ -138,7 +138,7 @@ fn read_only_switch_settles_refuses_changes_and_writes_nothing() {
     assert_eq!(back, data);
 
     // And back: an orphan closed while read-only is freed, changes are accepted.
-    let g = fs.create(Ino::ROOT, "g".as_ref(), p.clone()).unwrap();
+    let g = fs.create(Ino::ROOT, "g".as_ref(), p).unwrap();
     let fh = fs.open(g.ino).unwrap();
     fs.unlink(Ino::ROOT, "g".as_ref()).unwrap();
     fs.set_access(Access::ReadOnly).unwrap();
