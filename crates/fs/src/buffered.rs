@@ -103,6 +103,10 @@ impl FileIo for FileMapper<'_> {
     fn buffers(&self) -> &BufPool {
         &self.fs.inner.bufs
     }
+
+    fn next_stored(&self, pos: u64, end: u64) -> Result<u64> {
+        FileMapper::next_stored(self, pos, end)
+    }
 }
 
 impl Fs {
@@ -580,6 +584,21 @@ impl Fs {
         let bs = self.inner.geo.block_size.bytes_u64();
         let mut cur = off;
         while cur < size {
+            // A run with nothing cached and only holes or unwritten blocks is a hole, found
+            // in one step however long it is (a file truncated up to 2^60 bytes).
+            let cached = match &fc {
+                Some(fc) if fc.get(cur).is_some() => cur,
+                Some(fc) => fc.next_folio_after(cur).map_or(size, |p| p.min(size)),
+                None => size,
+            };
+            let hole_end = mapper.next_stored(cur, cached)?;
+            if hole_end > cur {
+                if what == Whence::Hole {
+                    return Ok(cur);
+                }
+                cur = hole_end;
+                continue;
+            }
             let map = stripefs_iomap::IomapOps::begin(&mapper, cur, size - cur, IomapOp::Report)?;
             stripefs_iomap::IomapOps::end(&mapper, &map, cur, 0, IomapOp::Report)?;
             let piece_end = map.end().min(size);

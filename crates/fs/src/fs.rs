@@ -429,6 +429,14 @@ impl Fs {
         })
     }
 
+    /// Data blocks of all targets together.
+    pub(crate) fn data_blocks_total(&self) -> u64 {
+        let m = self.inner.meta.lock();
+        (0..self.inner.geo.target_count())
+            .map(|t| m.alloc.data_blocks(TargetId(t)))
+            .sum()
+    }
+
     /// Counters for `inspect` and tests.
     #[must_use]
     pub fn status(&self) -> FsStatus {
@@ -469,6 +477,7 @@ impl Fs {
             dio_shared: self.inner.dio_shared.load(Ordering::Relaxed),
             dio_exclusive: self.inner.dio_exclusive.load(Ordering::Relaxed),
             dio_pieces: self.inner.dio_pieces.load(Ordering::Relaxed),
+            map_lookups: self.inner.map_lookups.load(Ordering::Relaxed),
         }
     }
 

@@ -139,8 +139,11 @@ impl Fs {
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_BYTES)
             .ok_or(FsError::FileTooBig)?;
+        // Records: about one per stripe unit allocated or extent touched, and no range can
+        // allocate or hold more than the data area, however large it is.
         let unit = u64::from(self.inner.geo.stripe_unit);
-        self.reserve_metadata(64 * (2 + len / unit))?;
+        let data_bytes = self.inner.geo.block_size.to_bytes(self.data_blocks_total());
+        self.reserve_metadata(64 * (2 + len.min(data_bytes) / unit))?;
         let lock = self.inner.io_lock(ino);
         let _excl = lock.write();
         lock.dio_drain();
@@ -172,7 +175,12 @@ impl Fs {
                         )?;
                     }
                 } else {
-                    let (a, b) = self.zero_partial_blocks(&mapper, off, end, size)?;
+                    let bs = self.inner.geo.block_size;
+                    let (a, b) = (bs.round_up(off), bs.round_down(end));
+                    if a < b {
+                        self.check_hole_space(&mapper, a, b)?;
+                    }
+                    self.zero_partial_blocks(&mapper, off, end, size)?;
                     if a < b {
                         self.drop_blocks(&mapper, a, b, BlockFate::Unwritten)?;
                         self.allocate_unwritten(&mapper, a, b - a)?;
@@ -189,6 +197,8 @@ impl Fs {
     /// Gives holes in `[off, off + len)` unwritten extents; on `ENOSPC` with freed blocks
     /// waiting for a commit, commits and tries once more.
     fn allocate_unwritten(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
+        let bs = self.inner.geo.block_size;
+        self.check_hole_space(mapper, bs.round_down(off), bs.round_up(off + len))?;
         match self.try_allocate_unwritten(mapper, off, len) {
             Err(FsError::NoSpace(e)) => {
                 if self.commit_for_space()? {
@@ -199,6 +209,48 @@ impl Fs {
             }
             r => r,
         }
+    }
+
+    /// `ENOSPC` at once, before anything changes, if giving every hole of whole blocks
+    /// `[a, b)` a block would need more than some target has free (busy blocks included:
+    /// a commit frees them). Delayed allocations count as filled: `fallocate` leaves them,
+    /// and zero range returns their reservation before allocating in their place. Cost:
+    /// objects x extents in the range, so a huge sparse range fails fast instead of
+    /// allocating everything and giving it back.
+    fn check_hole_space(&self, mapper: &FileMapper<'_>, a: u64, b: u64) -> Result<()> {
+        let bs = self.inner.geo.block_size;
+        let l = mapper.layout;
+        let n = self.inner.geo.target_count();
+        let m = self.inner.meta.lock();
+        let i = inode(&m, mapper.ino)?;
+        let mut need = vec![0u64; n as usize];
+        for object in 0..l.count {
+            let b0 = bs.block_of(l.object_len(object, a));
+            let b1 = bs.block_of(l.object_len(object, b));
+            if b0 >= b1 {
+                continue;
+            }
+            let mapped: u64 = i.objects[object as usize]
+                .range(b0, b1 - b0)
+                .map(|(s, e)| (s + e.len).min(b1) - s.max(b0))
+                .sum();
+            let delayed = m
+                .delalloc
+                .get(&mapper.ino)
+                .and_then(|v| v.get(object as usize))
+                .map_or(0, |d| d.overlap(b0, b1 - b0));
+            need[l.target_of(object, n).index()] += (b1 - b0) - mapped - delayed;
+        }
+        for (t, &want) in need.iter().enumerate() {
+            let id = stripefs_core::TargetId(t as u32);
+            let free = m.alloc.available_blocks(id) + m.alloc.busy_blocks_on(id);
+            if want > free {
+                return Err(FsError::NoSpace(format!(
+                    "fallocate needs {want} blocks on target {t}, which has {free} free"
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn try_allocate_unwritten(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
@@ -311,11 +363,14 @@ impl Fs {
         let n = self.inner.geo.target_count();
         let mut m = self.inner.meta.lock();
         let mut recs = Vec::new();
-        let mut pos = a;
-        while pos < b {
-            let p = l.piece(pos, b - pos);
-            pos += p.len;
-            let (object, block, blocks) = (p.object, bs.block_of(p.obj_off), bs.block_of(p.len));
+        // Per object, `[a, b)` is one contiguous object range (every stripe unit between
+        // the ends lies wholly inside), so the cost follows the extents, not the size.
+        for object in 0..l.count {
+            let block = bs.block_of(l.object_len(object, a));
+            let blocks = bs.block_of(l.object_len(object, b)) - block;
+            if blocks == 0 {
+                continue;
+            }
             let removed = m.delalloc_mut(ino, object, l.count).remove(block, blocks);
             m.alloc.unreserve(l.target_of(object, n), removed);
             match fate {

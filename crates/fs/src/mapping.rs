@@ -15,6 +15,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 use stripefs_core::extent::{ExtentState, Lookup};
 use stripefs_core::inode::FileKind;
@@ -176,6 +177,43 @@ impl<'a> FileMapper<'a> {
         Ok((phys, len))
     }
 
+    /// The first offset in `[pos, end]` whose block holds written data or a delayed
+    /// allocation (`end` if none): per object, one look at its extent and delalloc maps
+    /// over the object range `[pos, end)` covers (a contiguous range, since every stripe
+    /// unit between the ends is wholly inside). Cost: objects x extents in range, never
+    /// the size of the range.
+    pub fn next_stored(&self, pos: u64, end: u64) -> Result<u64> {
+        if pos >= end {
+            return Ok(end);
+        }
+        let bs = self.fs.inner.geo.block_size;
+        let l = self.layout;
+        let m = self.fs.inner.meta.lock();
+        let i = inode(&m, self.ino)?;
+        let mut first = end;
+        for object in 0..l.count {
+            let b0 = bs.block_of(l.object_len(object, bs.round_down(pos)));
+            let b1 = bs.blocks_for(l.object_len(object, end));
+            if b0 >= b1 {
+                continue;
+            }
+            let written = i.objects[object as usize]
+                .range(b0, b1 - b0)
+                .find(|(_, e)| e.state == ExtentState::Written)
+                .map(|(s, _)| s.max(b0));
+            let delayed = m
+                .delalloc
+                .get(&self.ino)
+                .and_then(|v| v.get(object as usize))
+                .and_then(|d| d.covering(b0).map(|_| b0).or_else(|| d.next_after(b0)))
+                .filter(|&b| b < b1);
+            if let Some(b) = [written, delayed].into_iter().flatten().min() {
+                first = first.min(l.file_off(object, bs.to_bytes(b)).max(pos));
+            }
+        }
+        Ok(first)
+    }
+
     /// In-core size.
     pub fn size(&self) -> u64 {
         self.fs.inner.meta.lock().size_of(self.ino).unwrap_or(0)
@@ -196,6 +234,7 @@ impl IomapOps for FileMapper<'_> {
             .target_of(object, self.fs.inner.geo.target_count());
         let obj_block = bs.block_of(piece.obj_off);
         let want = bs.block_of(piece.len);
+        self.fs.inner.map_lookups.fetch_add(1, Ordering::Relaxed);
         let mut m = self.fs.inner.meta.lock();
         let seq = m.map_gen.get(&self.ino).copied().unwrap_or(0);
         let found = inode(&m, self.ino)?.objects[object as usize].lookup(obj_block);

@@ -215,6 +215,8 @@ pub struct FsStatus {
     pub dio_exclusive: u64,
     /// Stripe pieces submitted by direct writes since mount.
     pub dio_pieces: u64,
+    /// Mapping lookups since mount (every I/O path and zeroing pass makes them).
+    pub map_lookups: u64,
 }
 
 /// One target's space.

@@ -313,6 +313,9 @@ impl Run {
         let size = self.model.data[&id].len() as u64;
         let new = self.rng.below(size + size / 2 + 10_000).min(MAX_FILE);
         self.pollute(id);
+        if self.rng.one_in(8) {
+            self.huge_detour(id, size.max(new));
+        }
         self.log
             .push(format!("truncate {}/{} {size} -> {new}", name.0, name.1));
         if let Err(e) = self.sut.fs.set_len(self.sut.inos[&id], new) {
@@ -323,6 +326,32 @@ impl Run {
             .get_mut(&id)
             .expect("file")
             .resize(new as usize, 0);
+    }
+
+    /// Issue 9 item 2: truncating up to the maximum file size (the following truncate
+    /// brings the file back, so the model is unchanged) costs mapping lookups in
+    /// proportion to the data the file holds or caches, never to the new size: at most a
+    /// few per block of the larger model size plus one folio.
+    fn huge_detour(&mut self, id: u32, held: u64) {
+        self.log
+            .push(format!("truncate file {id} to the maximum size"));
+        let before = self.sut.fs.status().map_lookups;
+        if let Err(e) = self
+            .sut
+            .fs
+            .set_len(self.sut.inos[&id], stripefs::MAX_FILE_BYTES)
+        {
+            self.fail(&format!("truncate to the maximum size failed: {e}"));
+        }
+        let used = self.sut.fs.status().map_lookups - before;
+        // The cached EOF folio may reach past both sizes.
+        let cached = held + u64::from(self.c.folio_bytes);
+        let budget = 64 + 4 * cached.div_ceil(u64::from(self.c.block_size));
+        if used > budget {
+            self.fail(&format!(
+                "truncate to the maximum size made {used} mapping lookups (budget {budget})"
+            ));
+        }
     }
 
     fn op_sync(&mut self) {

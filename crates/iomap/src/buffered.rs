@@ -49,6 +49,16 @@ pub trait FileIo: IomapOps {
     fn writeback_done(&self, ends: &[WbEnd<Self::Addr>], ok: bool) -> Result<(), Self::Error>;
     /// Recycled I/O buffers.
     fn buffers(&self) -> &BufPool;
+    /// An offset `q` in `[pos, end]` such that every block touching `[pos, q)` is a hole or
+    /// unwritten: no written data on the device and no delayed allocation, so it reads
+    /// zero without the cache's help. `q` is `end` when no such block follows, and may be
+    /// less than the largest such offset (returning `pos` is always correct). Zeroing
+    /// skips these ranges where nothing is cached, so its cost follows the data, never
+    /// the size of the range. Must cost no more than the number of extents.
+    ///
+    /// # Errors
+    /// The file system's error.
+    fn next_stored(&self, pos: u64, end: u64) -> Result<u64, Self::Error>;
 }
 
 pub(crate) fn iter_err<E>(ops: &impl FileIo<Error = E>, e: IterError<E>) -> (u64, E) {

@@ -198,6 +198,20 @@ impl FileIo for Fake {
     fn buffers(&self) -> &BufPool {
         &self.pool
     }
+
+    fn next_stored(&self, pos: u64, end: u64) -> Result<u64, String> {
+        // Adversarial too: half the time the conservative answer.
+        if self.rng.borrow_mut().one_in(2) {
+            return Ok(pos);
+        }
+        let stored = self
+            .blocks
+            .borrow()
+            .range(pos / BS..end.div_ceil(BS))
+            .find(|(_, b)| matches!(b, Blk::Written(_) | Blk::Delalloc))
+            .map(|(&b, _)| (b * BS).max(pos));
+        Ok(stored.unwrap_or(end))
+    }
 }
 
 fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32, folio_sizing: FolioSizing) {
