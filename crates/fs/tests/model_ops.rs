@@ -10,6 +10,8 @@
 //! books of every target must balance (`Fs::check_space_accounting`). On a mismatch the seed and the
 //! tail of the operation log are printed.
 mod common;
+#[path = "nbdkit/mod.rs"]
+mod nbdkit;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -17,7 +19,7 @@ use common::*;
 use stripefs::{
     CreateParams, FallocMode, File, Fs, FsError, Ino, MkfsOptions, MountOptions, RenameMode, Whence,
 };
-use stripefs_target::{Rng, SimTarget};
+use stripefs_target::{Rng, Target};
 
 const TARGETS: usize = 8;
 const TARGET_BYTES: u64 = 24 << 20;
@@ -75,7 +77,7 @@ struct Run {
     seed: u64,
     model: Model,
     sut: Sut,
-    targets: Vec<std::sync::Arc<SimTarget>>,
+    targets: Vec<std::sync::Arc<dyn Target>>,
     ops: u64,
 }
 
@@ -570,7 +572,7 @@ impl Run {
         if let Err(e) = self.sut.fs.unmount() {
             self.fail(&format!("unmount failed: {e}"));
         }
-        let fs = match Fs::mount(dyns(&self.targets), self.c.mount_options()) {
+        let fs = match Fs::mount(self.targets.clone(), self.c.mount_options()) {
             Ok((fs, _)) => fs,
             Err(e) => self.fail(&format!("mount failed: {e}")),
         };
@@ -625,15 +627,18 @@ impl Run {
 }
 
 fn run_model(c: Cfg, seed: u64, ops: u64) -> u64 {
-    let targets = sims(TARGETS, TARGET_BYTES);
+    run_model_on(dyns(&sims(TARGETS, TARGET_BYTES)), c, seed, ops)
+}
+
+fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops: u64) -> u64 {
     let opts = MkfsOptions {
         block_size: c.block_size,
         stripe_unit: c.block_size.max(4096) * 4,
         stripe_count: Some(c.stripe_count),
         ..MkfsOptions::default()
     };
-    Fs::mkfs(&dyns(&targets), &opts).expect("mkfs");
-    let (fs, _) = Fs::mount(dyns(&targets), c.mount_options()).expect("mount");
+    Fs::mkfs(&targets, &opts).expect("mkfs");
+    let (fs, _) = Fs::mount(targets.clone(), c.mount_options()).expect("mount");
     let d = fs
         .mkdir(Ino::ROOT, "d".as_ref(), CreateParams::with_perm(0o755))
         .expect("mkdir");
@@ -662,7 +667,7 @@ fn run_model(c: Cfg, seed: u64, ops: u64) -> u64 {
     run.verify_all();
     run.sut.handles.clear();
     run.sut.fs.unmount().expect("unmount");
-    let report = stripefs::fsck::fsck(dyns(&run.targets), &mut |_| {}).expect("fsck");
+    let report = stripefs::fsck::fsck(run.targets.clone(), &mut |_| {}).expect("fsck");
     assert!(
         report.is_clean(),
         "fsck after model run ({c:?}): {:?}",
@@ -802,3 +807,19 @@ model_case!(
         ..cfg(8, 1024, 4096)
     }
 );
+
+/// The model over 8 NBD targets (nbdkit memory servers on Unix sockets): a short run,
+/// since every I/O crosses a socket; `STRIPEFS_MODEL_OPS` scales it like the others.
+#[test]
+fn nbd_targets_short_run() {
+    let dir = nbdkit::Scratch::new("model-nbd");
+    let size = format!("{TARGET_BYTES}");
+    let servers = nbdkit::servers(&dir.0, TARGETS, &["memory", &size]);
+    let targets = nbdkit::open(&servers, std::time::Duration::from_secs(30));
+    run_model_on(
+        targets,
+        cfg(3, 4096, 65536),
+        0x004e_4244,
+        ops_per_config() / 2,
+    );
+}
