@@ -443,7 +443,8 @@ impl Runner {
         let s = self.fs.statfs().map_err(|e| e.to_string())?;
         println!("statfs.f_bsize = {}", s.block_size);
         println!("statfs.f_blocks = {}", s.blocks);
-        println!("statfs.f_bavail = {}", s.blocks_free);
+        println!("statfs.f_bfree = {}", s.blocks_free);
+        println!("statfs.f_bavail = {}", s.blocks_avail);
         println!("statfs.f_files = {}", s.files);
         println!("statfs.f_ffree = {}", s.files_free);
         Ok(())

@@ -410,9 +410,11 @@ impl Fs {
         let n = self.inner.geo.target_count();
         let blocks = (0..n).map(|t| m.alloc.data_blocks(TargetId(t))).sum();
         // Busy blocks are free: the allocator commits to reuse them (`commit_for_space`).
-        let blocks_free = (0..n)
+        let free: Vec<u64> = (0..n)
             .map(|t| m.alloc.available_blocks(TargetId(t)) + m.alloc.busy_blocks_on(TargetId(t)))
-            .sum();
+            .collect();
+        let blocks_free = free.iter().sum();
+        let blocks_avail = self.default_file_blocks(&free);
         let files = m.state.inodes.len() as u64;
         let room = self
             .inner
@@ -423,6 +425,7 @@ impl Fs {
             block_size: self.inner.geo.block_size.bytes(),
             blocks,
             blocks_free,
+            blocks_avail,
             files,
             files_free: room / 160,
             name_max: 255,
@@ -569,6 +572,35 @@ impl Fs {
         Err(FsError::NoSpace(format!(
             "the metadata area is full ({cap} bytes usable); mkfs with a larger --ckpt-size"
         )))
+    }
+
+    /// The largest file (in blocks) the default layout can hold given `free` blocks per
+    /// target, for the least favourable first target. A file of `c` objects with stripe
+    /// unit `u` fills its objects a unit at a time in object order, so it holds `c * u`
+    /// per full row its fullest target allows, then one unit per object in order until
+    /// the first object whose target has less than a unit left, which takes what remains.
+    fn default_file_blocks(&self, free: &[u64]) -> u64 {
+        let g = &self.inner.geo;
+        let bs = g.block_size;
+        let unit = bs.block_of(u64::from(g.stripe_unit));
+        let (n, c) = (free.len(), g.stripe_count as usize);
+        (0..n)
+            .map(|first| {
+                let objects: Vec<u64> = (0..c).map(|k| free[(first + k) % n]).collect();
+                let rows = objects.iter().map(|&f| f / unit).min().unwrap_or(0);
+                let mut blocks = rows * unit * c as u64;
+                for f in objects {
+                    let left = f - rows * unit;
+                    if left < unit {
+                        blocks += left;
+                        break;
+                    }
+                    blocks += unit;
+                }
+                blocks
+            })
+            .min()
+            .unwrap_or(0)
     }
 
     /// Default layout for a new regular file.

@@ -146,9 +146,14 @@ pub struct StatFs {
     pub block_size: u32,
     /// Data blocks across all targets.
     pub blocks: u64,
-    /// Free data blocks (blocks freed by uncommitted transactions included: a write that
-    /// needs them commits first).
+    /// Free data blocks on all targets together (blocks freed by uncommitted transactions
+    /// included: a write that needs them commits first). `f_bfree`.
     pub blocks_free: u64,
+    /// Blocks a new file with the default layout can get, whatever its first target: the
+    /// targets fill unevenly (target 0 also holds the journal and checkpoints) and a file
+    /// runs out when its fullest target does, so this is at most `blocks_free`. `f_bavail`,
+    /// what `df` shows as available (decision 28).
+    pub blocks_avail: u64,
     /// Inodes in use.
     pub files: u64,
     /// Inodes that still fit in the metadata area (an estimate).

@@ -684,7 +684,7 @@ impl Filesystem for StripeFuse {
             Ok(s) => reply.statfs(
                 s.blocks,
                 s.blocks_free,
-                s.blocks_free,
+                s.blocks_avail,
                 s.files + s.files_free,
                 s.files_free,
                 s.block_size,

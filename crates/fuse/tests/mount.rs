@@ -224,6 +224,14 @@ fn namespace_data_and_direct_io_through_the_kernel() {
     // SAFETY: valid path and out-parameter.
     assert_eq!(unsafe { libc::statvfs(cpath(&mnt).as_ptr(), &mut st) }, 0);
     assert!(st.f_blocks > 0 && st.f_bfree <= st.f_blocks);
+    // f_bavail is what a default-layout file can get: target 0 holds the journal and
+    // checkpoints, so less than the total free (decision 28).
+    assert!(
+        st.f_bavail > 0 && st.f_bavail < st.f_bfree,
+        "f_bavail {} f_bfree {}",
+        st.f_bavail,
+        st.f_bfree
+    );
 
     m.unmount().unwrap();
     fs.unmount().unwrap();
