@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::pool::PoolEngine;
 use crate::uring::UringEngine;
 use crate::{fail_now, validate, Completion, IoDone, IoOp, Target, TargetError, TargetInfo};
-use crate::{OpKind, TargetErrorKind};
+use crate::{FuaSupport, OpCounters, OpCounts, OpKind, TargetErrorKind};
 
 /// Which submission engine serves a [`FileTarget`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -65,6 +65,7 @@ pub struct FileTarget {
     engine: Engine,
     direct: bool,
     block_device: bool,
+    counters: OpCounters,
 }
 
 const STATX_DIOALIGN: u32 = 0x2000;
@@ -129,6 +130,10 @@ impl FileTarget {
             name,
             size_bytes,
             sector_size: sector,
+            // `RWF_DSYNC` on every kind of file: the kernel sends `REQ_FUA` (or a write and
+            // a cache flush where the device lacks FUA, or, for a regular file, whatever
+            // its file system needs to make the written range durable).
+            fua: FuaSupport::Native,
         };
         Ok(Self {
             info,
@@ -136,6 +141,7 @@ impl FileTarget {
             engine,
             direct,
             block_device,
+            counters: OpCounters::default(),
         })
     }
 
@@ -295,6 +301,7 @@ impl Target for FileTarget {
         if let Err(e) = validate(&self.info, &op) {
             return fail_now(op, done, e);
         }
+        self.counters.note(&op);
         if let IoOp::Discard { offset, len } = op {
             return done(IoDone {
                 bufs: Vec::new(),
@@ -305,6 +312,10 @@ impl Target for FileTarget {
             Engine::Uring(u) => u.submit(op, done),
             Engine::Threads(p) => p.submit(op, done),
         }
+    }
+
+    fn op_counts(&self) -> Option<OpCounts> {
+        Some(self.counters.snapshot())
     }
 }
 
@@ -335,7 +346,13 @@ mod tests {
             );
         }
         assert!(batch.wait().iter().all(|d| d.result.is_ok()));
+        t.write_fua_sync(4096, IoBuf::from_slice(&[0xee; 4096]))
+            .unwrap();
+        assert_eq!(t.read_sync(4096, 4096).unwrap()[0], 0xee);
+        t.write_sync(4096, IoBuf::from_slice(&[2; 4096])).unwrap();
         t.flush_sync().unwrap();
+        let c = t.op_counts().unwrap();
+        assert_eq!((c.writes, c.fua_writes, c.flushes), (65, 1, 1));
         for i in [0u64, 17, 63] {
             assert_eq!(t.read_sync(i * 4096, 4096).unwrap()[100], i as u8 + 1);
         }

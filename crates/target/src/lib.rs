@@ -21,6 +21,7 @@
 
 mod batch;
 mod buf;
+mod counts;
 mod error;
 pub mod fault;
 mod file;
@@ -36,6 +37,7 @@ use std::sync::Arc;
 
 pub use batch::Batch;
 pub use buf::{IoBuf, IO_ALIGN};
+pub use counts::{OpCounters, OpCounts};
 pub use error::{OpKind, TargetError, TargetErrorKind};
 pub use fault::{FaultInjector, FaultKind, FaultPoint, Persistence, PointMatch};
 pub use file::{EngineKind, FileTarget, FileTargetOptions};
@@ -53,6 +55,12 @@ pub enum IoOp {
     Read { offset: u64, bufs: Vec<IoBuf> },
     /// Positioned vectored write of `bufs` in order from `offset`.
     Write { offset: u64, bufs: Vec<IoBuf> },
+    /// A write that is durable when it completes (forced unit access: `RWF_DSYNC` on a
+    /// file, `REQ_FUA` on a block device, `NBD_CMD_FLAG_FUA` on a network export). It
+    /// says nothing about other writes: earlier completed writes still need a
+    /// [`IoOp::Flush`]. Targets without the feature emulate it as a write followed by a
+    /// flush and say so in [`TargetInfo::fua`].
+    WriteFua { offset: u64, bufs: Vec<IoBuf> },
     /// Make every completed write durable (`fdatasync` / cache flush).
     Flush,
     /// The range's contents are no longer needed (may read back as anything).
@@ -65,7 +73,7 @@ impl IoOp {
     pub fn kind(&self) -> OpKind {
         match self {
             IoOp::Read { .. } => OpKind::Read,
-            IoOp::Write { .. } => OpKind::Write,
+            IoOp::Write { .. } | IoOp::WriteFua { .. } => OpKind::Write,
             IoOp::Flush => OpKind::Flush,
             IoOp::Discard { .. } => OpKind::Discard,
         }
@@ -75,7 +83,9 @@ impl IoOp {
     #[must_use]
     pub fn offset(&self) -> u64 {
         match self {
-            IoOp::Read { offset, .. } | IoOp::Write { offset, .. } => *offset,
+            IoOp::Read { offset, .. }
+            | IoOp::Write { offset, .. }
+            | IoOp::WriteFua { offset, .. } => *offset,
             IoOp::Discard { offset, .. } => *offset,
             IoOp::Flush => 0,
         }
@@ -85,7 +95,7 @@ impl IoOp {
     #[must_use]
     pub fn len(&self) -> u64 {
         match self {
-            IoOp::Read { bufs, .. } | IoOp::Write { bufs, .. } => {
+            IoOp::Read { bufs, .. } | IoOp::Write { bufs, .. } | IoOp::WriteFua { bufs, .. } => {
                 bufs.iter().map(|b| b.len() as u64).sum()
             }
             IoOp::Discard { len, .. } => *len,
@@ -99,9 +109,13 @@ impl IoOp {
         self.len() == 0
     }
 
-    fn into_bufs(self) -> Vec<IoBuf> {
+    /// The operation's buffers (none for a flush or discard).
+    #[must_use]
+    pub fn into_bufs(self) -> Vec<IoBuf> {
         match self {
-            IoOp::Read { bufs, .. } | IoOp::Write { bufs, .. } => bufs,
+            IoOp::Read { bufs, .. } | IoOp::Write { bufs, .. } | IoOp::WriteFua { bufs, .. } => {
+                bufs
+            }
             IoOp::Flush | IoOp::Discard { .. } => Vec::new(),
         }
     }
@@ -127,6 +141,21 @@ pub struct TargetInfo {
     pub size_bytes: u64,
     /// Smallest legal I/O unit and alignment, in bytes (512 to 4096).
     pub sector_size: u32,
+    /// How [`IoOp::WriteFua`] is carried out.
+    pub fua: FuaSupport,
+}
+
+/// How a target carries out a forced-unit-access write ([`IoOp::WriteFua`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FuaSupport {
+    /// One device operation that is durable at completion (`RWF_DSYNC`, `REQ_FUA`,
+    /// `NBD_CMD_FLAG_FUA`, or a device without a volatile cache). On a file or block
+    /// device the kernel itself may turn it into a write and a cache flush when the
+    /// hardware lacks FUA; it is still one request from stripefs.
+    Native,
+    /// A write followed by a full flush of the target (the device has a volatile cache but
+    /// no FUA): durable at completion too, at the cost of two operations.
+    Emulated,
 }
 
 /// A storage device: positioned vectored reads and writes, flush, discard.
@@ -140,6 +169,13 @@ pub trait Target: Send + Sync + std::fmt::Debug {
 
     /// Queues `op`; `done` is called exactly once with the buffers and the result.
     fn submit(&self, op: IoOp, done: Completion);
+
+    /// Device operations issued so far (after validation), or `None` for an
+    /// implementation that keeps no counters. Every backend of this crate counts; an
+    /// emulated FUA write counts as the write and the flush it became.
+    fn op_counts(&self) -> Option<OpCounts> {
+        None
+    }
 
     /// Synchronous read of `len` bytes at `offset`.
     ///
@@ -174,6 +210,20 @@ pub trait Target: Send + Sync + std::fmt::Debug {
         )
     }
 
+    /// Synchronous forced-unit-access write: `buf` is durable when this returns.
+    ///
+    /// # Errors
+    /// Returns the target's error for the write (or for the flush that emulates FUA).
+    fn write_fua_sync(&self, offset: u64, buf: IoBuf) -> Result<(), TargetError> {
+        run_one(
+            self,
+            IoOp::WriteFua {
+                offset,
+                bufs: vec![buf],
+            },
+        )
+    }
+
     /// Synchronous flush.
     ///
     /// # Errors
@@ -201,7 +251,9 @@ pub fn validate(info: &TargetInfo, op: &IoOp) -> Result<(), TargetError> {
     let sector = u64::from(info.sector_size);
     let err = |kind| TargetError::new(info.name.clone(), op.kind(), op.offset(), kind);
     match op {
-        IoOp::Read { offset, bufs } | IoOp::Write { offset, bufs } => {
+        IoOp::Read { offset, bufs }
+        | IoOp::Write { offset, bufs }
+        | IoOp::WriteFua { offset, bufs } => {
             if offset % sector != 0
                 || bufs
                     .iter()
@@ -228,6 +280,35 @@ pub fn validate(info: &TargetInfo, op: &IoOp) -> Result<(), TargetError> {
         IoOp::Flush => {}
     }
     Ok(())
+}
+
+/// Carries out a FUA write on a target without FUA: the write, waited for here (so
+/// `submit` blocks for one round trip), then a flush completing `done`.
+pub(crate) fn write_then_flush<T: Target + ?Sized>(
+    target: &T,
+    offset: u64,
+    bufs: Vec<IoBuf>,
+    done: Completion,
+) {
+    let batch = Batch::new();
+    batch.submit(target, IoOp::Write { offset, bufs });
+    let wrote = batch
+        .wait()
+        .pop()
+        .expect("batch of one yields one completion");
+    if wrote.result.is_err() {
+        return done(wrote);
+    }
+    let bufs = wrote.bufs;
+    target.submit(
+        IoOp::Flush,
+        Box::new(move |f: IoDone| {
+            done(IoDone {
+                bufs,
+                result: f.result,
+            });
+        }),
+    );
 }
 
 /// Completes `op` immediately with `err` (used by backends for validation failures).

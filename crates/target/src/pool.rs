@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::{Completion, IoDone, IoOp, OpKind, TargetError, TargetErrorKind};
+use crate::{Completion, IoDone, IoOp, TargetError, TargetErrorKind};
 
 const MAX_WORKERS: usize = 16;
 const EAGAIN_RETRIES: u32 = 8;
@@ -106,34 +106,20 @@ fn worker(s: &Shared) {
         s.space.notify_one();
         let result = execute(s.fd.as_raw_fd(), &mut op)
             .map_err(|(at, kind)| TargetError::new(s.name.clone(), op.kind(), at, kind));
-        let bufs = match op {
-            IoOp::Read { bufs, .. } | IoOp::Write { bufs, .. } => bufs,
-            IoOp::Flush | IoOp::Discard { .. } => Vec::new(),
-        };
-        done(IoDone { bufs, result });
+        done(IoDone {
+            bufs: op.into_bufs(),
+            result,
+        });
     }
 }
 
 fn execute(fd: RawFd, op: &mut IoOp) -> Result<(), (u64, TargetErrorKind)> {
     match op {
-        IoOp::Read { offset, bufs } => {
-            let mut at = *offset;
-            for b in bufs.iter_mut() {
-                let len = b.len();
-                transfer(fd, at, len, OpKind::Read, b.as_mut_ptr())?;
-                at += len as u64;
-            }
-            Ok(())
-        }
-        IoOp::Write { offset, bufs } => {
-            let mut at = *offset;
-            for b in bufs.iter_mut() {
-                let len = b.len();
-                transfer(fd, at, len, OpKind::Write, b.as_mut_ptr())?;
-                at += len as u64;
-            }
-            Ok(())
-        }
+        IoOp::Read { offset, bufs } => each_buf(fd, *offset, bufs, Transfer::Read),
+        IoOp::Write { offset, bufs } => each_buf(fd, *offset, bufs, Transfer::Write),
+        // Each piece written with `RWF_DSYNC` is durable when its call returns, so the
+        // whole operation is when the last one does.
+        IoOp::WriteFua { offset, bufs } => each_buf(fd, *offset, bufs, Transfer::WriteDsync),
         IoOp::Flush => {
             // SAFETY: plain system call on an fd the engine keeps open.
             if unsafe { libc::fdatasync(fd) } < 0 {
@@ -145,11 +131,35 @@ fn execute(fd: RawFd, op: &mut IoOp) -> Result<(), (u64, TargetErrorKind)> {
     }
 }
 
+/// How one system call moves bytes.
+#[derive(Debug, Clone, Copy)]
+enum Transfer {
+    Read,
+    Write,
+    /// `pwritev2(RWF_DSYNC)`: durable when the call returns.
+    WriteDsync,
+}
+
+fn each_buf(
+    fd: RawFd,
+    offset: u64,
+    bufs: &mut [crate::IoBuf],
+    how: Transfer,
+) -> Result<(), (u64, TargetErrorKind)> {
+    let mut at = offset;
+    for b in bufs.iter_mut() {
+        let len = b.len();
+        transfer(fd, at, len, how, b.as_mut_ptr())?;
+        at += len as u64;
+    }
+    Ok(())
+}
+
 fn transfer(
     fd: RawFd,
     offset: u64,
     len: usize,
-    kind: OpKind,
+    how: Transfer,
     ptr: *mut u8,
 ) -> Result<(), (u64, TargetErrorKind)> {
     let mut done = 0usize;
@@ -160,9 +170,16 @@ fn transfer(
         // not aliased while the worker holds the operation.
         let n = unsafe {
             let p = ptr.add(done);
-            match kind {
-                OpKind::Read => libc::pread(fd, p.cast(), len - done, pos),
-                _ => libc::pwrite(fd, p.cast(), len - done, pos),
+            match how {
+                Transfer::Read => libc::pread(fd, p.cast(), len - done, pos),
+                Transfer::Write => libc::pwrite(fd, p.cast(), len - done, pos),
+                Transfer::WriteDsync => {
+                    let iov = libc::iovec {
+                        iov_base: p.cast(),
+                        iov_len: len - done,
+                    };
+                    libc::pwritev2(fd, &iov, 1, pos, libc::RWF_DSYNC)
+                }
             }
         };
         if n < 0 {

@@ -5,7 +5,10 @@
 //! image away and restarts from the durable one, optionally keeping a seeded subset of the
 //! unflushed writes, each possibly torn at a sector boundary: the media model is "a write
 //! not yet flushed may be lost, partly applied at sector granularity, or reordered with
-//! other unflushed writes; a completed flush makes every earlier completed write durable".
+//! other unflushed writes; a completed flush makes every earlier completed write durable;
+//! a completed FUA write ([`IoOp::WriteFua`]) is durable itself, and only itself". A FUA
+//! write also replaces, in the cache, the unflushed bytes it overwrites: a crash never
+//! brings an older cached write back over it.
 //! Operations complete synchronously inside `submit`, so runs are deterministic.
 
 use std::sync::Arc;
@@ -14,7 +17,7 @@ use parking_lot::Mutex;
 
 use crate::fault::{FaultInjector, FaultKind, FaultPoint};
 use crate::{fail_now, validate, Completion, IoDone, IoOp, Rng, Target, TargetError, TargetInfo};
-use crate::{OpKind, TargetErrorKind};
+use crate::{FuaSupport, OpCounts, OpKind, TargetErrorKind};
 
 /// What a crash keeps of the writes that were not flushed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +38,10 @@ pub struct SimStats {
     pub read_bytes: u64,
     pub writes: u64,
     pub write_bytes: u64,
+    /// FUA writes (also counted in `writes` and `write_bytes`).
+    pub fua_writes: u64,
     pub flushes: u64,
+    pub discards: u64,
 }
 
 #[derive(Debug)]
@@ -81,6 +87,7 @@ impl SimTarget {
             name: Arc::from(name),
             size_bytes: image.len() as u64,
             sector_size,
+            fua: FuaSupport::Native,
         };
         let state = State {
             live: image.clone(),
@@ -186,6 +193,19 @@ impl SimTarget {
                 }
                 st.stats.writes += 1;
             }
+            IoOp::WriteFua { offset, bufs } => {
+                let mut at = to_usize(*offset);
+                for b in bufs.iter() {
+                    let end = at + b.len();
+                    st.live[at..end].copy_from_slice(b);
+                    st.durable[at..end].copy_from_slice(b);
+                    forget_unflushed(&mut st.unflushed, at as u64, end as u64);
+                    at = end;
+                    st.stats.write_bytes += b.len() as u64;
+                }
+                st.stats.writes += 1;
+                st.stats.fua_writes += 1;
+            }
             IoOp::Flush => {
                 let pending = std::mem::take(&mut st.unflushed);
                 for (off, data) in pending {
@@ -195,7 +215,26 @@ impl SimTarget {
                 st.stats.flushes += 1;
             }
             // Discard keeps the old bytes: "may read back as anything" includes unchanged.
-            IoOp::Discard { .. } => {}
+            IoOp::Discard { .. } => st.stats.discards += 1,
+        }
+    }
+}
+
+/// Removes `[start, end)` from the unflushed writes (a FUA write replaced those bytes in
+/// the cache), keeping the parts of each write outside the range.
+fn forget_unflushed(unflushed: &mut Vec<(u64, Vec<u8>)>, start: u64, end: u64) {
+    let old = std::mem::take(unflushed);
+    for (off, data) in old {
+        let stop = off + data.len() as u64;
+        if stop <= start || off >= end {
+            unflushed.push((off, data));
+            continue;
+        }
+        if off < start {
+            unflushed.push((off, data[..to_usize(start - off)].to_vec()));
+        }
+        if stop > end {
+            unflushed.push((end, data[to_usize(end - off)..].to_vec()));
         }
     }
 }
@@ -255,14 +294,21 @@ impl Target for SimTarget {
             return fail_now(op, done, e);
         }
         self.execute(&mut op);
-        let bufs = match op {
-            IoOp::Read { bufs, .. } | IoOp::Write { bufs, .. } => bufs,
-            IoOp::Flush | IoOp::Discard { .. } => Vec::new(),
-        };
         done(IoDone {
-            bufs,
+            bufs: op.into_bufs(),
             result: Ok(()),
         });
+    }
+
+    fn op_counts(&self) -> Option<OpCounts> {
+        let s = self.stats();
+        Some(OpCounts {
+            reads: s.reads,
+            writes: s.writes - s.fua_writes,
+            fua_writes: s.fua_writes,
+            flushes: s.flushes,
+            discards: s.discards,
+        })
     }
 }
 
@@ -281,6 +327,27 @@ mod tests {
         t.crash(CrashMode::DropUnflushed);
         assert_eq!(t.read_sync(0, 512).unwrap()[0], 1);
         assert_eq!(t.read_sync(512, 512).unwrap()[0], 0);
+    }
+
+    #[test]
+    fn fua_write_is_durable_without_a_flush() {
+        let t = SimTarget::new("t", 8192, 512);
+        t.write_sync(0, IoBuf::from_slice(&[1u8; 1536])).unwrap();
+        t.write_fua_sync(512, IoBuf::from_slice(&[2u8; 512]))
+            .unwrap();
+        // Keeping every unflushed write must not bring the older cached bytes back over
+        // the FUA write; dropping them must not take the FUA write away.
+        t.crash(CrashMode::KeepUnflushed);
+        let img = t.live_image();
+        assert_eq!((img[0], img[512], img[1024]), (1, 2, 1));
+        t.write_sync(0, IoBuf::from_slice(&[3u8; 1536])).unwrap();
+        t.write_fua_sync(512, IoBuf::from_slice(&[4u8; 512]))
+            .unwrap();
+        t.crash(CrashMode::DropUnflushed);
+        let img = t.live_image();
+        assert_eq!((img[0], img[512], img[1024]), (1, 4, 1));
+        let c = t.op_counts().unwrap();
+        assert_eq!((c.writes, c.fua_writes, c.flushes), (2, 2, 0));
     }
 
     #[test]

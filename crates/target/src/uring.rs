@@ -236,6 +236,14 @@ fn build_sqe(fd: RawFd, op: &mut IoOp, token: u64) -> (squeue::Entry, Box<[libc:
                 .build();
             (e, iov)
         }
+        IoOp::WriteFua { offset, bufs } => {
+            let iov = iov_of(bufs);
+            let e = opcode::Writev::new(types::Fd(fd), iov.as_ptr(), iov.len() as u32)
+                .offset(*offset)
+                .rw_flags(libc::RWF_DSYNC)
+                .build();
+            (e, iov)
+        }
         IoOp::Flush => {
             let e = opcode::Fsync::new(types::Fd(fd))
                 .flags(types::FsyncFlags::DATASYNC)
@@ -276,9 +284,8 @@ fn complete(s: &Shared, mut p: Pending, res: i32) {
     } else {
         Ok(())
     };
-    let bufs = match p.op {
-        IoOp::Read { bufs, .. } | IoOp::Write { bufs, .. } => bufs,
-        IoOp::Flush | IoOp::Discard { .. } => Vec::new(),
-    };
-    (p.done)(IoDone { bufs, result });
+    (p.done)(IoDone {
+        bufs: p.op.into_bufs(),
+        result,
+    });
 }

@@ -251,6 +251,8 @@ impl Req {
 pub(crate) struct Piece {
     pub req: Arc<Req>,
     pub cmd: Cmd,
+    /// Command flags (`NBD_CMD_FLAG_*`) sent with every piece.
+    pub flags: u16,
     pub offset: u64,
     pub len: u32,
     pub at: usize,
@@ -260,7 +262,7 @@ pub(crate) struct Piece {
 /// Splits a request into pieces of at most `max` bytes (one piece for a flush).
 pub(crate) fn pieces(
     req: &Arc<Req>,
-    cmd: Cmd,
+    (cmd, flags): (Cmd, u16),
     offset: u64,
     len: u64,
     max: u32,
@@ -273,6 +275,7 @@ pub(crate) fn pieces(
         out.push(Piece {
             req: Arc::clone(req),
             cmd,
+            flags,
             offset: offset + done,
             len: u32::try_from(n).expect("piece bounded by a u32"),
             at: usize::try_from(done).expect("in-memory buffers"),
@@ -521,7 +524,7 @@ fn writer(s: &Shared, mut sock: Stream) {
 
 /// Sends one piece: the header, and for a write the payload from the lent buffers.
 fn send(sock: &mut Stream, cookie: u64, p: &Piece, bufs: Option<&[IoBuf]>) -> std::io::Result<()> {
-    let header = proto::request(p.cmd, 0, cookie, p.offset, p.len);
+    let header = proto::request(p.cmd, p.flags, cookie, p.offset, p.len);
     let Some(bufs) = bufs else {
         return sock.write_all(&header);
     };

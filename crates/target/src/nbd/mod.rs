@@ -9,8 +9,10 @@
 //!   server without it has no volatile cache), discard (`NBD_CMD_TRIM` when advertised,
 //!   otherwise nothing: discarded contents may read back as anything). A write whose bytes
 //!   are all zero goes as `NBD_CMD_WRITE_ZEROES` when advertised (no payload on the wire).
-//!   `NBD_CMD_FLAG_FUA` is not sent: the [`Target`] trait has no forced-unit-access write;
-//!   durability comes from flush. [`NbdTarget::supports_fua`] reports the server's flag.
+//!   A FUA write ([`IoOp::WriteFua`]) goes as `NBD_CMD_WRITE` with `NBD_CMD_FLAG_FUA` when
+//!   the server advertises `NBD_FLAG_SEND_FUA`; as a plain write when it has no volatile
+//!   cache (no `NBD_FLAG_SEND_FLUSH`); otherwise as a write and a flush
+//!   ([`FuaSupport::Emulated`]). [`NbdTarget::supports_fua`] reports the server's flag.
 //! - Many requests are in flight on each connection; with `NBD_FLAG_CAN_MULTI_CONN` the
 //!   target opens [`NbdOptions::connections`] connections and spreads requests over them
 //!   (each request's pieces stay on one connection); one flush on any of them covers writes
@@ -36,7 +38,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::{fail_now, validate, Completion, IoDone, IoOp, Target, TargetError, TargetInfo};
-use crate::{OpKind, TargetErrorKind};
+use crate::{write_then_flush, FuaSupport, OpCounters, OpCounts, OpKind, TargetErrorKind};
 use conn::{Conn, ConnParams, OnSuccess, Outcome, Req, Stream};
 use proto::{Cmd, Export};
 pub use uri::{NbdAddr, NbdUri, NBD_DEFAULT_PORT};
@@ -121,6 +123,7 @@ pub struct NbdTarget {
     next: AtomicUsize,
     durability: Arc<Durability>,
     on_success: OnSuccess,
+    counters: OpCounters,
 }
 
 impl std::fmt::Debug for NbdTarget {
@@ -151,6 +154,11 @@ impl NbdTarget {
             name: name.clone(),
             size_bytes: export.size - export.size % u64::from(sector),
             sector_size: sector,
+            fua: if export.has(proto::TF_SEND_FUA) || !export.has(proto::TF_SEND_FLUSH) {
+                FuaSupport::Native
+            } else {
+                FuaSupport::Emulated
+            },
         };
         if info.size_bytes == 0 {
             return Err(open_err(TargetErrorKind::Unusable(format!(
@@ -185,6 +193,7 @@ impl NbdTarget {
             next: AtomicUsize::new(0),
             durability,
             on_success,
+            counters: OpCounters::default(),
         };
         let first = t
             .start_conn(0, sock)
@@ -386,9 +395,16 @@ impl Target for NbdTarget {
             return fail_now(op, done, e);
         }
         let read_only = self.export.has(proto::TF_READ_ONLY);
+        if self.info.fua == FuaSupport::Emulated && !read_only {
+            if let IoOp::WriteFua { offset, bufs } = op {
+                return write_then_flush(self, offset, bufs, done);
+            }
+        }
+        self.counters.note(&op);
+        let mut flags = 0;
         let (cmd, outcome) = match &op {
             IoOp::Read { .. } => (Cmd::Read, Outcome::Other),
-            IoOp::Write { .. } | IoOp::Discard { .. } if read_only => {
+            IoOp::Write { .. } | IoOp::WriteFua { .. } | IoOp::Discard { .. } if read_only => {
                 return self.fail(op, done, TargetErrorKind::Os(libc::EROFS));
             }
             IoOp::Write { bufs, .. } => {
@@ -396,6 +412,13 @@ impl Target for NbdTarget {
                 let cmd = if zeroes { Cmd::WriteZeroes } else { Cmd::Write };
                 (cmd, Outcome::WriteAcked)
             }
+            // Durable when acknowledged: it leaves nothing for a flush to cover.
+            IoOp::WriteFua { .. } if self.export.has(proto::TF_SEND_FUA) => {
+                flags = proto::CMD_FLAG_FUA;
+                (Cmd::Write, Outcome::Other)
+            }
+            // No volatile cache: every write is durable when acknowledged.
+            IoOp::WriteFua { .. } => (Cmd::Write, Outcome::WriteAcked),
             IoOp::Discard { .. } if !self.export.has(proto::TF_SEND_TRIM) => {
                 return done(IoDone {
                     bufs: Vec::new(),
@@ -444,12 +467,16 @@ impl Target for NbdTarget {
         } else {
             self.max_payload
         };
-        let pieces = conn::pieces(&req, cmd, offset, len, max, deadline);
+        let pieces = conn::pieces(&req, (cmd, flags), offset, len, max, deadline);
         if let Err((why, pieces)) = conn.enqueue(pieces) {
             for p in pieces {
                 p.req
                     .fail(p.offset, TargetErrorKind::Disconnected(why.clone()));
             }
         }
+    }
+
+    fn op_counts(&self) -> Option<OpCounts> {
+        Some(self.counters.snapshot())
     }
 }

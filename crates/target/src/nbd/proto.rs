@@ -39,6 +39,8 @@ pub(crate) const TF_SEND_FUA: u16 = 1 << 3;
 pub(crate) const TF_SEND_TRIM: u16 = 1 << 5;
 pub(crate) const TF_SEND_WRITE_ZEROES: u16 = 1 << 6;
 pub(crate) const TF_CAN_MULTI_CONN: u16 = 1 << 8;
+/// Command flag: the write is durable when acknowledged (`NBD_CMD_FLAG_FUA`).
+pub(crate) const CMD_FLAG_FUA: u16 = 1 << 0;
 
 /// Largest option reply payload we accept (the spec bounds strings at 4 KiB).
 const MAX_OPT_REPLY: u32 = 64 << 10;
