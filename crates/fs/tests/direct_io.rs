@@ -139,7 +139,7 @@ fn every_stripe_piece_is_in_flight_before_the_wait() {
         .unwrap();
     fs.write_direct(f.ino, 0, &vec![1u8; 8 << 20]).unwrap();
     fs.unmount().unwrap();
-    let (fs, _, peak) = mount_counting(&sims);
+    let (fs, _, peak) = mount_counting(&sims, 8);
     let before = fs.status().dio_pieces;
     fs.write_direct(f.ino, 0, &vec![2u8; 8 << 20]).unwrap();
     assert_eq!(
@@ -154,14 +154,17 @@ fn every_stripe_piece_is_in_flight_before_the_wait() {
     fs.unmount().unwrap();
 }
 
-/// Counts writes submitted and holds their completions until all of a request's pieces
-/// are in: each completion is deferred to the moment the in-flight count stops growing
-/// (the caller's wait), which a caller waiting per piece would never reach.
+/// Counts writes submitted and holds their completions: each is deferred by 20 ms and
+/// then until `hold_until` writes have been in flight at once (or 10 s have passed), a
+/// point a caller waiting per piece would never reach. The gate, not the pause, is what
+/// the assertions on the peak rely on: a loaded machine may take longer than the pause
+/// to submit all pieces.
 #[derive(Debug)]
 struct CountingView {
     inner: Arc<SimTarget>,
     in_flight: Arc<AtomicUsize>,
     peak: Arc<AtomicUsize>,
+    hold_until: usize,
 }
 
 impl Target for CountingView {
@@ -178,16 +181,27 @@ impl Target for CountingView {
         // would see the count go back to zero before submitting the next one.
         let inner = Arc::clone(&self.inner);
         let counter = Arc::clone(&self.in_flight);
+        let (peak, hold_until) = (Arc::clone(&self.peak), self.hold_until);
         std::thread::spawn(move || {
+            let start = std::time::Instant::now();
             std::thread::sleep(std::time::Duration::from_millis(20));
+            while peak.load(Ordering::SeqCst) < hold_until
+                && start.elapsed() < std::time::Duration::from_secs(10)
+            {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             counter.fetch_sub(1, Ordering::SeqCst);
             inner.submit(op, done);
         });
     }
 }
 
-/// Mounts `sims` behind [`CountingView`]s sharing one in-flight counter and one peak.
-fn mount_counting(sims: &[Arc<SimTarget>]) -> (Fs, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+/// Mounts `sims` behind [`CountingView`]s sharing one in-flight counter and one peak;
+/// completions are held until `hold_until` writes were in flight at once (or 10 s).
+fn mount_counting(
+    sims: &[Arc<SimTarget>],
+    hold_until: usize,
+) -> (Fs, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let in_flight = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     let views: Vec<Arc<dyn Target>> = sims
@@ -197,6 +211,7 @@ fn mount_counting(sims: &[Arc<SimTarget>]) -> (Fs, Arc<AtomicUsize>, Arc<AtomicU
                 inner: Arc::clone(s),
                 in_flight: Arc::clone(&in_flight),
                 peak: Arc::clone(&peak),
+                hold_until,
             }) as Arc<dyn Target>
         })
         .collect();
@@ -413,7 +428,7 @@ fn queue_keeps_many_direct_ios_in_flight() {
     let f = fs.create(Ino::ROOT, "q".as_ref(), p()).unwrap();
     fs.write_direct(f.ino, 0, &vec![0u8; 4 << 20]).unwrap();
     fs.unmount().unwrap();
-    let (fs, _, peak) = mount_counting(&sims);
+    let (fs, _, peak) = mount_counting(&sims, 32);
     let q = fs.dio_queue();
     for i in 0..64u64 {
         // 2 KiB writes into 4 KiB blocks: sub-block overwrites, all on the shared path.
@@ -463,7 +478,7 @@ fn last_close_waits_for_queued_direct_io() {
     let f = fs.create(Ino::ROOT, "gone".as_ref(), p()).unwrap();
     fs.write_direct(f.ino, 0, &vec![1u8; 1 << 20]).unwrap();
     fs.unmount().unwrap();
-    let (fs, in_flight, _) = mount_counting(&sims);
+    let (fs, in_flight, _) = mount_counting(&sims, 1);
     let h = fs.open_file(f.ino).unwrap();
     let q = fs.dio_queue();
     for i in 0..16u64 {
@@ -499,7 +514,7 @@ fn callback_direct_io_answers_once_on_every_path() {
     let f = fs.create(Ino::ROOT, "f".as_ref(), p()).unwrap();
     fs.write_direct(f.ino, 0, &[1u8; 65536]).unwrap();
     fs.unmount().unwrap();
-    let (fs, in_flight, _) = mount_counting(&s);
+    let (fs, in_flight, _) = mount_counting(&s, 1);
     let (tx, rx) = mpsc::channel::<(u32, stripefs::Result<usize>)>();
     let calls = Arc::new(AtomicUsize::new(0));
     let cases: [(u32, u64, usize); 3] = [(0, 8192 + 2048, 2048), (1, 65536, 4096), (2, 100, 512)];
