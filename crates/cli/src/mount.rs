@@ -21,7 +21,8 @@ use crate::targets::{lock_targets, open_all_with, LockWait};
 
 /// Keys of `-o` that the FUSE front end (not the engine) understands.
 const FUSE_KEYS: &str = "writeback_cache, fopen_direct_io, allow_other, ro, rw, threads=N, \
-and the generic flags noatime, nodev, nosuid, noexec, sync, dirsync and their opposites";
+the access-time options relatime, strictatime, noatime, nodiratime, lazytime, and the generic \
+flags nodev, nosuid, noexec, sync, dirsync and their opposites";
 /// Generic `fstab` options that need nothing from us.
 const IGNORED: &[&str] = &[
     "defaults",
@@ -36,8 +37,6 @@ const IGNORED: &[&str] = &[
     "suid",
     "exec",
     "async",
-    "atime",
-    "relatime",
     "x-systemd.automount",
 ];
 
@@ -82,6 +81,14 @@ pub fn split_options(list: &[String]) -> Result<(Vec<String>, ServeOptions), Str
             None if item == "allow_other" => serve_opts.allow_other = true,
             None if item == "ro" => serve_opts.read_only = true,
             None if item == "rw" => serve_opts.read_only = false,
+            None if crate::mount_opts::atime_word(&mut stripefs::AtimePolicy::default(), item) => {
+                // The engine keeps access times (FUSE leaves them to the server); the
+                // kernel is told `noatime`/`atime` too, which `/proc/mounts` then shows.
+                engine.push(item.to_string());
+                if stripefs_fuse::generic_flag(item) {
+                    serve_opts.flags.push(item.to_string());
+                }
+            }
             None if IGNORED.contains(&item) => {}
             None if stripefs_fuse::generic_flag(item) => serve_opts.flags.push(item.to_string()),
             Some(("threads", v)) => {
@@ -99,6 +106,10 @@ pub fn split_options(list: &[String]) -> Result<(Vec<String>, ServeOptions), Str
                 ))
             }
         }
+    }
+    if serve_opts.read_only {
+        // A read-only mount writes nothing, access times included.
+        engine.push("noatime".into());
     }
     Ok((engine, serve_opts))
 }
@@ -423,6 +434,15 @@ mod tests {
         assert_eq!(engine, ["dirty_tracking=folio"]);
         assert!(s.fuse.writeback_cache && !s.fuse.fopen_direct_io);
         assert_eq!(s.threads, 4);
+        let (engine, s) = split_options(&["relatime,nodiratime,noatime,lazytime".into()]).unwrap();
+        assert_eq!(engine, ["relatime", "nodiratime", "noatime", "lazytime"]);
+        assert_eq!(s.flags, ["noatime"], "the kernel shows noatime");
+        let (engine, _) = split_options(&["strictatime,ro".into()]).unwrap();
+        assert_eq!(
+            engine,
+            ["strictatime", "noatime"],
+            "read-only writes no atime"
+        );
         assert!(split_options(&["threads=0".into()]).is_err());
         assert!(split_options(&["bogus".into()])
             .unwrap_err()

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use stripefs::MountOptions;
+use stripefs::{AtimePolicy, AtimeUpdate, AtimeWrite, DirAtime, MountOptions};
 use stripefs_iomap::cache::FolioSizing;
 use stripefs_iomap::folio::DirtyTracking;
 use stripefs_iomap::ZeroMode;
@@ -12,7 +12,28 @@ use crate::size::parse_size;
 /// The keys `-o` understands, for help texts and errors.
 pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, readahead=SIZE, \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
-commit_interval=SECS (0: off), writeback_interval=SECS (0: off)";
+commit_interval=SECS (0: off), writeback_interval=SECS (0: off), \
+relatime (default), strictatime, noatime, nodiratime, lazytime and their opposites";
+
+/// Applies an access-time word as `mount(8)` spells it; `false` if `word` is none.
+/// `strictatime` also undoes `noatime` and `nodiratime`, as for the kernel.
+pub fn atime_word(p: &mut AtimePolicy, word: &str) -> bool {
+    match word {
+        "relatime" | "atime" | "nostrictatime" => p.update = AtimeUpdate::Relative,
+        "norelatime" => p.update = AtimeUpdate::Strict,
+        "strictatime" => {
+            p.update = AtimeUpdate::Strict;
+            p.dirs = DirAtime::Update;
+        }
+        "noatime" => p.update = AtimeUpdate::Never,
+        "nodiratime" => p.dirs = DirAtime::Skip,
+        "diratime" => p.dirs = DirAtime::Update,
+        "lazytime" => p.write = AtimeWrite::Lazy,
+        "nolazytime" => p.write = AtimeWrite::Journal,
+        _ => return false,
+    }
+    true
+}
 
 /// Parses `-o` values into mount options (defaults for anything not given).
 ///
@@ -25,6 +46,9 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
         .flat_map(|s| s.split(','))
         .filter(|s| !s.is_empty())
     {
+        if atime_word(&mut o.atime, item) {
+            continue;
+        }
         let (k, v) = item
             .split_once('=')
             .ok_or_else(|| format!("mount option {item:?} is not key=value (known: {KEYS})"))?;
@@ -122,6 +146,25 @@ mod tests {
         assert!(parse(&["bogus=1".into()])
             .unwrap_err()
             .contains("unknown mount option"));
+        let a = parse(&["strictatime,nodiratime,lazytime".into()])
+            .unwrap()
+            .atime;
+        assert_eq!(
+            (a.update, a.dirs, a.write),
+            (AtimeUpdate::Strict, DirAtime::Skip, AtimeWrite::Lazy)
+        );
+        assert_eq!(parse(&[]).unwrap().atime, AtimePolicy::default());
+        assert_eq!(
+            parse(&["noatime".into()]).unwrap().atime.update,
+            AtimeUpdate::Never
+        );
+        let back = parse(&["noatime,nodiratime,strictatime".into()])
+            .unwrap()
+            .atime;
+        assert_eq!(
+            (back.update, back.dirs),
+            (AtimeUpdate::Strict, DirAtime::Update)
+        );
         assert!(parse(&["novalue".into()])
             .unwrap_err()
             .contains("key=value"));

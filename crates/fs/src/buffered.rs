@@ -120,6 +120,9 @@ impl Fs {
         let lock = self.inner.io_lock(ino);
         let _shared = lock.read();
         let mapper = FileMapper::new(self, ino)?;
+        if !buf.is_empty() {
+            self.touch_atime(ino);
+        }
         let fc = self.inner.cache.file(ino.0);
         iomap::read(&self.inner.cache, &mapper, &fc, off, buf)
     }

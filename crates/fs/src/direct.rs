@@ -84,6 +84,9 @@ impl Fs {
         let io = self.inner.io_lock(ino);
         let _shared = io.read();
         let mapper = FileMapper::new(self, ino)?;
+        if !buf.is_empty() {
+            self.touch_atime(ino);
+        }
         self.write_back_range(&mapper, off, buf.len() as u64)?;
         let size = mapper.size();
         if off >= size || buf.is_empty() {

@@ -130,6 +130,7 @@ impl Fs {
             isize: HashMap::new(),
             last_write: HashMap::new(),
             dead: Vec::new(),
+            lazy_atime: HashMap::new(),
         };
         opts.cache
             .validate(l.geo.block_size.bytes())
@@ -353,6 +354,7 @@ impl Fs {
             for ino in files {
                 self.trim_prealloc(&mut m, ino)?;
             }
+            self.write_lazy_atimes(&mut m, None)?;
         }
         self.reap_dead();
         Ok(())
@@ -365,7 +367,11 @@ impl Fs {
     pub fn sync(&self) -> Result<()> {
         self.inner.check()?;
         let wb = self.writeback_all(stripefs_iomap::WbWait::Busy);
-        let running = self.inner.meta.lock().txn.seq;
+        let running = {
+            let mut m = self.inner.meta.lock();
+            self.write_lazy_atimes(&mut m, None)?;
+            m.txn.seq
+        };
         self.inner
             .journal
             .commit(&self.inner, running, CommitMode::Append)?;
@@ -673,6 +679,7 @@ impl Fs {
         }
         m.isize.remove(&ino);
         m.last_write.remove(&ino);
+        m.lazy_atime.remove(&ino);
         m.dead.push(ino);
         self.inner.io_locks.lock().remove(&ino);
         Ok(())

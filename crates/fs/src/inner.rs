@@ -69,6 +69,8 @@ pub(crate) struct MetaCore {
     /// Freed inodes whose page cache is still to be dropped (outside this lock: folio
     /// locks come before the metadata lock).
     pub dead: Vec<Ino>,
+    /// Access times kept in memory under `lazytime` (see `atime.rs`).
+    pub lazy_atime: HashMap<Ino, stripefs_core::inode::Timespec>,
 }
 
 impl MetaCore {
@@ -106,7 +108,8 @@ impl MetaCore {
     /// # Errors
     /// `Corrupted` if the model rejects the record (damaged metadata or a bug); the caller
     /// poisons the file system.
-    pub fn log(&mut self, rec: Record) -> Result<(), stripefs_core::CoreError> {
+    pub fn log(&mut self, mut rec: Record) -> Result<(), stripefs_core::CoreError> {
+        self.fold_lazy_atime(&mut rec);
         let needed_for_data = self.needed_to_reach_data(&rec);
         self.state.apply(&rec)?;
         let ino = rec.subject();

@@ -434,8 +434,11 @@ impl Fs {
         self.inner.check()?;
         let wb = self.writeback_file(ino, stripefs_iomap::WbWait::Busy);
         let need = {
-            let m = self.inner.meta.lock();
+            let mut m = self.inner.meta.lock();
             inode(&m, ino)?;
+            if !datasync {
+                self.write_lazy_atimes(&mut m, Some(ino))?;
+            }
             if datasync {
                 m.data_seq.get(&ino).copied()
             } else {

@@ -20,6 +20,7 @@
 //! format and algorithms, `stripefs-iomap` the mapping contract; this crate ties them into a
 //! mounted file system: recovery, journal commit, namespace, and the file I/O paths.
 
+mod atime;
 mod buffered;
 mod delalloc;
 mod direct;
@@ -38,6 +39,7 @@ mod queue;
 mod recovery;
 mod types;
 
+pub use atime::{AtimePolicy, AtimeUpdate, AtimeWrite, DirAtime};
 pub use buffered::Whence;
 pub use error::{FsError, Result};
 pub use file::File;

@@ -121,7 +121,9 @@ impl Fs {
     }
 
     pub(crate) fn attr_of(&self, m: &MetaCore, ino: Ino) -> Result<Attr> {
-        let mut a = Attr::of(inode(m, ino)?, self.block_size());
+        let i = inode(m, ino)?;
+        let mut a = Attr::of(i, self.block_size());
+        a.atime = m.atime_of(&i.attrs);
         a.size = m.size_of(ino).unwrap_or(a.size);
         a.blocks += m.delalloc_blocks(ino) * u64::from(self.block_size()) / 512;
         Ok(a)
@@ -302,7 +304,10 @@ impl Fs {
         if i.attrs.kind != FileKind::Symlink {
             return Err(FsError::invalid("not a symbolic link"));
         }
-        Ok(i.symlink.clone())
+        let target = i.symlink.clone();
+        drop(m);
+        self.touch_atime(ino);
+        Ok(target)
     }
 
     /// Adds a hard link to `ino` as `newname` in `newparent`.
@@ -627,14 +632,18 @@ impl Fs {
         self.inner.check()?;
         let m = self.inner.meta.lock();
         let d = dir(&m, ino)?;
-        Ok(d.entries
+        let entries = d
+            .entries
             .iter()
             .map(|(n, e)| DirEntryInfo {
                 name: n.clone(),
                 ino: e.ino,
                 kind: e.kind,
             })
-            .collect())
+            .collect();
+        drop(m);
+        self.touch_atime(ino);
+        Ok(entries)
     }
 
     /// Changes attributes. A size change truncates or extends (see [`Fs::set_len`]).
@@ -667,6 +676,7 @@ impl Fs {
         };
         if let Some(t) = s.atime {
             a.atime = pick(t);
+            m.lazy_atime.remove(&ino); // Set, not folded in.
         }
         if let Some(t) = s.mtime {
             a.mtime = pick(t);

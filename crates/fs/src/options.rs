@@ -71,6 +71,9 @@ pub struct MountOptions {
     /// Commit the running transaction this often even without `fsync` (`None`: only on
     /// `fsync`, journal pressure and unmount; deterministic tests use `None`).
     pub commit_interval: Option<Duration>,
+    /// Which reads update access times and when that is written (`relatime` by default;
+    /// see `atime.rs`).
+    pub atime: crate::AtimePolicy,
     /// Fault injector for the runtime's named fault points (tests only).
     pub faults: Option<Arc<FaultInjector>>,
 }
@@ -86,6 +89,7 @@ impl Default for MountOptions {
             dio_submit: DioSubmit::Parallel,
             writeback_interval: Some(Duration::from_secs(5)),
             commit_interval: Some(Duration::from_secs(5)),
+            atime: crate::AtimePolicy::default(),
             faults: None,
         }
     }

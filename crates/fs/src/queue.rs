@@ -311,6 +311,9 @@ impl Fs {
         self.inner.check()?;
         self.check_dio_alignment(off, len)?;
         let mapper = FileMapper::new(self, ino)?;
+        if len > 0 {
+            self.touch_atime(ino);
+        }
         self.write_back_range(&mapper, off, len as u64)?;
         let size = mapper.size();
         if off >= size || len == 0 {

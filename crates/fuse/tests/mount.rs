@@ -39,8 +39,13 @@ impl Scratch {
 
     /// mkfs, mount and serve at [`Scratch::mnt`] with the default options.
     fn serve(&self) -> (Arc<Fs>, Mounted) {
+        self.serve_with(MountOptions::default())
+    }
+
+    /// mkfs, mount with `opts` and serve at [`Scratch::mnt`].
+    fn serve_with(&self, opts: MountOptions) -> (Arc<Fs>, Mounted) {
         Fs::mkfs(&self.targets(), &MkfsOptions::default()).unwrap();
-        let (fs, _) = Fs::mount(self.targets(), MountOptions::default()).unwrap();
+        let (fs, _) = Fs::mount(self.targets(), opts).unwrap();
         let fs = Arc::new(fs);
         let m = serve(fs.clone(), &self.mnt(), &ServeOptions::default()).unwrap();
         (fs, m)
@@ -701,4 +706,104 @@ fn setgid_directories_pass_their_group_on_as_on_a_local_file_system() {
     let got = setgid_scenario(&s.mnt());
     finish(m, fs);
     assert_eq!(got, expected);
+}
+
+/// Access time of `p` (through the kernel, which asks the daemon after a read).
+fn atime_of(p: &Path) -> (i64, i64) {
+    let m = fs::metadata(p).unwrap();
+    (m.atime(), m.atime_nsec())
+}
+
+/// What reads and listings through the mount do to access times under one policy:
+/// (a file read after a modification updates, a second read updates, a listing after
+/// an entry changed updates).
+fn atime_through_the_mount(name: &str, atime: stripefs::AtimePolicy) -> [bool; 3] {
+    let s = Scratch::new(name);
+    let (fs, m) = s.serve_with(MountOptions {
+        atime,
+        ..MountOptions::default()
+    });
+    let (f, d) = (s.mnt().join("f"), s.mnt().join("d"));
+    fs::write(&f, b"first").unwrap();
+    fs::create_dir(&d).unwrap();
+    let before = atime_of(&f);
+    assert_eq!(fs::read(&f).unwrap(), b"first");
+    let after_mod = atime_of(&f);
+    assert_eq!(fs::read(&f).unwrap(), b"first");
+    let again = atime_of(&f);
+    fs::write(d.join("x"), b"").unwrap();
+    let dir_before = atime_of(&d);
+    assert_eq!(fs::read_dir(&d).unwrap().count(), 1);
+    let dir_after = atime_of(&d);
+    finish(m, fs);
+    [
+        before != after_mod,
+        after_mod != again,
+        dir_before != dir_after,
+    ]
+}
+
+/// relatime (the default), strictatime, noatime, nodiratime and lazytime through the
+/// kernel behave as on a kernel file system; under lazytime the update is seen at once
+/// and written at unmount (issue 9, item 10).
+#[test]
+fn access_times_follow_the_mount_options() {
+    use stripefs::{AtimePolicy, AtimeUpdate, AtimeWrite, DirAtime};
+    let strict = AtimePolicy {
+        update: AtimeUpdate::Strict,
+        ..AtimePolicy::default()
+    };
+    let cases = [
+        ("relatime", AtimePolicy::default(), [true, false, true]),
+        ("strictatime", strict, [true, true, true]),
+        (
+            "noatime",
+            AtimePolicy {
+                update: AtimeUpdate::Never,
+                ..AtimePolicy::default()
+            },
+            [false, false, false],
+        ),
+        (
+            "nodiratime",
+            AtimePolicy {
+                dirs: DirAtime::Skip,
+                ..AtimePolicy::default()
+            },
+            [true, false, false],
+        ),
+        (
+            "lazytime",
+            AtimePolicy {
+                write: AtimeWrite::Lazy,
+                ..strict
+            },
+            [true, true, true],
+        ),
+    ];
+    for (name, policy, want) in cases {
+        assert_eq!(atime_through_the_mount(name, policy), want, "{name}");
+    }
+    // The lazily kept time was written at unmount.
+    let s = Scratch::new("lazy-written");
+    let lazy = AtimePolicy {
+        write: AtimeWrite::Lazy,
+        ..AtimePolicy::default()
+    };
+    let (fs, m) = s.serve_with(MountOptions {
+        atime: lazy,
+        ..MountOptions::default()
+    });
+    let f = s.mnt().join("f");
+    fs::write(&f, b"data").unwrap();
+    let created = atime_of(&f);
+    fs::read(&f).unwrap();
+    let seen = atime_of(&f);
+    assert_ne!(seen, created);
+    finish(m, fs);
+    let (fs, _) = Fs::mount(s.targets(), MountOptions::default()).unwrap();
+    let ino = fs.resolve(Path::new("/f"), stripefs::Follow::Yes).unwrap();
+    let a = fs.getattr(ino).unwrap().atime;
+    assert_eq!((a.sec, i64::from(a.nsec)), seen);
+    fs.unmount().unwrap();
 }
