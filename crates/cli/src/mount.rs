@@ -107,10 +107,6 @@ pub fn split_options(list: &[String]) -> Result<(Vec<String>, ServeOptions), Str
             }
         }
     }
-    if serve_opts.read_only {
-        // A read-only mount writes nothing, access times included.
-        engine.push("noatime".into());
-    }
     Ok((engine, serve_opts))
 }
 
@@ -437,12 +433,6 @@ mod tests {
         let (engine, s) = split_options(&["relatime,nodiratime,noatime,lazytime".into()]).unwrap();
         assert_eq!(engine, ["relatime", "nodiratime", "noatime", "lazytime"]);
         assert_eq!(s.flags, ["noatime"], "the kernel shows noatime");
-        let (engine, _) = split_options(&["strictatime,ro".into()]).unwrap();
-        assert_eq!(
-            engine,
-            ["strictatime", "noatime"],
-            "read-only writes no atime"
-        );
         assert!(split_options(&["threads=0".into()]).is_err());
         assert!(split_options(&["bogus".into()])
             .unwrap_err()

@@ -98,12 +98,16 @@ impl MetaCore {
 
 impl Fs {
     /// An access to `ino` (a read, a listing, `readlink`) at the current time. Never
-    /// fails the access: an update that cannot be logged is skipped, as the VFS does.
+    /// fails the access: an update that cannot be logged is skipped, as the VFS does,
+    /// and a read-only file system updates nothing.
     pub(crate) fn touch_atime(&self, ino: Ino) {
         let policy = self.inner.opts.atime;
         if policy.update == AtimeUpdate::Never || self.inner.check().is_err() {
             return;
         }
+        let Ok(_change) = self.inner.begin_change() else {
+            return;
+        };
         let now = Timespec::now();
         let mut m = self.inner.meta.lock();
         let Some(i) = m.state.get(ino) else {
@@ -124,7 +128,7 @@ impl Fs {
     }
 
     /// Logs the lazily kept access time of `ino` (all inodes for `None`): `fsync`,
-    /// `sync` and unmount write them.
+    /// `sync`, unmount and the switch to read-only write them.
     pub(crate) fn write_lazy_atimes(
         &self,
         m: &mut MetaCore,

@@ -334,8 +334,8 @@ impl Fs {
     }
 
     /// Makes the in-memory state complete: direct writes in flight finish, dirty data is
-    /// written back, and the speculative preallocation of the inodes `trim` selects is
-    /// trimmed. The caller commits.
+    /// written back, the speculative preallocation of the inodes `trim` selects is
+    /// trimmed, and access times kept under `lazytime` are logged. The caller commits.
     fn settle(&self, trim: impl Fn(&MetaCore, Ino) -> bool) -> Result<()> {
         let ios: Vec<_> = self.inner.io_locks.lock().values().cloned().collect();
         for io in ios {

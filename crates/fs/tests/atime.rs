@@ -256,3 +256,33 @@ fn lazytime_keeps_updates_in_memory_until_written() {
     assert_eq!(atime(&fs, kept), want);
     fs.unmount().unwrap();
 }
+
+/// A read-only file system writes no access time; switching to read-only writes the
+/// lazily kept ones first.
+#[test]
+fn read_only_updates_nothing() {
+    let lazy = AtimePolicy {
+        update: AtimeUpdate::Strict,
+        write: AtimeWrite::Lazy,
+        ..AtimePolicy::default()
+    };
+    let (s, fs) = mounted(lazy);
+    let f = file(&fs, "f");
+    let d = dir(&fs, "d");
+    assert!(read_updates(&fs, f));
+    let kept = atime(&fs, f);
+    fs.set_access(stripefs::Access::ReadOnly).unwrap();
+    assert!(!read_updates(&fs, f));
+    assert!(!list_updates(&fs, d));
+    fs.set_access(stripefs::Access::ReadWrite).unwrap();
+    assert!(read_updates(&fs, f), "read-write again");
+    fs.set_access(stripefs::Access::ReadOnly).unwrap();
+    std::mem::forget(fs);
+    for t in &s {
+        t.crash(CrashMode::DropUnflushed);
+    }
+    let (fs, _) = Fs::mount(dyns(&s), opts(lazy)).unwrap();
+    assert_ne!(atime(&fs, f), kept);
+    assert!(atime(&fs, f) > kept, "written by the switch to read-only");
+    fs.unmount().unwrap();
+}

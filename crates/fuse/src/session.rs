@@ -297,6 +297,10 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
     cfg.clone_fd = true;
     // Before mounting: afterwards resolving the path would ask the not yet running session.
     let canonical = std::fs::canonicalize(mountpoint)?;
+    if opts.read_only {
+        // Read-only from the first request: a read must not write an access time.
+        fs.set_access(Access::ReadOnly).map_err(io::Error::other)?;
+    }
     let fs_for_access = Arc::clone(&fs);
     let mut session = Session::new(StripeFuse::new(fs, opts.fuse), mountpoint, &cfg)?;
     let unmounter = Unmounter {
