@@ -11,6 +11,8 @@
 //!   backing files driven the same way.
 //! - `w3-striped-dio` (seed 003): synchronous 1, 16 and 64 MiB direct writes and reads over
 //!   1, 4 and 8 targets; `dio_submit = parallel` vs `serial`, and the raw backing files.
+//!   With `--target` it runs on the given targets (files, devices or NBD URIs) instead of
+//!   files it creates; `--counts` and `--sizes` choose the rows.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,7 +26,8 @@ use stripefs_target::{Rng, Target};
 use crate::mkfs::prezero;
 use crate::targets::open_one;
 
-/// Run the seed benchmarks on file-backed targets.
+/// Run the seed benchmarks on file-backed targets (w3-striped-dio also on given targets,
+/// NBD URIs included: see --target).
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// Workloads: w2-subblock-dirty, w4-metamix (default: both).
@@ -45,6 +48,18 @@ pub struct BenchArgs {
     /// Print JSON instead of tables.
     #[arg(long)]
     json: bool,
+    /// w3-striped-dio only: run on these targets, in order, instead of files created in
+    /// --dir: paths or NBD URIs (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH).
+    /// Repeat once per target; the largest count in --counts uses that many. Their
+    /// contents are overwritten (a file system is made on them).
+    #[arg(long = "target", value_name = "PATH|URI")]
+    targets: Vec<PathBuf>,
+    /// w3-striped-dio: target counts, comma-separated (default 1,4,8).
+    #[arg(long, value_delimiter = ',')]
+    counts: Vec<usize>,
+    /// w3-striped-dio: I/O sizes, comma-separated (default 1m,16m,64m).
+    #[arg(long, value_delimiter = ',', value_parser = crate::size::parse_size)]
+    sizes: Vec<u64>,
 }
 
 /// One variant's results over all runs.
@@ -83,7 +98,7 @@ pub fn run(a: &BenchArgs) -> Result<i32, String> {
             "w2-subblock-dirty" => w2(&a.dir, runs, a.ops.unwrap_or(2000), a.json)?,
             "w4-metamix" => w4(&a.dir, runs, a.ops.unwrap_or(12), a.threads.max(1), a.json)?,
             "w1-unaligned-dio" => crate::bench_dio::w1(&a.dir, runs, a.threads.max(1), a.json)?,
-            "w3-striped-dio" => crate::bench_dio::w3(&a.dir, runs, a.json)?,
+            "w3-striped-dio" => crate::bench_dio::w3(&a.dir, &w3_params(a)?, runs, a.json)?,
             other => {
                 return Err(format!(
                     "unknown workload {other:?} (w2-subblock-dirty, w4-metamix)"
@@ -100,6 +115,38 @@ pub fn run(a: &BenchArgs) -> Result<i32, String> {
         );
     }
     Ok(0)
+}
+
+/// What `w3-striped-dio` runs on, from the arguments.
+fn w3_params(a: &BenchArgs) -> Result<crate::bench_dio::W3Params, String> {
+    let counts = if a.counts.is_empty() {
+        vec![1, 4, 8]
+    } else {
+        a.counts.clone()
+    };
+    if counts.iter().any(|&c| c == 0 || c > 256) {
+        return Err("--counts: each count must be 1 to 256".into());
+    }
+    let max = counts.iter().copied().max().unwrap_or(1);
+    if !a.targets.is_empty() && a.targets.len() < max {
+        return Err(format!(
+            "--counts asks for {max} targets but only {} --target were given",
+            a.targets.len()
+        ));
+    }
+    let sizes = if a.sizes.is_empty() {
+        vec![1 << 20, 16 << 20, 64 << 20]
+    } else {
+        a.sizes.clone()
+    };
+    if sizes.iter().any(|&s| s == 0 || s % 4096 != 0) {
+        return Err("--sizes: each size must be a non-zero multiple of 4 KiB".into());
+    }
+    Ok(crate::bench_dio::W3Params {
+        targets: a.targets.clone(),
+        counts,
+        sizes,
+    })
 }
 
 /// A short description of this machine.

@@ -214,8 +214,10 @@ fn w3_fs(fs: &Fs, ino: Ino, io: u64, write: bool) -> Result<f64, String> {
     Ok(W3_REGION as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64())
 }
 
-/// The raw backing files: each `io`-byte operation split over the targets as striping
-/// would, all parts submitted, one wait.
+/// The raw targets: each `io`-byte operation split over the targets as striping would,
+/// all parts submitted, one wait. Buffers are allocated once and hold non-zero bytes, so
+/// that the comparison is with the file system's pooled buffers and an NBD target sends
+/// real writes (an all-zero write would go as `WRITE_ZEROES`, without payload).
 fn w3_raw(paths: &[PathBuf], io: u64, write: bool) -> Result<f64, String> {
     let targets: Vec<Arc<dyn Target>> = paths
         .iter()
@@ -223,12 +225,19 @@ fn w3_raw(paths: &[PathBuf], io: u64, write: bool) -> Result<f64, String> {
         .collect::<Result<_, _>>()?;
     let n = targets.len() as u64;
     let part = (io / n).max(512);
+    let mut bufs: Vec<IoBuf> = (0..n)
+        .map(|_| {
+            let mut b = IoBuf::zeroed(part as usize);
+            b.fill(0x3c);
+            b
+        })
+        .collect();
     let t = Instant::now();
     let mut pos = 1 << 20;
     for _ in (0..W3_REGION).step_by(io as usize) {
         let batch = Batch::new();
-        for tgt in &targets {
-            let bufs = vec![IoBuf::zeroed(part as usize)];
+        for (tgt, buf) in targets.iter().zip(bufs.drain(..)) {
+            let bufs = vec![buf];
             let op = if write {
                 IoOp::Write { offset: pos, bufs }
             } else {
@@ -238,6 +247,7 @@ fn w3_raw(paths: &[PathBuf], io: u64, write: bool) -> Result<f64, String> {
         }
         for d in batch.wait() {
             d.result.map_err(|e| e.to_string())?;
+            bufs.extend(d.bufs);
         }
         pos += part;
         if pos + part > (W3_REGION / n) + (1 << 20) {
@@ -247,18 +257,44 @@ fn w3_raw(paths: &[PathBuf], io: u64, write: bool) -> Result<f64, String> {
     Ok(W3_REGION as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64())
 }
 
-pub(crate) fn w3(dir: &Path, runs: usize, json: bool) -> Result<String, String> {
+/// What `w3-striped-dio` runs on.
+#[derive(Debug, Clone)]
+pub(crate) struct W3Params {
+    /// Given targets (paths or NBD URIs); empty: files created in the bench directory.
+    pub targets: Vec<PathBuf>,
+    /// Target counts, one block of rows each.
+    pub counts: Vec<usize>,
+    /// Synchronous I/O sizes.
+    pub sizes: Vec<u64>,
+}
+
+/// The first `n` given targets with a fresh file system on them (not pre-zeroed, never
+/// removed afterwards), or `n` new files in `dir`.
+fn w3_targets(dir: &Path, p: &W3Params, n: usize) -> Result<Vec<PathBuf>, String> {
+    if p.targets.is_empty() {
+        return make_fs(dir, n, W3_REGION / n as u64 + (48 << 20));
+    }
+    let paths = p.targets[..n].to_vec();
+    let targets: Vec<Arc<dyn Target>> = paths
+        .iter()
+        .map(|t| open_one(t, None))
+        .collect::<Result<_, _>>()?;
+    stripefs::Fs::mkfs(&targets, &stripefs::MkfsOptions::default()).map_err(|e| e.to_string())?;
+    Ok(paths)
+}
+
+pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, json: bool) -> Result<String, String> {
     let mut rows = Vec::new();
     let mut raws: Vec<f64> = Vec::new();
-    for targets in [1usize, 4, 8] {
-        let paths = make_fs(dir, targets, W3_REGION / targets as u64 + (48 << 20))?;
+    for &targets in &p.counts {
+        let paths = w3_targets(dir, p, targets)?;
         let ino = {
             let fs = mount(&paths, quiet())?;
             let ino = prewrite(&fs, "striped", targets as u32, W3_REGION)?;
             fs.unmount().map_err(|e| e.to_string())?;
             ino
         };
-        for io in [1u64 << 20, 16 << 20, 64 << 20] {
+        for &io in &p.sizes {
             for write in [true, false] {
                 let (mut par, mut ser) = (Vec::new(), Vec::new());
                 for _ in 0..runs {
@@ -276,8 +312,8 @@ pub(crate) fn w3(dir: &Path, runs: usize, json: bool) -> Result<String, String> 
                 rows.push((targets, io, write, median(par), median(ser)));
             }
         }
-        // The raw backing files last: they overwrite the file system's data.
-        for io in [1u64 << 20, 16 << 20, 64 << 20] {
+        // The raw targets last: they overwrite the file system's data.
+        for &io in &p.sizes {
             for write in [true, false] {
                 raws.push(median(
                     (0..runs)
@@ -286,10 +322,17 @@ pub(crate) fn w3(dir: &Path, runs: usize, json: bool) -> Result<String, String> 
                 ));
             }
         }
-        cleanup(&paths);
+        if p.targets.is_empty() {
+            cleanup(&paths);
+        }
     }
     if !json {
-        println!("\nw3-striped-dio: synchronous direct I/O over a 128 MiB region of a file striped over N targets (1 MiB stripe unit), MiB/s, median of {runs} runs");
+        let on = if p.targets.is_empty() {
+            "target files".to_string()
+        } else {
+            format!("of the given targets ({}, ...)", p.targets[0].display())
+        };
+        println!("\nw3-striped-dio: synchronous direct I/O over a 128 MiB region of a file striped over N {on} (1 MiB stripe unit), MiB/s, median of {runs} runs");
         println!(
             "| targets | size | op | parallel | serial | parallel/serial | raw | parallel/raw |"
         );
