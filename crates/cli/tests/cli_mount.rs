@@ -176,6 +176,21 @@ fn sigkill_loses_only_what_was_never_fsynced() {
     assert!(out.contains("clean"), "{out}");
 }
 
+/// A plain `umount2(2)`, retried while `EBUSY`: a child another test thread is forking
+/// holds copies of this process's descriptors (a file just written) until it execs.
+fn umount_retrying_ebusy(mnt: &CString) {
+    for _ in 0..100 {
+        // SAFETY: a valid C string naming a mount this test made.
+        if unsafe { libc::umount2(mnt.as_ptr(), 0) } == 0 {
+            return;
+        }
+        let e = std::io::Error::last_os_error();
+        assert_eq!(e.raw_os_error(), Some(libc::EBUSY), "{e}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("still busy after 2 s");
+}
+
 /// `mount -t fuse.stripefs` as `mount(8)` runs it (the helper, by its name) prints
 /// nothing, and a mount right after a plain `umount2(2)` (what `umount(8)`, systemd and
 /// scripts do; it returns before the daemon's final checkpoint) waits for the daemon to
@@ -207,9 +222,7 @@ fn helper_is_silent_and_mount_after_plain_umount_waits_for_the_old_daemon() {
         );
         // Dirty data makes the daemon's final writeback and checkpoint take a while.
         fs::write(s.mnt().join(format!("f{round}")), &payload).unwrap();
-        // SAFETY: a valid C string naming the mount this test made.
-        let rc = unsafe { libc::umount2(mnt.as_ptr(), 0) };
-        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        umount_retrying_ebusy(&mnt);
     }
     // fsck waits the same way for the last daemon, then finds every round's file.
     let (rc, out) = s.fsck();

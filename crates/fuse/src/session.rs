@@ -207,32 +207,50 @@ fn follow_kernel_access(fs: Arc<Fs>, mountpoint: PathBuf) {
             return tracing::error!(%e, "cannot watch the mount table; remounts are followed only on demand")
         }
     };
+    let fs = Arc::downgrade(&fs);
     let spawned = std::thread::Builder::new()
         .name("stripefs-remount".into())
-        .spawn(move || loop {
-            if kernel_access(&mountpoint).is_none() {
-                return;
-            }
-            if let Err(e) = fs.follow_access_source() {
-                tracing::error!(%e, "following a remount failed");
-            }
-            let mut p = libc::pollfd {
-                fd: std::os::unix::io::AsRawFd::as_raw_fd(&table),
-                events: libc::POLLPRI,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd; the mount table marks a change with POLLPRI.
-            if unsafe { libc::poll(&mut p, 1, -1) } < 0
-                && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted
-            {
-                tracing::error!(
-                    "cannot watch the mount table; remounts are followed only on demand"
-                );
-                return;
+        .spawn(move || {
+            // Weak, and only upgraded when this mount's flag changed (other mounts wake
+            // us too): the caller unwraps its `Arc<Fs>` once the session ends.
+            let mut followed = None;
+            loop {
+                let Some(now) = kernel_access(&mountpoint) else {
+                    return;
+                };
+                if followed != Some(now) {
+                    let Some(fs) = fs.upgrade() else { return };
+                    match fs.follow_access_source() {
+                        Ok(()) => followed = Some(now),
+                        Err(e) => tracing::error!(%e, "following a remount failed"),
+                    }
+                }
+                if !wait_for_mount_change(&table) {
+                    return;
+                }
             }
         });
     if let Err(e) = spawned {
         tracing::error!(%e, "no remount thread; remounts are followed only on demand");
+    }
+}
+
+/// Sleeps until the mount table changes; false if it cannot be watched.
+fn wait_for_mount_change(table: &std::fs::File) -> bool {
+    loop {
+        let mut p = libc::pollfd {
+            fd: std::os::unix::io::AsRawFd::as_raw_fd(table),
+            events: libc::POLLPRI,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the mount table marks a change with POLLPRI.
+        if unsafe { libc::poll(&mut p, 1, -1) } >= 0 {
+            return true;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            tracing::error!("cannot watch the mount table; remounts are followed only on demand");
+            return false;
+        }
     }
 }
 
