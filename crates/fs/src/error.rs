@@ -47,6 +47,8 @@ pub enum FsError {
     Poisoned(String),
     #[error("file system is read-only")]
     ReadOnly,
+    #[error("permission denied: {0}")]
+    AccessDenied(String),
     #[error("operation not permitted: {0}")]
     NotPermitted(String),
     #[error("no data or hole at or after that offset")]
@@ -81,6 +83,7 @@ impl FsError {
             FsError::Poisoned(_) => libc::EIO,
             FsError::ReadOnly => libc::EROFS,
             FsError::NotPermitted(_) => libc::EPERM,
+            FsError::AccessDenied(_) => libc::EACCES,
             FsError::NoSuchOffset => libc::ENXIO,
             FsError::WritebackFailed(e) => *e,
         }

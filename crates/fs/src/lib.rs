@@ -20,6 +20,7 @@
 //! format and algorithms, `stripefs-iomap` the mapping contract; this crate ties them into a
 //! mounted file system: recovery, journal commit, namespace, and the file I/O paths.
 
+mod acl;
 mod atime;
 mod buffered;
 mod delalloc;

@@ -16,6 +16,7 @@ use stripefs_core::layout::StripeLayout;
 use stripefs_core::record::Record;
 use stripefs_core::Ino;
 
+use crate::acl::{self, Acl};
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::MetaCore;
@@ -92,6 +93,89 @@ fn inherited_group(parent: &InodeAttrs, kind: FileKind, p: &CreateParams) -> (u3
         perm
     };
     (parent.gid, perm)
+}
+
+/// Permission bits of a new inode and the ACL records it starts with: with a default ACL
+/// in the parent, the ACL masked by the requested bits (and, for a directory, the default
+/// ACL again) and no umask; otherwise the umask. Symbolic links get neither.
+fn inherited_acl(
+    parent: &Inode,
+    ino: Ino,
+    kind: FileKind,
+    perm: u16,
+    umask: u16,
+) -> (u16, Vec<Record>) {
+    if kind == FileKind::Symlink {
+        return (perm, Vec::new());
+    }
+    let masked = perm & !(umask & 0o777);
+    let Some(default) = parent.xattrs.get(acl::DEFAULT) else {
+        return (masked, Vec::new());
+    };
+    let mut a = match Acl::parse(default) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(dir = %parent.attrs.ino, %e, "default ACL ignored");
+            return (masked, Vec::new());
+        }
+    };
+    let set = |name: &[u8], value: Vec<u8>| Record::XattrSet {
+        ino,
+        name: name.to_vec(),
+        value,
+    };
+    let mut recs = Vec::new();
+    if kind == FileKind::Directory {
+        recs.push(set(acl::DEFAULT, default.clone()));
+    }
+    let perm = a.inherit(perm);
+    if !a.is_minimal() {
+        recs.push(set(acl::ACCESS, a.encode()));
+    }
+    (perm, recs)
+}
+
+/// The access ACL of `i` after `chmod` to `perm`, if it has one.
+fn chmodded_acl(i: &Inode, perm: u16) -> Option<Record> {
+    let v = i.xattrs.get(acl::ACCESS)?;
+    let mut a = match Acl::parse(v) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(ino = %i.attrs.ino, %e, "access ACL left as it is by chmod");
+            return None;
+        }
+    };
+    a.chmod(perm);
+    Some(Record::XattrSet {
+        ino: i.attrs.ino,
+        name: acl::ACCESS.to_vec(),
+        value: a.encode(),
+    })
+}
+
+/// The value to store for extended attribute `name` of an inode with attributes `a`:
+/// `value` itself, except for POSIX ACLs, which are validated and stored canonically; an
+/// access ACL also sets the permission bits, and is not stored (`None`) when it says no
+/// more than they do.
+fn acl_xattr(a: &mut InodeAttrs, name: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>> {
+    let is_acl = name == acl::ACCESS || name == acl::DEFAULT;
+    if !is_acl {
+        return Ok(Some(value.to_vec()));
+    }
+    if a.kind == FileKind::Symlink {
+        return Err(FsError::NotSupported("ACLs on a symbolic link".into()));
+    }
+    let parsed = Acl::parse(value)?;
+    if name == acl::DEFAULT {
+        if a.kind != FileKind::Directory {
+            return Err(FsError::AccessDenied(
+                "a default ACL is for directories only".into(),
+            ));
+        }
+        return Ok(Some(parsed.encode()));
+    }
+    a.perm = (a.perm & !0o777) | parsed.mode();
+    Ok((!parsed.is_minimal()).then(|| parsed.encode()))
 }
 
 /// Parent attributes after an entry change: new times, link count adjusted by `dlink`.
@@ -237,6 +321,7 @@ impl Fs {
         let ino = Ino(m.state.next_ino);
         let is_dir = kind == FileKind::Directory;
         let (gid, perm) = inherited_group(&live_dir(&m, parent)?.attrs, kind, &p);
+        let (perm, acl_recs) = inherited_acl(live_dir(&m, parent)?, ino, kind, perm, p.umask);
         let attrs = InodeAttrs {
             ino,
             kind,
@@ -256,6 +341,7 @@ impl Fs {
         };
         let d = dir(&m, parent)?;
         let mut recs = vec![Record::InodeSet(attrs)];
+        recs.extend(acl_recs);
         if let Some(t) = link {
             recs.push(Record::SymlinkSet {
                 ino,
@@ -658,9 +744,12 @@ impl Fs {
         }
         let now = Timespec::now();
         let mut m = self.inner.meta.lock();
-        let mut a = inode(&m, ino)?.attrs.clone();
+        let i = inode(&m, ino)?;
+        let mut a = i.attrs.clone();
+        let mut recs = Vec::new();
         if let Some(mode) = s.mode {
             a.perm = (mode & 0o7777) as u16;
+            recs.extend(chmodded_acl(i, a.perm));
         } else if let Some(sgid_always) = s.kill_setid {
             a.perm = setid_dropped(a.kind, a.perm, sgid_always);
         }
@@ -682,7 +771,8 @@ impl Fs {
             a.mtime = pick(t);
         }
         a.ctime = s.ctime.unwrap_or(now);
-        self.inner.log_all(&mut m, vec![Record::InodeSet(a)])?;
+        recs.push(Record::InodeSet(a));
+        self.inner.log_all(&mut m, recs)?;
         self.attr_of(&m, ino)
     }
 
@@ -756,14 +846,21 @@ impl Fs {
         }
         let mut a = i.attrs.clone();
         a.ctime = Timespec::now();
-        let recs = vec![
-            Record::XattrSet {
+        let value = acl_xattr(&mut a, n, value)?;
+        let mut recs = Vec::new();
+        match value {
+            Some(value) => recs.push(Record::XattrSet {
                 ino,
                 name: n.to_vec(),
-                value: value.to_vec(),
-            },
-            Record::InodeSet(a),
-        ];
+                value,
+            }),
+            None if old.is_some() => recs.push(Record::XattrRemove {
+                ino,
+                name: n.to_vec(),
+            }),
+            None => {}
+        }
+        recs.push(Record::InodeSet(a));
         self.inner.log_all(&mut m, recs)
     }
 

@@ -116,6 +116,9 @@ pub struct CreateParams {
     pub layout: Option<StripeLayout>,
     /// Device number for character and block devices.
     pub rdev: u64,
+    /// Permission bits to clear unless the parent directory has a default ACL, which
+    /// then decides instead (the creator's umask; symbolic links ignore it).
+    pub umask: u16,
 }
 
 impl CreateParams {
@@ -128,6 +131,7 @@ impl CreateParams {
             gid: 0,
             layout: None,
             rdev: 0,
+            umask: 0,
         }
     }
 }

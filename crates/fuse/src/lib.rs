@@ -36,6 +36,9 @@ pub use session::{
 /// long a change made by the library beside the mount (none in `stripefs mount`) hides.
 const TTL: Duration = Duration::from_secs(1);
 
+/// The access ACL's extended attribute (`FUSE_POSIX_ACL`: the kernel enforces it).
+const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+
 /// Largest write we accept in one request. The kernel caps it at `fs.fuse.max_pages_limit`
 /// pages (256, i.e. 1 MiB, by default); raising that sysctl lets 16 MiB through, which
 /// keeps several stripe units in one request (`BENCHMARKS.md`). fuser's per-worker read
@@ -108,6 +111,26 @@ impl StripeFuse {
             });
         }
         Ok(p)
+    }
+
+    /// Setting an access ACL drops set-group-ID when the caller is neither in the file's
+    /// group nor privileged, as `chmod` would (`posix_acl_update_mode`); the kernel
+    /// says so only under `FUSE_SETXATTR_EXT`, which we do not ask for.
+    fn acl_kill_sgid(&self, req: &Request, i: Ino) -> stripefs::Result<()> {
+        let a = self.fs.getattr(i)?;
+        if a.mode & 0o2000 == 0 || privs::in_group_or_capable(req.pid(), req.gid(), a.gid) {
+            return Ok(());
+        }
+        let mode = Some(a.mode & 0o7777 & !0o2000);
+        self.fs
+            .setattr(
+                i,
+                &SetAttr {
+                    mode,
+                    ..SetAttr::default()
+                },
+            )
+            .map(drop)
     }
 
     /// Answers with an entry the kernel will hold: a directory is pinned first.
@@ -241,9 +264,12 @@ fn ino(i: INodeNo) -> Ino {
     Ino(i.0)
 }
 
+/// With `FUSE_DONT_MASK` the kernel leaves the umask to us: the engine applies it unless
+/// the parent has a default ACL.
 fn params(req: &Request, mode: u32, umask: u32) -> CreateParams {
     CreateParams {
-        perm: convert::perm(mode & !umask),
+        perm: convert::perm(mode),
+        umask: convert::perm(umask) & 0o777,
         uid: req.uid(),
         gid: req.gid(),
         layout: None,
@@ -266,7 +292,9 @@ impl Filesystem for StripeFuse {
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_ATOMIC_O_TRUNC
             | InitFlags::FUSE_ASYNC_READ
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK;
         if self.cfg.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -697,7 +725,7 @@ impl Filesystem for StripeFuse {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -711,7 +739,12 @@ impl Filesystem for StripeFuse {
             libc::XATTR_REPLACE => XattrMode::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
-        done(reply, self.fs.setxattr(ino(i), name, value, mode))
+        let r = self.fs.setxattr(ino(i), name, value, mode);
+        let r = r.and_then(|()| match name.as_bytes() {
+            ACL_ACCESS => self.acl_kill_sgid(req, ino(i)),
+            _ => Ok(()),
+        });
+        done(reply, r)
     }
 
     fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

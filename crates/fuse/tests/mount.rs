@@ -807,3 +807,188 @@ fn access_times_follow_the_mount_options() {
     assert_eq!((a.sec, i64::from(a.nsec)), seen);
     fs.unmount().unwrap();
 }
+
+/// A POSIX ACL attribute value: version 2, then (tag, perm, id) entries.
+fn acl_value(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+fn set_acl(p: &Path, name: &str, v: &[u8]) -> std::io::Result<()> {
+    let (c, n) = (cpath(p), CString::new(name).unwrap());
+    // SAFETY: valid C strings and a buffer of `v.len()` bytes.
+    let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The ACL attribute `name` of `p`, or the errno reading it failed with.
+fn get_acl(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let (c, n) = (cpath(p), CString::new(name).unwrap());
+    let mut buf = vec![0u8; 1024];
+    // SAFETY: valid C strings and a buffer of `buf.len()` bytes.
+    let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    match usize::try_from(r) {
+        Ok(n) => Ok(buf[..n].to_vec()),
+        Err(_) => Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)),
+    }
+}
+
+/// Whether `sh -c script` succeeds as `nobody` (uid and gid 65534).
+fn nobody_can(script: &str) -> bool {
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .uid(65534)
+        .gid(65534)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// ACL enforcement, mode and mask kept in step, and default ACL inheritance, in `dir`;
+/// returns every observation (modes, ACL values, who could write).
+fn acl_scenario(dir: &Path) -> Vec<(&'static str, String)> {
+    use std::os::unix::fs::PermissionsExt;
+    const U: u32 = u32::MAX;
+    const ACCESS: &str = "system.posix_acl_access";
+    const DEFAULT: &str = "system.posix_acl_default";
+    let mode = |p: &Path| format!("{:o}", fs::metadata(p).unwrap().mode() & 0o7777);
+    let mut seen = Vec::new();
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
+
+    // user::rw- user:nobody:rw- group::--- mask::rw- other::--- on a 0600 file.
+    let f = dir.join("f");
+    fs::write(&f, b"secret\n").unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+    let q = f.display();
+    seen.push((
+        "before-acl",
+        nobody_can(&format!("echo x >> '{q}'")).to_string(),
+    ));
+    let named = acl_value(&[
+        (1, 6, U),
+        (2, 6, 65534),
+        (4, 0, U),
+        (0x10, 6, U),
+        (0x20, 0, U),
+    ]);
+    set_acl(&f, ACCESS, &named).unwrap();
+    seen.push(("acl-mode", mode(&f)));
+    seen.push((
+        "acl-write",
+        nobody_can(&format!("echo x >> '{q}'")).to_string(),
+    ));
+    seen.push((
+        "acl-read",
+        nobody_can(&format!("cat '{q}' >/dev/null")).to_string(),
+    ));
+    // chmod rewrites the mask: nobody loses write.
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o640)).unwrap();
+    seen.push(("chmod-acl", format!("{:?}", get_acl(&f, ACCESS))));
+    seen.push((
+        "chmod-write",
+        nobody_can(&format!("echo x >> '{q}'")).to_string(),
+    ));
+    seen.push((
+        "chmod-read",
+        nobody_can(&format!("cat '{q}' >/dev/null")).to_string(),
+    ));
+
+    // An ACL that says no more than the mode sets the mode and is not stored.
+    let g = dir.join("g");
+    fs::write(&g, b"").unwrap();
+    set_acl(
+        &g,
+        ACCESS,
+        &acl_value(&[(1, 7, U), (4, 5, U), (0x20, 4, U)]),
+    )
+    .unwrap();
+    seen.push(("minimal-mode", mode(&g)));
+    seen.push(("minimal-stored", format!("{:?}", get_acl(&g, ACCESS))));
+    seen.push((
+        "default-on-file",
+        format!(
+            "{:?}",
+            set_acl(&g, DEFAULT, &named).map_err(|e| e.raw_os_error())
+        ),
+    ));
+    seen.push((
+        "invalid-acl",
+        format!(
+            "{:?}",
+            set_acl(
+                &g,
+                ACCESS,
+                &acl_value(&[(1, 6, U), (2, 6, 5), (4, 0, U), (0x20, 0, U)])
+            )
+            .map_err(|e| e.raw_os_error())
+        ),
+    ));
+
+    // A default ACL replaces the umask for new files and directories.
+    let d = dir.join("d");
+    fs::create_dir(&d).unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+    let default = acl_value(&[
+        (1, 7, U),
+        (2, 7, 65534),
+        (4, 5, U),
+        (0x10, 7, U),
+        (0x20, 0, U),
+    ]);
+    set_acl(&d, DEFAULT, &default).unwrap();
+    let dq = d.display();
+    let made = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "umask 077 && : > '{dq}/new' && mkdir '{dq}/sub' && : > '{dq}/../plain'"
+        ))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for (name, p) in [
+        ("new", d.join("new")),
+        ("sub", d.join("sub")),
+        ("plain", dir.join("plain")),
+    ] {
+        seen.push((name, mode(&p)));
+        seen.push((name, format!("{:?}", get_acl(&p, ACCESS))));
+        seen.push((name, format!("{:?}", get_acl(&p, DEFAULT))));
+    }
+    let nq = d.join("new");
+    seen.push((
+        "inherited-write",
+        nobody_can(&format!("echo x >> '{}'", nq.display())).to_string(),
+    ));
+    seen
+}
+
+/// POSIX ACLs are enforced by the kernel (`FUSE_POSIX_ACL`) and kept in step with the
+/// mode, as on a local file system (issue 9, item 13: they were stored and ignored).
+#[test]
+fn posix_acls_behave_as_on_a_local_file_system() {
+    let s = Scratch::new("acl");
+    let local = s.dir.join("local");
+    fs::create_dir(&local).unwrap();
+    let expected = acl_scenario(&local);
+    // The oracle itself: the ACL lets nobody write a 0600 file.
+    assert!(
+        expected.contains(&("acl-write", "true".into())),
+        "{expected:?}"
+    );
+    let (fs, m) = s.serve();
+    let got = acl_scenario(&s.mnt());
+    finish(m, fs);
+    assert_eq!(got, expected);
+}
