@@ -400,3 +400,45 @@ fn flush_fails_after_a_lost_connection_with_unflushed_writes() {
     t.write_sync(8192, pattern(3, 4096)).unwrap();
     assert!(t.flush_sync().is_err());
 }
+
+#[test]
+fn a_server_without_a_write_cache_loses_nothing_to_a_reconnection() {
+    let dir = Scratch::new();
+    let img = dir.0.join("img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    // An eval-plugin server with pread/pwrite only: it advertises no flush, so an
+    // acknowledged write is durable and a lost connection puts nothing at risk.
+    let i = img.display();
+    let args = [
+        "eval".to_string(),
+        "get_size=echo 1048576".to_string(),
+        format!("pread=dd if={i} skip=$4 count=$3 iflag=skip_bytes,count_bytes status=none"),
+        format!("pwrite=dd of={i} seek=$4 oflag=seek_bytes conv=notrunc status=none"),
+    ];
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut srv = Server::start(&dir.0, "s", &a);
+    let t = NbdTarget::open(&srv.uri(), opts(10_000)).unwrap();
+    assert!(!t.supports_flush());
+    t.write_sync(0, pattern(5, 4096)).unwrap();
+    srv.kill();
+    let srv = Server::start(&dir.0, "s", &a);
+    let start = Instant::now();
+    let got = loop {
+        match t.read_sync(0, 4096) {
+            Ok(b) => break b,
+            Err(e) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(15),
+                    "no reconnection: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    assert!(got[..] == pattern(5, 4096)[..]);
+    t.flush_sync().unwrap();
+    drop(srv);
+}

@@ -232,7 +232,18 @@ impl NbdTarget {
         self.slots.len()
     }
 
-    /// Whether the server advertised `NBD_FLAG_SEND_FUA` (not used: see the module docs).
+    /// What an acknowledged write leaves for a flush to cover: nothing on a server without
+    /// a volatile cache (no `NBD_FLAG_SEND_FLUSH`), so losing its connection puts nothing
+    /// at risk.
+    fn write_outcome(&self) -> Outcome {
+        if self.export.has(proto::TF_SEND_FLUSH) {
+            Outcome::WriteAcked
+        } else {
+            Outcome::Other
+        }
+    }
+
+    /// Whether the server advertised `NBD_FLAG_SEND_FUA`.
     #[must_use]
     pub fn supports_fua(&self) -> bool {
         self.export.has(proto::TF_SEND_FUA)
@@ -410,7 +421,7 @@ impl Target for NbdTarget {
             IoOp::Write { bufs, .. } => {
                 let zeroes = self.export.has(proto::TF_SEND_WRITE_ZEROES) && all_zero(bufs);
                 let cmd = if zeroes { Cmd::WriteZeroes } else { Cmd::Write };
-                (cmd, Outcome::WriteAcked)
+                (cmd, self.write_outcome())
             }
             // Durable when acknowledged: it leaves nothing for a flush to cover.
             IoOp::WriteFua { .. } if self.export.has(proto::TF_SEND_FUA) => {
@@ -418,7 +429,7 @@ impl Target for NbdTarget {
                 (Cmd::Write, Outcome::Other)
             }
             // No volatile cache: every write is durable when acknowledged.
-            IoOp::WriteFua { .. } => (Cmd::Write, Outcome::WriteAcked),
+            IoOp::WriteFua { .. } => (Cmd::Write, self.write_outcome()),
             IoOp::Discard { .. } if !self.export.has(proto::TF_SEND_TRIM) => {
                 return done(IoDone {
                     bufs: Vec::new(),

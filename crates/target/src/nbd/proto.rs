@@ -372,7 +372,11 @@ mod tests {
         );
         assert_eq!(&d.output[4..12], &IHAVEOPT.to_be_bytes());
         assert_eq!(&d.output[12..16], &OPT_GO.to_be_bytes());
-        assert_eq!(&d.output[16..20], &13u32.to_be_bytes());
+        assert_eq!(
+            &d.output[16..20],
+            &11u32.to_be_bytes(),
+            "name length + name + count + one info"
+        );
         assert_eq!(&d.output[24..27], b"exp");
         assert_eq!(&d.output[27..31], &[0, 1, 0, 3]);
     }
