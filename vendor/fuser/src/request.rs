@@ -7,6 +7,7 @@
 
 use std::convert::TryFrom;
 use std::path::Path;
+use std::sync::Arc;
 
 use log::debug;
 use log::error;
@@ -26,6 +27,7 @@ use crate::reply::ReplyDirectory;
 use crate::reply::ReplyDirectoryPlus;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
+use crate::reply::ReplySink;
 use crate::session::SessionACL;
 use crate::session::SessionEventLoop;
 
@@ -34,6 +36,9 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// Where the reply goes instead of `ch`, for a request that came from another
+    /// transport (stripefs patch, see PATCHES.md).
+    sink: Option<Arc<dyn ReplySink>>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +54,26 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            sink: None,
+            request,
+        })
+    }
+
+    /// A request that came from another transport: its reply goes to `sink`
+    /// (stripefs patch, see PATCHES.md).
+    pub(crate) fn with_sink(
+        ch: ChannelSender,
+        sink: Arc<dyn ReplySink>,
+        data: &'a [u8],
+    ) -> Result<RequestWithSender<'a>, ll::request::RequestError> {
+        let request = ll::AnyRequest::try_from(data)?;
+        Ok(Self {
+            ch,
+            sink: Some(sink),
+            request,
+        })
     }
 
     /// Dispatch request to the given filesystem.
@@ -552,7 +576,11 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        let sender = match &self.sink {
+            Some(sink) => ReplySender::Sink(sink.clone(), self.ch.clone()),
+            None => ReplySender::Channel(self.ch.clone()),
+        };
+        Reply::new(self.request.unique(), sender)
     }
 
     /// Returns a Request reference for this request

@@ -47,6 +47,7 @@ use crate::read_buf::FuseReadBuf;
 use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
+use crate::reply::ReplySink;
 use crate::request::RequestWithSender;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
@@ -244,6 +245,28 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_inner(None)
+    }
+
+    /// As [`Session::run`], and also runs `transport` on a thread of its own with a
+    /// [`Dispatcher`] for requests that arrive another way than a read of `/dev/fuse`
+    /// (stripefs patch, see PATCHES.md). The session ends when the `/dev/fuse`
+    /// workers and `transport` have all returned; `transport` must drop every clone
+    /// of its dispatcher before it returns.
+    /// # Errors
+    /// Returns any final error when the session comes to an end.
+    pub fn run_with_transport<T>(self, transport: T) -> io::Result<()>
+    where
+        T: FnOnce(Dispatcher<FS>) -> io::Result<()> + Send + 'static,
+    {
+        self.run_inner(Some(Box::new(transport)))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn run_inner(
+        self,
+        transport: Option<Box<dyn FnOnce(Dispatcher<FS>) -> io::Result<()> + Send>>,
+    ) -> io::Result<()> {
         let Session {
             filesystem,
             ch,
@@ -286,9 +309,26 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let transport_ch = transport.as_ref().map(|_| ch.clone());
         channels.push(ch);
 
-        let mut threads = Vec::with_capacity(n_threads);
+        let mut threads = Vec::with_capacity(n_threads + 1);
+        if let (Some(transport), Some(ch)) = (transport, transport_ch) {
+            let dispatcher = Dispatcher {
+                inner: Arc::new(SessionEventLoop {
+                    thread_name: "transport".to_string(),
+                    filesystem: filesystem.clone(),
+                    ch,
+                    allowed,
+                    session_owner,
+                }),
+            };
+            threads.push(
+                thread::Builder::new()
+                    .name("fuser-transport".to_string())
+                    .spawn(move || transport(dispatcher))?,
+            );
+        }
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
@@ -506,6 +546,52 @@ impl SessionUnmounter {
     pub fn unmount(&mut self) -> io::Result<()> {
         if let Some(mount) = std::mem::take(&mut *self.mount.lock()) {
             mount.umount()?;
+        }
+        Ok(())
+    }
+}
+
+/// Dispatches requests that reach the daemon through a transport other than a read
+/// of `/dev/fuse`, such as FUSE over io_uring (stripefs patch, see PATCHES.md).
+/// Replies go to the [`ReplySink`] given with each request.
+pub struct Dispatcher<FS: Filesystem> {
+    inner: Arc<SessionEventLoop<FS>>,
+}
+
+impl<FS: Filesystem> Clone for Dispatcher<FS> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<FS: Filesystem> std::fmt::Debug for Dispatcher<FS> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher").finish_non_exhaustive()
+    }
+}
+
+impl<FS: Filesystem> Dispatcher<FS> {
+    /// Calls the file system for `request`: a `fuse_in_header` and its arguments,
+    /// exactly as one read of `/dev/fuse` returns them, starting at an 8-byte aligned
+    /// address. The reply goes to `sink`, from this thread or later from whichever
+    /// thread the file system answers on. `FUSE_DESTROY` is answered here.
+    /// # Errors
+    /// `request` is not a FUSE request, or is not aligned; nothing was sent to `sink`.
+    pub fn dispatch(&self, request: &[u8], sink: Arc<dyn ReplySink>) -> io::Result<()> {
+        if request.as_ptr().align_offset(8) != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "FUSE request buffer not 8-byte aligned",
+            ));
+        }
+        let req = RequestWithSender::with_sink(self.inner.ch.sender(), sink, request)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+            req.reply::<ReplyEmpty>().ok();
+        } else {
+            req.dispatch(&self.inner);
         }
         Ok(())
     }
