@@ -230,6 +230,21 @@ impl Fs {
         self.attr_of(&m, target)
     }
 
+    /// The inode a file handle names (`open_by_handle_at`, an NFS server): any kind, as
+    /// long as it has a name. Inode numbers are never reused, so a number alone is a
+    /// handle that cannot reach another file.
+    ///
+    /// # Errors
+    /// `Stale` if the inode is gone or unlinked.
+    pub fn by_handle(&self, ino: Ino) -> Result<Attr> {
+        self.inner.check()?;
+        let m = self.inner.meta.lock();
+        if inode(&m, ino)?.attrs.nlink == 0 {
+            return Err(FsError::Stale(ino.0));
+        }
+        self.attr_of(&m, ino)
+    }
+
     /// Creates a regular file.
     ///
     /// # Errors

@@ -294,7 +294,8 @@ impl Filesystem for StripeFuse {
             | InitFlags::FUSE_ASYNC_READ
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_POSIX_ACL
-            | InitFlags::FUSE_DONT_MASK;
+            | InitFlags::FUSE_DONT_MASK
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         if self.cfg.writeback_cache {
             want |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
@@ -344,7 +345,15 @@ impl Filesystem for StripeFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(reply, self.fs.lookup(ino(parent), name));
+        // FUSE_EXPORT_SUPPORT: a file handle whose inode the kernel no longer caches
+        // comes back as LOOKUP(node id, "."), whatever the inode's kind; a directory's
+        // parent as LOOKUP(node id, "..").
+        let r = if name.as_bytes() == b"." {
+            self.fs.by_handle(ino(parent))
+        } else {
+            self.fs.lookup(ino(parent), name)
+        };
+        self.entry(reply, r);
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

@@ -238,7 +238,9 @@ fn namespace_data_and_direct_io_through_the_kernel() {
         st.f_bfree
     );
 
-    m.unmount().unwrap();
+    // Retrying EBUSY: other tests fork children (see `unmount_retrying`).
+    unmount_retrying(&m.unmounter());
+    m.join().unwrap();
     fs.unmount().unwrap();
     drop(fs);
 
@@ -991,4 +993,104 @@ fn posix_acls_behave_as_on_a_local_file_system() {
     let got = acl_scenario(&s.mnt());
     finish(m, fs);
     assert_eq!(got, expected);
+}
+
+/// `name_to_handle_at(2)`: the handle (header included) of `p`.
+fn file_handle(p: &Path) -> Vec<u8> {
+    const MAX: usize = 128;
+    let mut buf = vec![0u8; 8 + MAX];
+    buf[..4].copy_from_slice(&(MAX as u32).to_ne_bytes());
+    let mut mount_id: libc::c_int = 0;
+    let c = cpath(p);
+    // SAFETY: a valid path and a `struct file_handle` with room for MAX bytes.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            buf.as_mut_ptr(),
+            &mut mount_id,
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "name_to_handle_at: {}",
+        std::io::Error::last_os_error()
+    );
+    let len = u32::from_ne_bytes(buf[..4].try_into().unwrap()) as usize;
+    buf.truncate(8 + len);
+    buf
+}
+
+/// `open_by_handle_at(2)` on the mount whose root `mount` is.
+fn open_by_handle(mount: &fs::File, handle: &[u8], flags: i32) -> std::io::Result<fs::File> {
+    let mut h = handle.to_vec();
+    // SAFETY: a descriptor of the mount and a `struct file_handle` from name_to_handle_at.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount.as_raw_fd(),
+            h.as_mut_ptr(),
+            flags,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor we own.
+    Ok(unsafe { <fs::File as std::os::unix::io::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
+/// The kernel forgets the inodes and dentries nobody holds.
+fn drop_inode_caches() {
+    fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+}
+
+/// File handles (`FUSE_EXPORT_SUPPORT`) outlive the kernel's inode cache and the mount
+/// (issue 9, item 12: after drop_caches, open_by_handle_at answered ESTALE); a handle to
+/// a removed file is stale.
+#[test]
+fn file_handles_survive_cache_drops_and_remounts() {
+    let s = Scratch::new("handles");
+    let (fs, m) = s.serve();
+    let mnt = s.mnt();
+    fs::create_dir_all(mnt.join("d/e")).unwrap();
+    fs::write(mnt.join("d/e/f"), b"by handle").unwrap();
+    fs::write(mnt.join("gone"), b"x").unwrap();
+    let (hf, hd, hgone) = (
+        file_handle(&mnt.join("d/e/f")),
+        file_handle(&mnt.join("d/e")),
+        file_handle(&mnt.join("gone")),
+    );
+    let want_dir = fs::metadata(mnt.join("d/e")).unwrap().ino();
+    fs::remove_file(mnt.join("gone")).unwrap();
+    let check = |root: &fs::File| {
+        drop_inode_caches();
+        let mut f = open_by_handle(root, &hf, libc::O_RDONLY).unwrap();
+        let mut got = String::new();
+        f.read_to_string(&mut got).unwrap();
+        assert_eq!(got, "by handle");
+        drop(f);
+        drop_inode_caches();
+        let d = open_by_handle(root, &hd, libc::O_RDONLY | libc::O_DIRECTORY).unwrap();
+        assert_eq!(d.metadata().unwrap().ino(), want_dir);
+        drop_inode_caches();
+        let e = open_by_handle(root, &hgone, libc::O_RDONLY).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    };
+    let root = fs::File::open(&mnt).unwrap();
+    check(&root);
+    drop(root);
+    finish(m, fs);
+
+    // A new mount of the same file system takes the same handles.
+    let (fs, _) = Fs::mount(s.targets(), MountOptions::default()).unwrap();
+    let fs = Arc::new(fs);
+    let m = serve(fs.clone(), &mnt, &ServeOptions::default()).unwrap();
+    let root = fs::File::open(&mnt).unwrap();
+    check(&root);
+    drop(root);
+    finish(m, fs);
 }
