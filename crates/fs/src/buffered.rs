@@ -602,23 +602,28 @@ impl Fs {
                 cur = hole_end;
                 continue;
             }
-            let map = stripefs_iomap::IomapOps::begin(&mapper, cur, size - cur, IomapOp::Report)?;
-            stripefs_iomap::IomapOps::end(&mapper, &map, cur, 0, IomapOp::Report)?;
-            let piece_end = map.end().min(size);
-            let mut b = cur;
-            while b < piece_end {
-                let data = match map.kind {
-                    IomapKind::Mapped | IomapKind::Delalloc | IomapKind::Shared => true,
-                    IomapKind::Hole | IomapKind::Unwritten => fc
-                        .as_ref()
-                        .is_some_and(|fc| fc.block_dirty(&self.inner.cache, b)),
-                };
-                if data == (what == Whence::Data) {
-                    return Ok(b);
+            // One mapping: the first block of the wanted kind in it, or its end.
+            let mut found = None;
+            cur += iomap::iterate(&mapper, cur, size - cur, IomapOp::Report, |map, p, n| {
+                let mut b = p;
+                while b < p + n {
+                    let data = match map.kind {
+                        IomapKind::Mapped | IomapKind::Delalloc | IomapKind::Shared => true,
+                        IomapKind::Hole | IomapKind::Unwritten => fc
+                            .as_ref()
+                            .is_some_and(|fc| fc.block_dirty(&self.inner.cache, b)),
+                    };
+                    if data == (what == Whence::Data) {
+                        found = Some(b);
+                        return Ok(iomap::Step::Done(0));
+                    }
+                    b = (b / bs + 1) * bs;
                 }
-                b = (b / bs + 1) * bs;
+                Ok(iomap::Step::Done(n))
+            })?;
+            if let Some(b) = found {
+                return Ok(b);
             }
-            cur = piece_end;
         }
         match what {
             Whence::Data => Err(FsError::NoSuchOffset),

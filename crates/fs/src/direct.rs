@@ -33,7 +33,7 @@ use stripefs_core::Ino;
 use stripefs_iomap::direct::{
     submit_read_piece, submit_write_piece, write_lock_for, DioEnd, DioLock,
 };
-use stripefs_iomap::{iterate, IomapKind, IomapOp, IomapOps, WbWait};
+use stripefs_iomap::{iterate, IomapKind, IomapOp, WbWait};
 use stripefs_target::{Batch, IoDone};
 
 use crate::error::{FsError, Result};
@@ -51,15 +51,6 @@ pub(crate) fn first_error(done: &[IoDone]) -> Result<()> {
         d.result.clone()?;
     }
     Ok(())
-}
-
-pub(crate) fn iter_err(e: stripefs_iomap::IterError<FsError>) -> FsError {
-    match e {
-        stripefs_iomap::IterError::Failed { error, .. } => error,
-        stripefs_iomap::IterError::Contract(m) => {
-            stripefs_core::CoreError::corrupted("mapping contract", m).into()
-        }
-    }
 }
 
 impl Fs {
@@ -133,7 +124,7 @@ impl Fs {
             }
             Ok(n)
         })
-        .map_err(iter_err)?;
+        .map_err(FsError::from)?;
         let done = batch.wait();
         let r = first_error(&done);
         if r.is_ok() {
@@ -282,7 +273,9 @@ impl Fs {
                 .dio_pieces
                 .fetch_add(batch.submitted() as u64, Ordering::Relaxed);
             let done = batch.wait();
-            let r = walked.map_err(iter_err).and_then(|_| first_error(&done));
+            let r = walked
+                .map_err(FsError::from)
+                .and_then(|_| first_error(&done));
             self.inner
                 .bufs
                 .put_all(done.into_iter().flat_map(|d| d.bufs));
@@ -301,41 +294,33 @@ impl Fs {
     fn write_serial(&self, mapper: &FileMapper<'_>, off: u64, data: &[u8]) -> Result<usize> {
         let bs = self.inner.geo.block_size.bytes_u64();
         let len = data.len() as u64;
-        let mut done = 0u64;
         let mut ends = Vec::new();
-        while done < len {
-            let p = off + done;
-            let map = match mapper.begin(p, len - done, IomapOp::Write) {
-                Ok(m) => m,
-                Err(FsError::NoSpace(_)) if done > 0 => break,
-                Err(e) => {
-                    mapper.release_new();
-                    return Err(e);
-                }
-            };
-            let n = map.end().min(off + len) - p;
+        let walked = iterate(mapper, off, len, IomapOp::Write, |map, p, n| {
             let batch = Batch::new();
-            ends.push(submit_write_piece(
-                mapper,
-                &batch,
-                &map,
-                p,
-                &data[done as usize..(done + n) as usize],
-                bs,
-            ));
+            let src = &data[(p - off) as usize..(p - off + n) as usize];
+            ends.push(submit_write_piece(mapper, &batch, map, p, src, bs));
             self.inner.dio_pieces.fetch_add(1, Ordering::Relaxed);
             let piece = batch.wait();
             let r = first_error(&piece);
             self.inner
                 .bufs
                 .put_all(piece.into_iter().flat_map(|d| d.bufs));
-            mapper.end(&map, p, if r.is_ok() { n } else { 0 }, IomapOp::Write)?;
-            if let Err(e) = r {
-                mapper.release_new();
-                return Err(e);
+            r.map(|()| n)
+        });
+        let done = match walked {
+            Ok(n) => n,
+            Err(stripefs_iomap::IterError::Failed {
+                done,
+                error: FsError::NoSpace(_),
+            }) if done > 0 => {
+                ends.pop_if(|e| e.pos + e.len > off + done);
+                done
             }
-            done += n;
-        }
+            Err(e) => {
+                mapper.release_new();
+                return Err(e.into());
+            }
+        };
         self.record_dio(mapper.ino, &ends, off + done)?;
         mapper.keep_new();
         Ok(done as usize)
@@ -347,17 +332,13 @@ impl Fs {
         let bs = self.inner.geo.block_size;
         let mut need: std::collections::HashMap<stripefs_core::TargetId, u64> =
             std::collections::HashMap::new();
-        let mut cur = off;
-        while cur < off + len {
-            let map = mapper.begin(cur, off + len - cur, IomapOp::Report)?;
-            mapper.end(&map, cur, 0, IomapOp::Report)?;
-            let piece_end = map.end().min(off + len);
+        iterate(mapper, off, len, IomapOp::Report, |map, p, n| {
             if matches!(map.kind, IomapKind::Hole) {
                 *need.entry(map.addr.target).or_default() +=
-                    bs.blocks_for(piece_end - bs.round_down(cur));
+                    bs.blocks_for(p + n - bs.round_down(p));
             }
-            cur = piece_end;
-        }
+            Ok(n)
+        })?;
         // Blocks freed by uncommitted transactions become reservable after a commit.
         let reserved =
             self.reserve_all(&need) || (self.commit_for_space()? && self.reserve_all(&need));

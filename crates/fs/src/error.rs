@@ -95,6 +95,16 @@ impl FsError {
     }
 }
 
+/// A walk of a file's mappings that stopped: the file system's own error, or a broken
+/// mapping contract reported as corruption (never trusted). The bytes processed before the
+/// error are dropped: a caller that needs them matches the [`stripefs_iomap::IterError`].
+impl From<stripefs_iomap::IterError<FsError>> for FsError {
+    fn from(e: stripefs_iomap::IterError<FsError>) -> Self {
+        e.into_parts(|m| CoreError::corrupted("mapping contract", m).into())
+            .1
+    }
+}
+
 impl From<FsError> for std::io::Error {
     fn from(e: FsError) -> Self {
         std::io::Error::new(std::io::Error::from_raw_os_error(e.errno()).kind(), e)

@@ -14,7 +14,7 @@ use stripefs_core::extent::ExtentState;
 use stripefs_core::inode::Timespec;
 use stripefs_core::record::Record;
 use stripefs_core::{CoreError, Ino};
-use stripefs_iomap::{iterate, Iomap, IomapFlags, IomapKind, IomapOp, IterError};
+use stripefs_iomap::{iterate, Iomap, IomapFlags, IomapKind, IomapOp};
 
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
@@ -25,13 +25,6 @@ use crate::types::FallocMode;
 
 /// Largest file size (bytes): offsets stay far from u64 overflow in every unit.
 pub const MAX_FILE_BYTES: u64 = 1 << 60;
-
-fn iter_err(e: IterError<FsError>) -> FsError {
-    match e {
-        IterError::Failed { error, .. } => error,
-        IterError::Contract(msg) => CoreError::corrupted("mapping contract", msg).into(),
-    }
-}
 
 impl Fs {
     /// Sets the file size: truncating frees blocks past the new end and zeroes the rest of
@@ -264,7 +257,7 @@ impl Fs {
         });
         if let Err(e) = walked {
             mapper.release_new();
-            return Err(iter_err(e));
+            return Err(e.into());
         }
         mapper.keep_new();
         let bs = self.inner.geo.block_size;
@@ -485,10 +478,14 @@ enum BlockFate {
 impl FileMapper<'_> {
     /// The mapping at `pos` without allocating.
     pub(crate) fn begin_report(&self, pos: u64) -> Result<Iomap<DevAddr>> {
-        use stripefs_iomap::IomapOps;
-        let map = self.begin(pos, 1, IomapOp::Report)?;
-        self.end(&map, pos, 0, IomapOp::Report)?;
-        Ok(map)
+        let mut found = None;
+        iterate(self, pos, 1, IomapOp::Report, |map, _, _| {
+            found = Some(*map);
+            Ok(stripefs_iomap::Step::Done(0))
+        })?;
+        found.ok_or_else(|| {
+            CoreError::corrupted("mapping contract", format!("no mapping at {pos}")).into()
+        })
     }
 }
 

@@ -22,7 +22,7 @@ use stripefs_iomap::direct::{submit_read_piece, submit_write_piece, write_lock_f
 use stripefs_iomap::{iterate, IomapOp};
 use stripefs_target::Batch;
 
-use crate::direct::{first_error, iter_err, DIO_WINDOW_BYTES};
+use crate::direct::{first_error, DIO_WINDOW_BYTES};
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::mapping::FileMapper;
@@ -192,7 +192,7 @@ impl Fs {
         let (fs, io) = (self.clone(), Arc::clone(&io));
         batch.finish_with(move |completed| {
             let r = walked
-                .map_err(iter_err)
+                .map_err(FsError::from)
                 .and_then(|_| first_error(&completed))
                 .and_then(|()| fs.record_dio(ino, &ends, off + len))
                 .map(|()| len as usize);
@@ -280,7 +280,7 @@ impl Fs {
         let (fs, io) = (self.clone(), Arc::clone(&io));
         batch.finish_with(move |completed| {
             let r = walked
-                .map_err(iter_err)
+                .map_err(FsError::from)
                 .and_then(|_| first_error(&completed))
                 .map(|()| {
                     let mut data = vec![0u8; span as usize];

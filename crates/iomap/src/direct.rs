@@ -22,7 +22,7 @@
 use stripefs_target::{Batch, IoBuf};
 
 use crate::buffered::FileIo;
-use crate::{Iomap, IomapFlags, IomapKind, IomapOp, IomapOps};
+use crate::{iterate, Iomap, IomapFlags, IomapKind, IomapOp, Step};
 
 /// The inode lock a direct write needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub enum UnalignedPolicy {
 ///
 /// # Errors
 /// The file system's mapping errors.
-pub fn write_lock_for<O: IomapOps + ?Sized>(
+pub fn write_lock_for<O: FileIo + ?Sized>(
     ops: &O,
     pos: u64,
     len: u64,
@@ -65,23 +65,22 @@ pub fn write_lock_for<O: IomapOps + ?Sized>(
     if unaligned && policy == UnalignedPolicy::Exclusive {
         return Ok(DioLock::Exclusive);
     }
-    let mut cur = pos;
-    while cur < end {
-        let map = ops.begin(cur, end - cur, IomapOp::Report)?;
-        let piece_end = map.end().min(end);
-        ops.end(&map, cur, 0, IomapOp::Report)?;
-        let whole_blocks = cur.is_multiple_of(block) && piece_end % block == 0;
+    let mut lock = DioLock::Shared;
+    iterate(ops, pos, len, IomapOp::Report, |map, p, n| {
+        let whole_blocks = p.is_multiple_of(block) && (p + n).is_multiple_of(block);
         let ok = match map.kind {
             IomapKind::Mapped => true,
             IomapKind::Unwritten => whole_blocks,
             IomapKind::Hole | IomapKind::Delalloc | IomapKind::Shared => false,
         };
-        if !ok {
-            return Ok(DioLock::Exclusive);
+        if ok {
+            return Ok(Step::Advance(n));
         }
-        cur = piece_end;
-    }
-    Ok(DioLock::Shared)
+        lock = DioLock::Exclusive;
+        Ok(Step::Done(0))
+    })
+    .map_err(|e| e.into_parts(|m| ops.contract_error(m)).1)?;
+    Ok(lock)
 }
 
 /// A piece of a direct write, for completion processing.

@@ -2,14 +2,36 @@
 //!
 //! Contract (see docs/design/iomap.md):
 //! 1. `begin(pos, len)` returns a mapping that covers `pos`; it may be shorter than asked.
-//! 2. The body gets `(map, pos, len)` with `len` clipped to the mapping and returns how many
-//!    bytes it consumed: at least 1 and at most `len`, or an error.
+//! 2. The body gets `(map, pos, len)` with `len` clipped to the mapping and says what it did
+//!    ([`Step`]): consumed at least 1 and at most `len` bytes and goes on (a plain `u64`);
+//!    consumed at most `len` bytes (0 allowed) and ends the walk; or found the mapping stale
+//!    (Linux's `IOMAP_F_STALE`): nothing consumed, map the same position again. Or it fails.
 //! 3. `end` is called exactly once per successful `begin`, on every exit path, with the
-//!    bytes used (0 when the body failed).
-//! 4. Iteration stops at the end of the range or at the first error; the result is the
-//!    number of bytes processed, or the error if nothing was processed.
+//!    bytes used (0 when the body failed or found the mapping stale).
+//! 4. Iteration stops at the end of the range, when the body ends it, or at the first
+//!    error; the result is the number of bytes processed, or the error.
+//!
+//! This is the only way the paths walk a file's mappings: none calls `begin`/`end` itself.
 
 use crate::{Iomap, IomapOp, IomapOps};
+
+/// What the body of [`iterate`] did with one mapping piece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Consumed this many bytes (at least 1, at most the piece); the walk goes on.
+    Advance(u64),
+    /// Consumed this many bytes (0 allowed, at most the piece); the walk ends here.
+    Done(u64),
+    /// The mapping no longer describes the file (its sequence cookie is old): nothing was
+    /// consumed; `end` it and map the same position again (`IOMAP_F_STALE`).
+    Stale,
+}
+
+impl From<u64> for Step {
+    fn from(n: u64) -> Self {
+        Self::Advance(n)
+    }
+}
 
 /// Why an iteration stopped early.
 #[derive(Debug)]
@@ -20,12 +42,23 @@ pub enum IterError<E> {
     Contract(String),
 }
 
+impl<E> IterError<E> {
+    /// The bytes processed before the walk stopped and the error, a contract violation
+    /// turned into the file system's error by `contract`.
+    pub fn into_parts(self, contract: impl FnOnce(String) -> E) -> (u64, E) {
+        match self {
+            Self::Failed { done, error } => (done, error),
+            Self::Contract(m) => (0, contract(m)),
+        }
+    }
+}
+
 /// Walks `[pos, pos + len)` one mapping at a time, calling `body` on each piece.
 ///
 /// # Errors
 /// [`IterError::Failed`] with the bytes completed before the error, or
 /// [`IterError::Contract`] when `begin` or the body violates the contract.
-pub fn iterate<O, F>(
+pub fn iterate<O, F, S>(
     ops: &O,
     pos: u64,
     len: u64,
@@ -34,7 +67,8 @@ pub fn iterate<O, F>(
 ) -> Result<u64, IterError<O::Error>>
 where
     O: IomapOps + ?Sized,
-    F: FnMut(&Iomap<O::Addr>, u64, u64) -> Result<u64, O::Error>,
+    F: FnMut(&Iomap<O::Addr>, u64, u64) -> Result<S, O::Error>,
+    S: Into<Step>,
 {
     let end = pos
         .checked_add(len)
@@ -56,8 +90,24 @@ where
             )));
         }
         let piece = (map.end() - cur).min(end - cur);
-        match body(&map, cur, piece) {
-            Ok(used) if used >= 1 && used <= piece => {
+        debug_assert!(piece >= 1 && map.covers(cur), "a piece is never empty");
+        match body(&map, cur, piece).map(Into::into) {
+            Ok(Step::Stale) => {
+                ops.end(&map, cur, 0, op)
+                    .map_err(|error| IterError::Failed {
+                        done: cur - pos,
+                        error,
+                    })?;
+            }
+            Ok(Step::Done(used)) if used <= piece => {
+                ops.end(&map, cur, used, op)
+                    .map_err(|error| IterError::Failed {
+                        done: cur + used - pos,
+                        error,
+                    })?;
+                return Ok(cur + used - pos);
+            }
+            Ok(Step::Advance(used)) if used >= 1 && used <= piece => {
                 ops.end(&map, cur, used, op)
                     .map_err(|error| IterError::Failed {
                         done: cur + used - pos,
@@ -65,7 +115,7 @@ where
                     })?;
                 cur += used;
             }
-            Ok(used) => {
+            Ok(Step::Advance(used) | Step::Done(used)) => {
                 let _ = ops.end(&map, cur, 0, op);
                 return Err(IterError::Contract(format!(
                     "body advanced {used} of a {piece}-byte piece"
@@ -161,6 +211,45 @@ mod tests {
         let n = iterate(&f, 0, 6, IomapOp::Write, |_, _, _| Ok(1)).unwrap();
         assert_eq!(n, 6);
         assert_eq!(f.ends.borrow().len(), 6);
+    }
+
+    #[test]
+    fn stale_maps_again_and_done_ends_the_walk() {
+        let f = fake(None);
+        let mut stale_once = true;
+        let mut seen = Vec::new();
+        let n = iterate(&f, 0, 9, IomapOp::Read, |_, pos, len| {
+            seen.push(pos);
+            if pos == 3 && stale_once {
+                stale_once = false;
+                return Ok(Step::Stale);
+            }
+            Ok(if pos == 6 {
+                Step::Done(1)
+            } else {
+                Step::Advance(len)
+            })
+        })
+        .unwrap();
+        assert_eq!(n, 7, "stopped one byte into the third mapping");
+        assert_eq!(
+            seen,
+            vec![0, 3, 3, 6],
+            "the stale mapping was asked for again"
+        );
+        assert_eq!(*f.begins.borrow() as usize, f.ends.borrow().len());
+        assert_eq!(
+            f.ends.borrow()[1],
+            (3, 0),
+            "a stale mapping ends with nothing used"
+        );
+        let f = fake(None);
+        let e = iterate(&f, 0, 9, IomapOp::Read, |_, _, len| Ok(Step::Done(len + 1)));
+        assert!(
+            matches!(e, Err(IterError::Contract(_))),
+            "overlong final step"
+        );
+        assert_eq!(f.ends.borrow().last(), Some(&(0, 0)));
     }
 
     #[test]

@@ -19,7 +19,7 @@ mod writeback;
 mod zero;
 
 pub use buffered::{balance_dirty, fill, read, write, FileIo};
-pub use iter::{iterate, IterError};
+pub use iter::{iterate, IterError, Step};
 pub use writeback::{writeback, WbEnd, WbStats, WbWait};
 pub use zero::{invalidate_range, zero_cached, zero_range, ZeroMode};
 

@@ -13,15 +13,15 @@
 //!
 //! I-004-2: the skip decision is made with the folio locked *after* the mapping lookup and
 //! re-validated with the mapping's sequence cookie, so a writeback completion that converted
-//! the extent in between is caught and the piece re-mapped. No flush happens in
+//! the extent in between is caught and the piece re-mapped (`Step::Stale`). No flush happens in
 //! [`ZeroMode::Cache`] (I-004-3); [`ZeroMode::Flush`] restores the Linux 6.12 behaviour of
 //! writing back and waiting whenever zeroing meets dirty cache over a hole or unwritten
 //! extent, kept as a switch so the benchmark can show the cost.
 
-use crate::buffered::{prepare_block, FileIo};
+use crate::buffered::{iter_err, prepare_block, FileIo};
 use crate::cache::{FileCache, PageCache};
 use crate::writeback::{writeback, WbWait};
-use crate::{IomapKind, IomapOp};
+use crate::{iterate, Iomap, IomapKind, IomapOp, Step};
 
 /// How zeroing treats dirty cache over holes and unwritten extents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,65 +61,73 @@ pub fn zero_range<O: FileIo>(
             cur = skip;
             continue;
         }
-        let map = ops.begin(cur, end - cur, IomapOp::Report)?;
-        let on_disk = matches!(
-            map.kind,
-            IomapKind::Mapped | IomapKind::Delalloc | IomapKind::Shared
-        );
-        let cell = match fc.get(cur) {
-            Some(c) => Some(c),
-            None if on_disk => Some(cache.folio(fc, cur, map.end().min(end) - cur)),
-            None => None,
-        };
-        let Some(cell) = cell else {
-            // Nothing cached here: skip up to the next cached folio at most.
-            let piece_end = map
-                .end()
-                .min(end)
-                .min(fc.next_folio_after(cur).unwrap_or(u64::MAX));
-            ops.end(&map, cur, piece_end - cur, IomapOp::Report)?;
-            cur = piece_end;
-            continue;
-        };
-        let piece_end = map.end().min(end).min(cell.end());
-        let n = piece_end - cur;
-        // Folio tracking dirties whole folios, which must then be wholly uptodate.
-        let _held = if cache.config().dirty_tracking == crate::folio::DirtyTracking::Folio {
-            Some(crate::buffered::fill(cache, ops, fc, cur, 1)?)
-        } else {
-            None
-        };
-        let mut g = cell.lock();
-        if !ops.still_valid(&map) {
-            drop(g);
-            ops.end(&map, cur, 0, IomapOp::Report)?;
-            continue; // Extents changed under us: look again.
-        }
-        let bs = u64::from(cache.block_size());
-        let off = cur - g.pos;
-        let (b0, b1) = ((off / bs) as u32, (off + n).div_ceil(bs) as u32);
-        if !off.is_multiple_of(bs) {
-            prepare_block(ops, cache, &mut g, b0, &map, size)?;
-        }
-        if !(off + n).is_multiple_of(bs) {
-            prepare_block(ops, cache, &mut g, b1 - 1, &map, size)?;
-        }
-        g.data[off as usize..(off + n) as usize].fill(0);
-        g.state.set_uptodate(b0, b1);
-        // Per block: zeros must reach the disk where the disk holds data (mapped,
-        // delalloc), where the block was dirty, or where writeback is in flight on the
-        // folio; a clean block over a hole or unwritten extent already reads zero there.
-        for b in b0..b1 {
-            if on_disk || g.writeback || g.state.is_dirty(b) {
-                cache.set_dirty(&mut g, b, b + 1);
-            }
-        }
-        cache.touch(&g);
-        drop(g);
-        ops.end(&map, cur, n, IomapOp::Report)?;
-        cur = piece_end;
+        // One piece, then back here: the run after it may be skippable as a whole.
+        cur += iterate(ops, cur, end - cur, IomapOp::Report, |map, cur, n| {
+            zero_piece(cache, ops, fc, map, cur, n, size)
+        })
+        .map_err(|e| iter_err(ops, e).1)?;
     }
     Ok(())
+}
+
+/// Zeroes the first piece of `[cur, cur + len)` inside `map` (see the module
+/// documentation), or finds the mapping stale.
+fn zero_piece<O: FileIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+    map: &Iomap<O::Addr>,
+    cur: u64,
+    len: u64,
+    size: u64,
+) -> Result<Step, O::Error> {
+    let end = cur + len;
+    let on_disk = matches!(
+        map.kind,
+        IomapKind::Mapped | IomapKind::Delalloc | IomapKind::Shared
+    );
+    let cell = match fc.get(cur) {
+        Some(c) => Some(c),
+        None if on_disk => Some(cache.folio(fc, cur, end - cur)),
+        None => None,
+    };
+    let Some(cell) = cell else {
+        // Nothing cached here: skip up to the next cached folio at most.
+        let piece_end = end.min(fc.next_folio_after(cur).unwrap_or(u64::MAX));
+        return Ok(Step::Done(piece_end - cur));
+    };
+    let n = end.min(cell.end()) - cur;
+    // Folio tracking dirties whole folios, which must then be wholly uptodate.
+    let _held = if cache.config().dirty_tracking == crate::folio::DirtyTracking::Folio {
+        Some(crate::buffered::fill(cache, ops, fc, cur, 1)?)
+    } else {
+        None
+    };
+    let mut g = cell.lock();
+    if !ops.still_valid(map) {
+        return Ok(Step::Stale); // Extents changed under us: look again.
+    }
+    let bs = u64::from(cache.block_size());
+    let off = cur - g.pos;
+    let (b0, b1) = ((off / bs) as u32, (off + n).div_ceil(bs) as u32);
+    if !off.is_multiple_of(bs) {
+        prepare_block(ops, cache, &mut g, b0, map, size)?;
+    }
+    if !(off + n).is_multiple_of(bs) {
+        prepare_block(ops, cache, &mut g, b1 - 1, map, size)?;
+    }
+    g.data[off as usize..(off + n) as usize].fill(0);
+    g.state.set_uptodate(b0, b1);
+    // Per block: zeros must reach the disk where the disk holds data (mapped,
+    // delalloc), where the block was dirty, or where writeback is in flight on the
+    // folio; a clean block over a hole or unwritten extent already reads zero there.
+    for b in b0..b1 {
+        if on_disk || g.writeback || g.state.is_dirty(b) {
+            cache.set_dirty(&mut g, b, b + 1);
+        }
+    }
+    cache.touch(&g);
+    Ok(Step::Done(n))
 }
 
 /// The end of the run from `cur` that needs no zeroing at all: nothing cached and, per
@@ -152,17 +160,17 @@ fn range_busy(fc: &FileCache, pos: u64, end: u64) -> bool {
 }
 
 fn has_hole_or_unwritten<O: FileIo>(ops: &O, pos: u64, len: u64) -> Result<bool, O::Error> {
-    let mut cur = pos;
-    while cur < pos + len {
-        let map = ops.begin(cur, pos + len - cur, IomapOp::Report)?;
-        let n = map.end().min(pos + len) - cur;
-        ops.end(&map, cur, n, IomapOp::Report)?;
-        if matches!(map.kind, IomapKind::Hole | IomapKind::Unwritten) {
-            return Ok(true);
-        }
-        cur += n;
-    }
-    Ok(false)
+    let mut found = false;
+    iterate(ops, pos, len, IomapOp::Report, |map, _, n| {
+        found = matches!(map.kind, IomapKind::Hole | IomapKind::Unwritten);
+        Ok(if found {
+            Step::Done(0)
+        } else {
+            Step::Advance(n)
+        })
+    })
+    .map_err(|e| iter_err(ops, e).1)?;
+    Ok(found)
 }
 
 /// Zeroes the cached bytes of `[pos, end)` without changing block state (truncate: the
