@@ -15,9 +15,10 @@ use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::Ino;
 use stripefs_target::{
-    Batch, BufPool, FaultInjector, FaultPoint, IoOp, OpKind, Target, TargetError, TargetErrorKind,
+    BufPool, FaultInjector, FaultPoint, OpKind, Target, TargetError, TargetErrorKind,
 };
 
+use crate::dirty::DirtyTargets;
 use crate::error::{FsError, Result};
 use crate::journal::Journal;
 
@@ -226,8 +227,8 @@ pub(crate) struct FsInner {
     pub meta: Mutex<MetaCore>,
     pub journal: Journal,
     pub io_locks: Mutex<HashMap<Ino, Arc<InodeIo>>>,
-    /// Targets with completed writes not yet covered by a flush.
-    pub dirty: Vec<AtomicBool>,
+    /// Targets with completed writes not yet covered by a completed flush.
+    pub dirty: DirtyTargets,
     poisoned: AtomicBool,
     poison_reason: Mutex<Option<String>>,
     pub faults: Option<Arc<FaultInjector>>,
@@ -290,7 +291,7 @@ impl FsInner {
     ) -> Self {
         let faults = opts.faults.clone();
         let cache = stripefs_iomap::cache::PageCache::new(opts.cache, geo.block_size.bytes());
-        let dirty = targets.iter().map(|_| AtomicBool::new(false)).collect();
+        let dirty = DirtyTargets::new(targets.len());
         Self {
             geo,
             targets,
@@ -387,24 +388,16 @@ impl FsInner {
 
     /// Records that `target` has completed writes needing a flush.
     pub fn mark_dirty(&self, target: usize) {
-        self.dirty[target].store(true, Ordering::Release);
+        self.dirty.mark(target);
     }
 
-    /// Flushes every target with unflushed completed writes, all at once.
+    /// Flushes every target with completed writes no completed flush covers, all at once
+    /// (none when nothing new is on any target).
     ///
     /// # Errors
     /// The first flush error (the caller decides whether it poisons).
     pub fn flush_dirty(&self) -> Result<()> {
-        let batch = Batch::new();
-        for (i, t) in self.targets.iter().enumerate() {
-            if self.dirty[i].swap(false, Ordering::AcqRel) {
-                batch.submit(t.as_ref(), IoOp::Flush);
-            }
-        }
-        for d in batch.wait() {
-            d.result?;
-        }
-        Ok(())
+        Ok(self.dirty.flush(&self.targets)?)
     }
 
     /// Consults the fault injector at a runtime fault point.

@@ -2,11 +2,16 @@
 //!
 //! Commit protocol for transaction `s` (under the commit lock, never the metadata lock):
 //! 1. take the running transaction from under the metadata lock (new records go to `s+1`);
-//! 2. flush every data target with completed, unflushed writes (ordered data: metadata
-//!    that makes data visible reaches the journal only after the data is durable);
-//! 3. append the transaction at the journal head and flush target 0 — or, when the journal
-//!    is three-quarters full, write a checkpoint instead (payload, flush, header, flush);
+//! 2. flush every data target with completed writes no completed flush covers, and no
+//!    other (ordered data: metadata that makes data visible reaches the journal only after
+//!    the data is durable); when nothing new is on any target, no flush at all;
+//! 3. append the transaction at the journal head on target 0 as a FUA write (durable when
+//!    it completes; two when it wraps) — or, when the journal is three-quarters full, write
+//!    a checkpoint instead (payload, flush, header as a FUA write);
 //! 4. publish `committed = s` and release blocks freed by `s` for reuse.
+//!
+//! So an `fsync` costs one flush per data target it wrote plus one FUA write; a
+//! metadata-only one costs the FUA write alone (`tests/fsync_ops.rs` counts them).
 //!
 //! Concurrent `fsync` callers queue on the commit lock; whoever gets it commits everything
 //! logged so far, and the others find their transaction already committed (group commit).
@@ -152,10 +157,13 @@ impl Journal {
         let t0 = fs.targets[0].as_ref();
         let first_units = w.units.min(cap - pos.head % cap);
         let (a, b) = buf.split_at((first_units * unit) as usize);
+        // FUA: each piece is durable when it completes, so no flush follows. The pieces
+        // of a wrapping record may land in either order; a crash between them leaves a
+        // record whose checksum fails, the torn last record recovery already ends at.
         let batch = Batch::new();
         batch.submit(
             t0,
-            IoOp::Write {
+            IoOp::WriteFua {
                 offset: geo.journal_unit_offset(pos.head),
                 bufs: vec![IoBuf::from_slice(a)],
             },
@@ -164,19 +172,21 @@ impl Journal {
             let offset = geo.journal_unit_offset(pos.head + first_units);
             batch.submit(
                 t0,
-                IoOp::Write {
+                IoOp::WriteFua {
                     offset,
                     bufs: vec![IoBuf::from_slice(b)],
                 },
             );
         }
+        // The injected "journal flush" failure stands for the durability step failing,
+        // which is now the FUA write's own completion.
+        let flushed = fs.fault(FaultPoint::JournalFlush);
         for d in batch.wait() {
             d.result?;
         }
+        flushed?;
         fs.meta_bytes_written
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        fs.fault(FaultPoint::JournalFlush)?;
-        t0.flush_sync()?;
         pos.head += w.units;
         self.bytes_since
             .fetch_add(w.payload.len() as u64, Ordering::Relaxed);
@@ -224,7 +234,8 @@ impl Journal {
     }
 }
 
-/// Writes a checkpoint into area `hdr.area`: payload blocks, flush, header, flush.
+/// Writes a checkpoint into area `hdr.area`: payload blocks, flush, then the header as a
+/// FUA write (durable when it completes; the payload it vouches for already is).
 ///
 /// # Errors
 /// `NoSpace` if the metadata does not fit the area; target errors.
@@ -260,7 +271,6 @@ pub(crate) fn write_checkpoint(
         d.result?;
     }
     t0.flush_sync()?;
-    t0.write_sync(bs.to_bytes(start), IoBuf::from_slice(&header))?;
-    t0.flush_sync()?;
+    t0.write_fua_sync(bs.to_bytes(start), IoBuf::from_slice(&header))?;
     Ok(())
 }

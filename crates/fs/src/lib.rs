@@ -25,6 +25,7 @@ mod atime;
 mod buffered;
 mod delalloc;
 mod direct;
+mod dirty;
 mod error;
 mod file;
 mod fs;

@@ -1,8 +1,10 @@
 //! Crash test: seeded workloads run on recording targets; the image is rebuilt at every
-//! flush point (once with unflushed writes dropped, once with them torn and reordered),
-//! mounted (recovery), checked with fsck, and verified: every fsynced and since untouched
-//! file reads back exactly, no byte that was never written is visible, and renames are
-//! atomic. A sample of points also crashes *during* recovery and recovers again.
+//! durability point — each flush and each FUA write (journal records, checkpoint headers)
+//! — once with unflushed writes dropped, once with them torn and reordered, and at each
+//! FUA write also with that write caught in flight (lost or torn); each image is mounted
+//! (recovery), checked with fsck, and verified: every fsynced and since untouched file
+//! reads back exactly, no byte that was never written is visible, and renames are atomic.
+//! A sample of points also crashes *during* recovery and recovers again.
 mod common;
 
 use std::sync::Arc;
@@ -45,20 +47,50 @@ impl FileState {
         }
     }
 
-    /// The content this file must have after a crash at `point`, if it is determined: the
+    /// The content this file must have after a crash at `cut`, if it is determined: the
     /// last fsync that returned before the crash, with no change started since.
-    fn durable_at(&self, point: usize) -> Option<(&[u8], &str)> {
+    fn durable_at(&self, cut: Cut) -> Option<(&[u8], &str)> {
         let (op, _, content, name) = self
             .snaps
             .iter()
             .rev()
-            .find(|(_, at, _, _)| *at <= point + 1)?;
-        (!self.changed_after(*op, point)).then_some((content, name))
+            .find(|(_, at, _, _)| *at <= cut.returned)?;
+        (!self.changed_after(*op, cut)).then_some((content, name))
     }
 
-    /// True if a change after operation `op` started at or before event `point`.
-    fn changed_after(&self, op: u64, point: usize) -> bool {
-        self.changes.iter().any(|&(o, c)| o > op && c <= point)
+    /// True if a change after operation `op` may have reached the image at `cut`.
+    fn changed_after(&self, op: u64, cut: Cut) -> bool {
+        self.changes
+            .iter()
+            .any(|&(o, c)| o > op && c <= cut.started)
+    }
+}
+
+/// Where a crash cut the event log.
+#[derive(Clone, Copy, Debug)]
+struct Cut {
+    /// An fsync that returned when at most this many events were logged is durable.
+    returned: usize,
+    /// A change that started at or before this event index may be in the image.
+    started: usize,
+}
+
+impl Cut {
+    /// Power lost right after event `p` completed.
+    fn after(p: usize) -> Self {
+        Self {
+            returned: p + 1,
+            started: p,
+        }
+    }
+
+    /// Power lost while event `p` (a write) was in flight: it may be in the image, in
+    /// part or whole, but nothing waiting for it returned.
+    fn during(p: usize) -> Self {
+        Self {
+            returned: p,
+            started: p,
+        }
     }
 }
 
@@ -268,14 +300,14 @@ fn only_written_bytes(w: &Workload, name: &str, data: &[u8]) {
     }
 }
 
-fn verify(fs: &Fs, w: &Workload, point: usize, what: &str) {
+fn verify(fs: &Fs, w: &Workload, cut: Cut, what: &str) {
     for entry in fs.readdir(Ino::ROOT).unwrap() {
         let name = String::from_utf8(entry.name).unwrap();
         let data = read_all(fs, &name).unwrap();
         only_written_bytes(w, &name, &data);
     }
     for f in &w.files {
-        let Some((content, name)) = f.durable_at(point) else {
+        let Some((content, name)) = f.durable_at(cut) else {
             continue;
         };
         let got = read_all(fs, name).unwrap_or_else(|| {
@@ -298,7 +330,7 @@ fn verify(fs: &Fs, w: &Workload, point: usize, what: &str) {
         );
     }
     for r in &w.renames {
-        if r.start > point {
+        if r.start > cut.started {
             continue;
         }
         // Both sides durable and unchanged right up to the rename, and nothing touched them
@@ -309,15 +341,15 @@ fn verify(fs: &Fs, w: &Workload, point: usize, what: &str) {
                 .snaps
                 .iter()
                 .rev()
-                .find(|(o, at, _, _)| *o < r.op && *at <= point + 1);
+                .find(|(o, at, _, _)| *o < r.op && *at <= cut.returned);
             snap.is_some_and(|(o, _, c, _)| {
                 c == content && !f.changes.iter().any(|&(co, _)| co > *o && co < r.op)
             })
         };
-        let later = |id: usize| w.files[id].changed_after(r.op, point);
+        let later = |id: usize| w.files[id].changed_after(r.op, cut);
         let names_reused = w.renames.iter().any(|o| {
             o.op > r.op
-                && o.start <= point
+                && o.start <= cut.started
                 && [&o.src, &o.dst]
                     .iter()
                     .any(|n| **n == r.src || **n == r.dst)
@@ -359,8 +391,8 @@ fn fsck_clean(sims: &[Arc<SimTarget>], what: &str) {
     assert!(r.is_clean(), "{what}: fsck: {:?}", r.problems);
 }
 
-/// Crashes during recovery at each of its flush points and recovers again.
-fn crash_during_recovery(images: &[Vec<u8>], w: &Workload, point: usize) -> usize {
+/// Crashes during recovery at each of its durability points and recovers again.
+fn crash_during_recovery(images: &[Vec<u8>], w: &Workload, cut: Cut) -> usize {
     let rec = Recorder::new();
     let sims: Vec<Arc<SimTarget>> = images
         .iter()
@@ -380,11 +412,11 @@ fn crash_during_recovery(images: &[Vec<u8>], w: &Workload, point: usize) -> usiz
         .collect();
     let (fs, _) = Fs::mount(wrapped, quiet()).expect("first recovery");
     std::mem::forget(fs);
-    let pts = rec.flush_points();
+    let pts = rec.durability_points();
     for &p in &pts {
         let again = rec.images_at(images, p + 1, UnflushedPolicy::Drop, 512);
         let (s2, fs2) = mount_images(&again);
-        verify(&fs2, w, point, "crash during recovery");
+        verify(&fs2, w, cut, "crash during recovery");
         drop(fs2);
         fsck_clean(&s2, "crash during recovery");
     }
@@ -417,7 +449,7 @@ fn crash_points(seed: u64, bs: u32) -> usize {
     let w = run_workload(&fs, &rec, seed);
     std::mem::forget(fs);
     let mut covered = 0;
-    for (k, p) in rec.flush_points().into_iter().enumerate() {
+    for (k, p) in rec.durability_points().into_iter().enumerate() {
         for policy in [
             UnflushedPolicy::Drop,
             UnflushedPolicy::Tear {
@@ -427,14 +459,24 @@ fn crash_points(seed: u64, bs: u32) -> usize {
             let images = rec.images_at(&initial, p + 1, policy, 512);
             let what = format!("seed {seed} bs {bs} crash after event {p} ({policy:?})");
             let (s2, fs2) = mount_images(&images);
-            verify(&fs2, &w, p, &what);
+            verify(&fs2, &w, Cut::after(p), &what);
             drop(fs2);
             fsck_clean(&s2, &what);
             covered += 1;
             if k % 25 == 0 && policy == UnflushedPolicy::Drop {
-                covered += crash_during_recovery(&images, &w, p);
+                covered += crash_during_recovery(&images, &w, Cut::after(p));
             }
         }
+    }
+    for p in rec.fua_points() {
+        // The FUA write was not durable yet: the crash came while it was in flight.
+        let images = rec.images_in_flight(&initial, p, seed ^ (p as u64) << 1, 512);
+        let what = format!("seed {seed} bs {bs} crash during FUA write {p}");
+        let (s2, fs2) = mount_images(&images);
+        verify(&fs2, &w, Cut::during(p), &what);
+        drop(fs2);
+        fsck_clean(&s2, &what);
+        covered += 1;
     }
     covered
 }

@@ -21,7 +21,8 @@ pub enum FaultPoint {
     TargetFlush(u32),
     /// Writing a journal record (file-system runtime).
     JournalWrite,
-    /// Flushing the journal device after a record (file-system runtime).
+    /// A journal record becoming durable: the completion of its FUA write (file-system
+    /// runtime).
     JournalFlush,
     /// Writing a checkpoint (file-system runtime).
     CheckpointWrite,
