@@ -55,6 +55,12 @@ impl Recorder {
         Arc::new(Self::default())
     }
 
+    /// Appends an event observed elsewhere (for instance by a proxy in front of a network
+    /// server, which sees completions on the wire rather than through a [`Target`]).
+    pub fn push(&self, e: Event) {
+        self.events.lock().push(e);
+    }
+
     /// Appends a test marker.
     pub fn mark(&self, tag: u64) {
         self.events.lock().push(Event::Mark(tag));

@@ -1,6 +1,9 @@
 //! `NbdTarget` against Debian's `nbdkit` on Unix sockets: the protocol, requests in flight,
 //! multi-conn, and the failure semantics (server errors, slow servers, a killed server).
 //!
+//! The FUA tests put a recording proxy ([`nbd_proxy`]) between the client and nbdkit to
+//! see the requests and flags on the wire.
+//!
 //! These tests need `nbdkit` (Debian package `nbdkit`; `scripts/run-tests` installs it) and
 //! fail, rather than skip, when it is missing.
 
@@ -9,7 +12,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use stripefs_target::{Batch, IoBuf, IoOp, NbdOptions, NbdTarget, Target, TargetErrorKind};
+use nbd_proxy::{Proxy, Wire, CMD_FLAG_FUA, CMD_FLUSH, CMD_WRITE, TF_SEND_FLUSH, TF_SEND_FUA};
+use stripefs_target::{
+    Batch, FuaSupport, IoBuf, IoOp, NbdOptions, NbdTarget, Target, TargetErrorKind,
+};
+
+mod nbd_proxy;
 
 /// A scratch directory removed on drop.
 struct Scratch(PathBuf);
@@ -441,4 +449,123 @@ fn a_server_without_a_write_cache_loses_nothing_to_a_reconnection() {
     assert!(got[..] == pattern(5, 4096)[..]);
     t.flush_sync().unwrap();
     drop(srv);
+}
+
+/// The requests on the wire, in order: command, flags, offset, length.
+fn requests(wire: &[Wire]) -> Vec<(u16, u16, u64, u32)> {
+    wire.iter()
+        .filter_map(|w| match *w {
+            Wire::Request {
+                cmd,
+                flags,
+                offset,
+                len,
+                ..
+            } => Some((cmd, flags, offset, len)),
+            Wire::Reply { .. } => None,
+        })
+        .collect()
+}
+
+#[test]
+fn fua_write_carries_the_fua_flag_when_the_server_advertises_it() {
+    let dir = Scratch::new();
+    let srv = Server::start(&dir.0, "s", &["memory", "16M"]);
+    let proxy = Proxy::start(&dir.0.join("p.sock"), &srv.sock, 0, None);
+    let t = NbdTarget::open(&proxy.uri(), opts(10_000)).unwrap();
+    assert_ne!(
+        proxy.export_flags() & TF_SEND_FUA,
+        0,
+        "nbdkit's memory plugin advertises FUA"
+    );
+    assert!(t.supports_fua());
+    assert_eq!(t.info().fua, FuaSupport::Native);
+    t.write_fua_sync(8192, pattern(1, 8192)).unwrap();
+    t.write_sync(0, pattern(2, 4096)).unwrap();
+    // One FUA write and no flush; a plain write carries no FUA flag.
+    assert_eq!(
+        requests(&proxy.wire()),
+        [
+            (CMD_WRITE, CMD_FLAG_FUA, 8192, 8192),
+            (CMD_WRITE, 0, 0, 4096)
+        ]
+    );
+    assert!(t.read_sync(8192, 8192).unwrap()[..] == pattern(1, 8192)[..]);
+}
+
+#[test]
+fn fua_write_is_a_write_then_a_flush_when_the_server_lacks_fua() {
+    let dir = Scratch::new();
+    // nbdkit's fua filter in its default mode (`fuamode=none`) hides the plugin's FUA
+    // support but keeps flush.
+    let srv = Server::start(&dir.0, "s", &["--filter=fua", "memory", "16M"]);
+    let proxy = Proxy::start(&dir.0.join("p.sock"), &srv.sock, 0, None);
+    // A slow flush reply: a FUA write that returned before it would be visible below.
+    proxy.set_flush_reply_delay(Duration::from_millis(300));
+    let t = NbdTarget::open(&proxy.uri(), opts(10_000)).unwrap();
+    let flags = proxy.export_flags();
+    assert_eq!(flags & TF_SEND_FUA, 0, "the fua filter hides FUA");
+    assert_ne!(flags & TF_SEND_FLUSH, 0, "the memory plugin has flush");
+    assert!(!t.supports_fua());
+    assert_eq!(t.info().fua, FuaSupport::Emulated);
+    t.write_fua_sync(8192, pattern(1, 8192)).unwrap();
+    let wire = proxy.wire();
+    let find = |want: &dyn Fn(&Wire) -> bool, what: &str| {
+        wire.iter().position(want).unwrap_or_else(|| {
+            panic!("no {what} on the wire when the FUA write returned: {wire:?}")
+        })
+    };
+    let write_req = find(
+        &|w| {
+            matches!(
+                w,
+                Wire::Request {
+                    cmd: CMD_WRITE,
+                    flags: 0,
+                    offset: 8192,
+                    len: 8192,
+                    ..
+                }
+            )
+        },
+        "plain write of the FUA write's range",
+    );
+    let write_reply = find(
+        &|w| {
+            matches!(
+                w,
+                Wire::Reply {
+                    cmd: CMD_WRITE,
+                    error: 0,
+                    ..
+                }
+            )
+        },
+        "write reply",
+    );
+    let flush_req = find(
+        &|w| matches!(w, Wire::Request { cmd: CMD_FLUSH, .. }),
+        "flush",
+    );
+    let flush_reply = find(
+        &|w| {
+            matches!(
+                w,
+                Wire::Reply {
+                    cmd: CMD_FLUSH,
+                    error: 0,
+                    ..
+                }
+            )
+        },
+        "flush reply",
+    );
+    // The flush is sent after the write completed (so it covers it), and the FUA write
+    // completes only after the flush did.
+    assert!(
+        write_req < write_reply && write_reply < flush_req && flush_req < flush_reply,
+        "{wire:?}"
+    );
+    assert_eq!(requests(&wire).len(), 2, "{wire:?}");
+    assert!(t.read_sync(8192, 8192).unwrap()[..] == pattern(1, 8192)[..]);
 }
