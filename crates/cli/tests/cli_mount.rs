@@ -234,6 +234,31 @@ fn helper_is_silent_and_mount_after_plain_umount_waits_for_the_old_daemon() {
     }
 }
 
+/// Waits until the target files' modification times have not changed for 1 s (at least
+/// 2 s, at most 60 s).
+fn wait_targets_quiet(targets: &[String]) {
+    let stamp = || -> Vec<std::time::SystemTime> {
+        targets
+            .iter()
+            .map(|t| fs::metadata(t).unwrap().modified().unwrap())
+            .collect()
+    };
+    let start = Instant::now();
+    let (mut last, mut since) = (stamp(), Instant::now());
+    while start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = stamp();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= Duration::from_secs(1)
+            && start.elapsed() >= Duration::from_secs(2)
+        {
+            return;
+        }
+    }
+    panic!("the targets kept changing for 60 s after remounting read-only");
+}
+
 fn remount_syscall(mnt: &Path, flags: libc::c_ulong) -> std::io::Result<()> {
     let c = CString::new(mnt.as_os_str().as_bytes()).unwrap();
     // SAFETY: valid C strings; a remount takes no data.
@@ -328,7 +353,10 @@ fn remount_read_only_and_back() {
 
     // Read-only again by a bare mount(2): the daemon follows by itself.
     remount_syscall(&s.mnt(), libc::MS_RDONLY).unwrap();
-    std::thread::sleep(Duration::from_secs(2));
+    // It does so asynchronously (an fsync of the root would wait, but would also make
+    // the daemon follow, which is not what this step tests): wait until the targets
+    // have not changed for a second, at least 2 s and at most 60 s after the remount.
+    wait_targets_quiet(&s.targets);
     daemon.kill().unwrap();
     daemon.wait().unwrap();
     lazy_umount(&s.mnt());
