@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use stripefs::UnalignedPolicy;
 use stripefs::{CreateParams, DioSubmit, Fs, Ino, StripeLayout};
-use stripefs_iomap::direct::UnalignedPolicy;
 use stripefs_target::{Batch, IoBuf, IoOp, Rng, Target};
 
 use crate::bench::{cleanup, make_fs, median, mount, quiet};

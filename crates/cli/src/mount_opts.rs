@@ -96,8 +96,8 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
             }
             "dio_unaligned" => {
                 o.dio_unaligned = match v {
-                    "shared" => stripefs_iomap::direct::UnalignedPolicy::Shared,
-                    "exclusive" => stripefs_iomap::direct::UnalignedPolicy::Exclusive,
+                    "shared" => stripefs::UnalignedPolicy::Shared,
+                    "exclusive" => stripefs::UnalignedPolicy::Exclusive,
                     _ => {
                         return Err(format!(
                             "dio_unaligned must be shared or exclusive, not {v:?}"

@@ -1,56 +1,139 @@
-//! Direct I/O: the lock policy in action, stripe-parallel submission with one wait,
-//! space reservation before submission, and all-or-error completion.
+//! Direct I/O, the file system's side: alignment, the lock decision, draining, EOF zeroing,
+//! space reservation and recording completions. The request lifecycle itself (cache
+//! coherence, in-flight accounting, fan-out of pieces, one completion fan-in) is the
+//! generic engine's, `stripefs_iomap::direct`, as Linux's XFS and ext4 leave it to
+//! `__iomap_dio_rw`.
 //!
 //! Offsets and lengths must be multiples of the targets' logical sector (the smallest
 //! legal direct I/O unit); anything else is `EINVAL` (no bounce for misaligned offsets).
 //! The caller's memory is always copied through aligned buffers, so its alignment does
 //! not matter.
 //!
-//! Write protocol:
-//! 1. guess the lock without locking (a write past EOF starts exclusive);
-//! 2. shared: take the inode lock shared, make the cache coherent, and let
-//!    `write_lock_for` confirm that the write is a pure overwrite inside EOF (written
-//!    blocks, or whole unwritten blocks); otherwise drop it and restart exclusive
-//!    (decided before any byte is submitted: I-000-3 holds without a retry path);
-//! 3. exclusive: take the inode lock exclusively, drain in-flight direct I/O (I-000-5),
-//!    zero `[EOF, pos)` for writes starting past EOF (I-004-7), make the cache coherent,
-//!    reserve space for every hole in the range (I-003-3);
-//! 4. submit every stripe piece, wait once (I-003-1), and on success record new and
-//!    unwritten blocks as written and grow the size (I-000-6); on any failure record
-//!    nothing, free what was allocated, and return the error (I-003-2);
-//! 5. if space could not be reserved, go one piece at a time and stop at the first
-//!    `ENOSPC`: a contiguous short write, never a gap (I-003-3).
-//!
-//! The inode lock (and for exclusive writes, completion) is held until the final wait has
-//! returned (I-003-4, I-003-5).
+//! A write goes down once ([`Fs::submit_write_direct`]; [`Fs::write_direct`] is it plus a
+//! wait):
+//! 1. checks (alignment, size limit, metadata space);
+//! 2. the lock, decided once before anything is submitted (ext4 style, I-000-4), cheap
+//!    checks first: a write ending past EOF, or a sub-block write under
+//!    `dio_unaligned = exclusive`, is exclusive without a look at the mappings; otherwise,
+//!    under the shared lock, the mappings say whether it is a pure overwrite inside EOF
+//!    (written blocks, or unwritten blocks covered whole: shared, I-000-2) or not
+//!    (exclusive: the shared lock is dropped, nothing having been submitted);
+//! 3. shared: the engine starts the write and returns; the completion records it on a
+//!    target's completion thread, the in-flight count keeping exclusive operations out
+//!    (I-000-5);
+//! 4. exclusive: drain in-flight direct I/O (I-000-5), zero `[EOF, pos)` for a write
+//!    starting past EOF (I-004-7), then the engine, waited for under the lock (I-003-4,
+//!    I-003-5): its `prepare_write` reserves space on each target for every hole in the
+//!    range (I-003-3), or, if some target lacks it, submits serially so that running out
+//!    ends the write short and contiguous. On failure nothing is recorded and what was
+//!    allocated is freed (I-003-2); on success new and unwritten blocks are recorded
+//!    written and the size grows (I-000-6).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use stripefs_core::extent::ExtentState;
-use stripefs_core::inode::Timespec;
 use stripefs_core::record::Record;
-use stripefs_core::Ino;
+use stripefs_core::{Ino, TargetId};
+use stripefs_iomap::cache::PageCache;
 use stripefs_iomap::direct::{
-    submit_read_piece, submit_write_piece, write_lock_for, DioEnd, DioLock,
+    dio_read, dio_read_wait, dio_write, dio_write_wait, Answer, DioCount, DioEndIo, DioOps,
+    DioPiece, DioSubmit,
 };
-use stripefs_iomap::{iterate, IomapKind, IomapOp, WbWait};
-use stripefs_target::{Batch, IoDone};
+use stripefs_iomap::{iterate, IomapKind, IomapOp, Step};
+use stripefs_target::{BufPool, TargetError};
 
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::InodeIo;
 use crate::mapping::{DevAddr, FileMapper};
 use crate::namespace::inode;
-use crate::options::DioSubmit;
+use crate::options::UnalignedPolicy;
 
-/// Most bytes of one direct I/O in flight at once (bounce buffers included).
-pub(crate) const DIO_WINDOW_BYTES: usize = 64 << 20;
+/// The inode lock a direct write needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DioLock {
+    /// Concurrent with other shared direct writes and with readers.
+    Shared,
+    /// Alone, after draining in-flight direct I/O.
+    Exclusive,
+}
 
-pub(crate) fn first_error(done: &[IoDone]) -> Result<()> {
-    for d in done {
-        d.result.clone()?;
+/// The lock a direct write holds, decided once.
+enum DioGuard<'a> {
+    /// Shared, with the mapper that decided it.
+    Shared(parking_lot::RwLockReadGuard<'a, ()>, FileMapper<'a>),
+    Exclusive(parking_lot::RwLockWriteGuard<'a, ()>),
+}
+
+/// The completion side of one direct I/O (the engine's `DioEndIo`).
+pub(crate) struct DioDone {
+    fs: Fs,
+    ino: Ino,
+    io: Arc<InodeIo>,
+}
+
+impl DioEndIo<DevAddr> for DioDone {
+    type Error = FsError;
+
+    fn page_cache(&self) -> (&PageCache, u64) {
+        (&self.fs.inner.cache, self.ino.0)
     }
-    Ok(())
+
+    fn in_flight(&self) -> &DioCount {
+        &self.io.dio
+    }
+
+    fn buffers(&self) -> &BufPool {
+        &self.fs.inner.bufs
+    }
+
+    fn io_error(&self, e: TargetError) -> FsError {
+        e.into()
+    }
+
+    fn write_done(&self, pieces: &[DioPiece<DevAddr>], end: u64) -> Result<()> {
+        self.fs.record_dio(self.ino, pieces, end)
+    }
+
+    fn submitted(&self, pieces: u64) {
+        self.fs
+            .inner
+            .dio_pieces
+            .fetch_add(pieces, Ordering::Relaxed);
+    }
+}
+
+impl DioOps for FileMapper<'_> {
+    type End = DioDone;
+
+    fn end_io(&self) -> DioDone {
+        DioDone {
+            fs: self.fs.clone(),
+            ino: self.ino,
+            io: self.fs.inner.io_lock(self.ino),
+        }
+    }
+
+    fn prepare_write(&self, pos: u64, len: u64) -> Result<DioSubmit> {
+        let want = self.fs.inner.opts.dio_submit;
+        if self.dio_lock() == Some(DioLock::Shared) {
+            return Ok(want); // A pure overwrite: allocates nothing.
+        }
+        Ok(if self.fs.reserve_dio_space(self, pos, len)? {
+            want
+        } else {
+            DioSubmit::Serial
+        })
+    }
+
+    fn ends_short(&self, e: &FsError) -> bool {
+        matches!(e, FsError::NoSpace(_))
+    }
+
+    fn block_bytes(&self) -> u64 {
+        self.fs.inner.geo.block_size.bytes_u64()
+    }
 }
 
 impl Fs {
@@ -70,268 +153,204 @@ impl Fs {
     /// # Errors
     /// `Invalid` for misalignment or non-files, `Stale`, target I/O errors, `Poisoned`.
     pub fn read_direct(&self, ino: Ino, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let sector = u64::from(self.inner.geo.sector_size);
+        self.with_dio_reader(ino, off, buf.len(), |mapper| {
+            dio_read_wait(mapper, off, buf, sector)
+        })?
+    }
+
+    /// Starts a direct read of up to `len` bytes at `off` (as [`Fs::read_direct`]);
+    /// `done` gets the bytes read (fewer at EOF) exactly once, on a target completion
+    /// thread or, when the read cannot start or needs no I/O, on this thread before
+    /// returning.
+    pub fn submit_read_direct<F>(&self, ino: Ino, off: u64, len: usize, done: F)
+    where
+        F: FnOnce(Result<Vec<u8>>) + Send + 'static,
+    {
+        let sector = u64::from(self.inner.geo.sector_size);
+        let mut done = Some(done);
+        let r = self.with_dio_reader(ino, off, len, |mapper| {
+            let done = done.take().expect("answered once");
+            dio_read(mapper, off, len, sector, done);
+        });
+        if let (Err(e), Some(done)) = (r, done) {
+            done(Err(e));
+        }
+    }
+
+    /// Checks a direct read and runs `f` under the shared inode lock with the file's
+    /// mapper.
+    fn with_dio_reader<R>(
+        &self,
+        ino: Ino,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&FileMapper<'_>) -> R,
+    ) -> Result<R> {
         self.inner.check()?;
-        self.check_dio_alignment(off, buf.len())?;
+        self.check_dio_alignment(off, len)?;
         let io = self.inner.io_lock(ino);
         let _shared = io.read();
         let mapper = FileMapper::new(self, ino)?;
-        if !buf.is_empty() {
+        if len > 0 {
             self.touch_atime(ino);
         }
-        self.write_back_range(&mapper, off, buf.len() as u64)?;
-        let size = mapper.size();
-        if off >= size || buf.is_empty() {
-            return Ok(0);
-        }
-        let n = (buf.len() as u64).min(size - off);
-        let span = n
-            .next_multiple_of(u64::from(self.inner.geo.sector_size))
-            .min(buf.len() as u64);
-        io.dio_begin();
-        let mut r = Ok(());
-        for (w, chunk) in buf[..span as usize]
-            .chunks_mut(DIO_WINDOW_BYTES)
-            .enumerate()
-        {
-            r = self.read_pieces(
-                &mapper,
-                off + (w * DIO_WINDOW_BYTES) as u64,
-                chunk.len() as u64,
-                chunk,
-            );
-            if r.is_err() {
-                break;
-            }
-        }
-        io.dio_end();
-        r.map(|()| n as usize)
-    }
-
-    fn read_pieces(
-        &self,
-        mapper: &FileMapper<'_>,
-        off: u64,
-        span: u64,
-        buf: &mut [u8],
-    ) -> Result<()> {
-        let batch = Batch::new();
-        let mut copies = Vec::new();
-        iterate(mapper, off, span, IomapOp::Read, |map, p, n| {
-            let dst = (p - off) as usize..(p - off + n) as usize;
-            match submit_read_piece(mapper, &batch, map, p, n) {
-                Some(slot) => copies.push((slot, dst)),
-                None => buf[dst].fill(0),
-            }
-            Ok(n)
-        })
-        .map_err(FsError::from)?;
-        let done = batch.wait();
-        let r = first_error(&done);
-        if r.is_ok() {
-            for (slot, dst) in copies {
-                buf[dst.clone()].copy_from_slice(&done[slot].bufs[0][..dst.len()]);
-            }
-        }
-        self.inner
-            .bufs
-            .put_all(done.into_iter().flat_map(|d| d.bufs));
-        r
+        Ok(f(&mapper))
     }
 
     /// Writes `data` at `off` bypassing the cache (see the module documentation for the
-    /// protocol). `off` and `data.len()` must be sector multiples. Returns `data.len()`, or
-    /// fewer bytes only when space ran out part way (a contiguous prefix was written).
+    /// protocol): [`Fs::submit_write_direct`] and a wait for its answer. `off` and
+    /// `data.len()` must be sector multiples. Returns `data.len()`, or fewer bytes only
+    /// when space ran out part way (a contiguous prefix was written).
     ///
     /// # Errors
     /// `Invalid` (misaligned), `FileTooBig`, `NoSpace` (nothing written), target I/O
     /// errors (nothing recorded; the range's content is undefined), `Stale`, `Poisoned`.
     pub fn write_direct(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
-        self.inner.check()?;
-        let _change = self.begin_change()?;
+        let answer = Arc::new(Answer::default());
+        let put = Arc::clone(&answer);
+        self.submit_write_direct(ino, off, data, move |r| put.put(r));
+        answer.wait()
+    }
+
+    /// Starts a direct write of `data` at `off` (see the module documentation) and returns
+    /// without waiting when it can run under the shared lock; `done` gets the result
+    /// exactly once, on a target completion thread, or on this thread before returning
+    /// when the write runs under the exclusive lock (Linux's `IOMAP_DIO_FORCE_WAIT`), had
+    /// to wait for a window or could not start. `data` is copied before this returns.
+    pub fn submit_write_direct<F>(&self, ino: Ino, off: u64, data: &[u8], done: F)
+    where
+        F: FnOnce(Result<usize>) + Send + 'static,
+    {
+        let change = match self.dio_write_checks(off, data.len()) {
+            Ok(g) => g,
+            Err(e) => return done(Err(e)),
+        };
         if data.is_empty() {
-            return Ok(0);
+            return done(Ok(0));
         }
-        self.check_dio_alignment(off, data.len())?;
-        let end = off
-            .checked_add(data.len() as u64)
+        let io = self.inner.io_lock(ino);
+        let lock = self.dio_write_lock(&io, ino, off, data.len() as u64);
+        match lock {
+            Ok(DioGuard::Shared(shared, mapper)) => {
+                self.inner.dio_shared.fetch_add(1, Ordering::Relaxed);
+                match self.touch_mtime(ino) {
+                    Ok(()) => dio_write(&mapper, off, data, done),
+                    Err(e) => done(Err(e)),
+                }
+                // In flight (counted) from here: a switch to read-only drains it.
+                drop((mapper, shared, change));
+            }
+            Ok(DioGuard::Exclusive(excl)) => {
+                let r = self.write_direct_exclusive(&io, ino, off, data);
+                drop((excl, change));
+                done(r);
+            }
+            Err(e) => done(Err(e)),
+        }
+    }
+
+    /// What is checked before any lock: alignment, the size limit, metadata space. Returns
+    /// the guard that keeps the file system writable for the write.
+    fn dio_write_checks(
+        &self,
+        off: u64,
+        len: usize,
+    ) -> Result<parking_lot::RwLockReadGuard<'_, crate::types::Access>> {
+        self.inner.check()?;
+        let change = self.begin_change()?;
+        if len == 0 {
+            return Ok(change);
+        }
+        self.check_dio_alignment(off, len)?;
+        off.checked_add(len as u64)
             .filter(|&e| e <= crate::MAX_FILE_BYTES)
             .ok_or(FsError::FileTooBig)?;
         let unit = u64::from(self.inner.geo.stripe_unit);
-        self.reserve_metadata(64 * (2 + data.len() as u64 / unit))?;
-        let io = self.inner.io_lock(ino);
+        self.reserve_metadata(64 * (2 + len as u64 / unit))?;
+        Ok(change)
+    }
+
+    /// Takes the inode lock a direct write of `[off, off + len)` needs, decided once,
+    /// cheap checks first (I-000-2, I-000-6; see the module documentation).
+    fn dio_write_lock<'a>(
+        &'a self,
+        io: &'a InodeIo,
+        ino: Ino,
+        off: u64,
+        len: u64,
+    ) -> Result<DioGuard<'a>> {
+        let end = off + len;
+        let bs = self.inner.geo.block_size.bytes_u64();
+        let unaligned = !off.is_multiple_of(bs) || !end.is_multiple_of(bs);
         let size_guess = self
             .inner
             .meta
             .lock()
             .size_of(ino)
             .ok_or(FsError::Stale(ino.0))?;
-        if end <= size_guess {
-            let _shared = io.read();
-            let mapper = FileMapper::new(self, ino)?;
-            self.coherent_range(&mapper, off, data.len() as u64)?;
-            let bs = self.inner.geo.block_size.bytes_u64();
-            if write_lock_for(
-                &mapper,
-                off,
-                data.len() as u64,
-                mapper.size(),
-                bs,
-                self.inner.opts.dio_unaligned,
-            )? == DioLock::Shared
-            {
-                self.inner.dio_shared.fetch_add(1, Ordering::Relaxed);
-                return self.write_direct_locked(&io, &mapper, off, data, DioLock::Shared);
+        let exclusive_anyway = end > size_guess
+            || (unaligned && self.inner.opts.dio_unaligned == UnalignedPolicy::Exclusive);
+        if !exclusive_anyway {
+            let shared = io.read();
+            let mapper = FileMapper::new(self, ino)?.with_dio_lock(DioLock::Shared);
+            if end <= mapper.size() && self.overwrites_only(&mapper, off, len)? {
+                return Ok(DioGuard::Shared(shared, mapper));
             }
         }
-        let _excl = io.write();
-        io.dio_drain();
-        self.inner.dio_exclusive.fetch_add(1, Ordering::Relaxed);
-        let mapper = FileMapper::new(self, ino)?;
-        let size = mapper.size();
-        if off > size {
-            // EOF zeroing, also of bytes a crash may have left past EOF on disk (I-004-7).
-            let fc = self.inner.cache.file(ino.0);
-            stripefs_iomap::zero_range(
-                &self.inner.cache,
-                &mapper,
-                &fc,
-                size,
-                off - size,
-                self.inner.opts.eof_zeroing,
-            )?;
-            self.writeback_file(ino, WbWait::Busy)?;
-        }
-        self.coherent_range(&mapper, off, data.len() as u64)?;
-        self.write_direct_locked(&io, &mapper, off, data, DioLock::Exclusive)
+        Ok(DioGuard::Exclusive(io.write()))
     }
 
-    fn write_direct_locked(
+    /// True when every mapping of `[off, off + len)` holds written blocks, or unwritten
+    /// blocks the write covers whole: the write then writes only its own sectors and
+    /// allocates nothing.
+    fn overwrites_only(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<bool> {
+        let bs = self.inner.geo.block_size.bytes_u64();
+        let mut only = true;
+        iterate(mapper, off, len, IomapOp::Report, |map, p, n| {
+            let whole_blocks = p.is_multiple_of(bs) && (p + n).is_multiple_of(bs);
+            only = match map.kind {
+                IomapKind::Mapped => true,
+                IomapKind::Unwritten => whole_blocks,
+                IomapKind::Hole | IomapKind::Delalloc | IomapKind::Shared => false,
+            };
+            Ok(if only {
+                Step::Advance(n)
+            } else {
+                Step::Done(0)
+            })
+        })?;
+        Ok(only)
+    }
+
+    /// The exclusive path: drain, EOF zeroing, then the engine, waited for under the lock;
+    /// what the write allocated is kept only if it was recorded.
+    fn write_direct_exclusive(
         &self,
         io: &InodeIo,
-        mapper: &FileMapper<'_>,
+        ino: Ino,
         off: u64,
         data: &[u8],
-        lock: DioLock,
     ) -> Result<usize> {
-        self.touch_mtime(mapper.ino)?;
-        io.dio_begin();
-        let r = self.write_pieces(mapper, off, data, lock);
-        io.dio_end();
-        self.drop_clean_after_dio(mapper.ino, off, data.len() as u64);
-        r
-    }
-
-    /// Buffered readers may have cached the old bytes while a direct write ran: drop the
-    /// clean folios over `[off, off + len)` (`len > 0`).
-    pub(crate) fn drop_clean_after_dio(&self, ino: Ino, off: u64, len: u64) {
-        if let Some(fc) = self.inner.cache.existing(ino.0) {
-            self.inner.cache.drop_clean(&fc, off, off + len);
-        }
-    }
-
-    fn write_pieces(
-        &self,
-        mapper: &FileMapper<'_>,
-        off: u64,
-        data: &[u8],
-        lock: DioLock,
-    ) -> Result<usize> {
-        // Space for the whole I/O before anything is submitted (the shared path never
-        // allocates).
-        let reserved =
-            lock == DioLock::Shared || self.reserve_dio_space(mapper, off, data.len() as u64)?;
-        let r = if reserved && self.inner.opts.dio_submit == DioSubmit::Parallel {
-            self.write_parallel(mapper, off, data)
-        } else {
-            self.write_serial(mapper, off, data)
-        };
+        io.dio.drain();
+        self.inner.dio_exclusive.fetch_add(1, Ordering::Relaxed);
+        let mapper = FileMapper::new(self, ino)?.with_dio_lock(DioLock::Exclusive);
+        self.zero_eof_to(&mapper, off)?;
+        self.touch_mtime(ino)?;
+        let r = dio_write_wait(&mapper, off, data);
         mapper.release_dio_reservation();
-        r
-    }
-
-    /// Every stripe piece submitted, then one wait; all or error. Requests larger than
-    /// [`DIO_WINDOW_BYTES`] go window by window so the bounce buffers stay bounded
-    /// (I-003-7); nothing is recorded until every window succeeded.
-    fn write_parallel(&self, mapper: &FileMapper<'_>, off: u64, data: &[u8]) -> Result<usize> {
-        let bs = self.inner.geo.block_size.bytes_u64();
-        let mut ends = Vec::new();
-        for (w, chunk) in data.chunks(DIO_WINDOW_BYTES).enumerate() {
-            let at = off + (w * DIO_WINDOW_BYTES) as u64;
-            let batch = Batch::new();
-            let walked = iterate(
-                mapper,
-                at,
-                chunk.len() as u64,
-                IomapOp::Write,
-                |map, p, n| {
-                    let src = &chunk[(p - at) as usize..(p - at + n) as usize];
-                    ends.push(submit_write_piece(mapper, &batch, map, p, src, bs));
-                    Ok(n)
-                },
-            );
-            self.inner
-                .dio_pieces
-                .fetch_add(batch.submitted() as u64, Ordering::Relaxed);
-            let done = batch.wait();
-            let r = walked
-                .map_err(FsError::from)
-                .and_then(|_| first_error(&done));
-            self.inner
-                .bufs
-                .put_all(done.into_iter().flat_map(|d| d.bufs));
-            if let Err(e) = r {
-                mapper.release_new();
-                return Err(e);
-            }
+        match r {
+            Ok(_) => mapper.keep_new(),
+            Err(_) => mapper.release_new(),
         }
-        self.record_dio(mapper.ino, &ends, off + data.len() as u64)?;
-        mapper.keep_new();
-        Ok(data.len())
-    }
-
-    /// One piece at a time (the `dio_submit = serial` switch, and the fallback when space
-    /// could not be reserved): `ENOSPC` after progress ends the write there, contiguous.
-    fn write_serial(&self, mapper: &FileMapper<'_>, off: u64, data: &[u8]) -> Result<usize> {
-        let bs = self.inner.geo.block_size.bytes_u64();
-        let len = data.len() as u64;
-        let mut ends = Vec::new();
-        let walked = iterate(mapper, off, len, IomapOp::Write, |map, p, n| {
-            let batch = Batch::new();
-            let src = &data[(p - off) as usize..(p - off + n) as usize];
-            ends.push(submit_write_piece(mapper, &batch, map, p, src, bs));
-            self.inner.dio_pieces.fetch_add(1, Ordering::Relaxed);
-            let piece = batch.wait();
-            let r = first_error(&piece);
-            self.inner
-                .bufs
-                .put_all(piece.into_iter().flat_map(|d| d.bufs));
-            r.map(|()| n)
-        });
-        let done = match walked {
-            Ok(n) => n,
-            Err(stripefs_iomap::IterError::Failed {
-                done,
-                error: FsError::NoSpace(_),
-            }) if done > 0 => {
-                ends.pop_if(|e| e.pos + e.len > off + done);
-                done
-            }
-            Err(e) => {
-                mapper.release_new();
-                return Err(e.into());
-            }
-        };
-        self.record_dio(mapper.ino, &ends, off + done)?;
-        mapper.keep_new();
-        Ok(done as usize)
+        r
     }
 
     /// Reserves, per target, the blocks of every hole in the range. False if some target
     /// lacks the space (the caller then goes piece by piece).
     fn reserve_dio_space(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<bool> {
         let bs = self.inner.geo.block_size;
-        let mut need: std::collections::HashMap<stripefs_core::TargetId, u64> =
-            std::collections::HashMap::new();
+        let mut need: std::collections::HashMap<TargetId, u64> = std::collections::HashMap::new();
         iterate(mapper, off, len, IomapOp::Report, |map, p, n| {
             if matches!(map.kind, IomapKind::Hole) {
                 *need.entry(map.addr.target).or_default() +=
@@ -350,7 +369,7 @@ impl Fs {
     }
 
     /// Reserves `need` blocks per target, all or nothing.
-    fn reserve_all(&self, need: &std::collections::HashMap<stripefs_core::TargetId, u64>) -> bool {
+    fn reserve_all(&self, need: &std::collections::HashMap<TargetId, u64>) -> bool {
         let mut m = self.inner.meta.lock();
         let mut taken = Vec::new();
         for (&t, &n) in need {
@@ -367,11 +386,16 @@ impl Fs {
 
     /// Records a completed direct write: new and unwritten blocks written, size grown to
     /// `end` if it passed EOF.
-    pub(crate) fn record_dio(&self, ino: Ino, ends: &[DioEnd<DevAddr>], end: u64) -> Result<()> {
+    pub(crate) fn record_dio(
+        &self,
+        ino: Ino,
+        pieces: &[DioPiece<DevAddr>],
+        end: u64,
+    ) -> Result<()> {
         let bs = self.inner.geo.block_size;
         let mut m = self.inner.meta.lock();
         let mut recs = Vec::new();
-        for e in ends {
+        for e in pieces {
             self.inner.mark_dirty(e.map.addr.target.index());
             if !e.convert {
                 continue;
@@ -402,48 +426,30 @@ impl Fs {
     pub(crate) fn touch_mtime(&self, ino: Ino) -> Result<()> {
         let mut m = self.inner.meta.lock();
         let mut a = inode(&m, ino)?.attrs.clone();
-        let now = Timespec::now();
+        let now = stripefs_core::inode::Timespec::now();
         a.mtime = now;
         a.ctime = now;
         self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
     }
 
-    /// Writes back dirty cache over `[off, off + len)` (direct reads see it).
-    pub(crate) fn write_back_range(
-        &self,
-        mapper: &FileMapper<'_>,
-        off: u64,
-        len: u64,
-    ) -> Result<()> {
-        let Some(fc) = self.inner.cache.existing(mapper.ino.0) else {
+    /// EOF zeroing for a write (or size change) starting at `to` past EOF: whatever the
+    /// cache holds past the old EOF, and whatever a crash may have left there on disk,
+    /// must read zero (I-004-7). The zeros are written back at once: a direct write
+    /// bypasses the cache, and its size change must not expose the range before them.
+    pub(crate) fn zero_eof_to(&self, mapper: &FileMapper<'_>, to: u64) -> Result<()> {
+        let size = mapper.size();
+        if to <= size {
             return Ok(());
-        };
-        let fb = u64::from(self.inner.cache.config().folio_bytes);
-        stripefs_iomap::writeback(
+        }
+        let fc = self.inner.cache.file(mapper.ino.0);
+        stripefs_iomap::zero_range(
             &self.inner.cache,
             mapper,
             &fc,
-            off / fb * fb,
-            (off + len).div_ceil(fb) * fb,
-            WbWait::Busy,
-        )
-        .map(drop)
-    }
-
-    /// Writes back dirty cache over `[off, off + len)` and drops the cached range, so a
-    /// direct write is neither overwritten by later writeback nor hidden from readers.
-    pub(crate) fn coherent_range(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
-        let Some(fc) = self.inner.cache.existing(mapper.ino.0) else {
-            return Ok(());
-        };
-        self.write_back_range(mapper, off, len)?;
-        let fb = u64::from(self.inner.cache.config().folio_bytes);
-        stripefs_iomap::invalidate_range(
-            &self.inner.cache,
-            &fc,
-            off / fb * fb,
-            (off + len).div_ceil(fb) * fb,
-        );
-        Ok(())
+            size,
+            to - size,
+            self.inner.opts.eof_zeroing,
+        )?;
+        self.writeback_file(mapper.ino, stripefs_iomap::WbWait::Busy)
     }
 }

@@ -339,7 +339,7 @@ impl Fs {
     fn settle(&self, trim: impl Fn(&MetaCore, Ino) -> bool) -> Result<()> {
         let ios: Vec<_> = self.inner.io_locks.lock().values().cloned().collect();
         for io in ios {
-            io.dio_drain();
+            io.dio.drain();
         }
         self.writeback_all(stripefs_iomap::WbWait::Busy)?;
         {

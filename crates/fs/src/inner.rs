@@ -161,12 +161,12 @@ impl MetaCore {
 }
 
 /// Per-inode I/O serialisation: the inode lock (shared or exclusive) and the count of
-/// direct I/Os in flight, which exclusive operations drain (`inode_dio_wait`).
+/// direct I/Os in flight, which exclusive operations drain (`dio.drain()`,
+/// `inode_dio_wait`).
 #[derive(Debug, Default)]
 pub(crate) struct InodeIo {
     lock: RwLock<()>,
-    dio: Mutex<u64>,
-    dio_idle: Condvar,
+    pub dio: stripefs_iomap::direct::DioCount,
 }
 
 impl InodeIo {
@@ -183,29 +183,6 @@ impl InodeIo {
     /// The inode lock, exclusive, if free now.
     pub fn try_write(&self) -> Option<parking_lot::RwLockWriteGuard<'_, ()>> {
         self.lock.try_write()
-    }
-
-    /// A direct I/O starts (taken while holding the inode lock).
-    pub fn dio_begin(&self) {
-        *self.dio.lock() += 1;
-    }
-
-    /// A direct I/O finished, completion work included.
-    pub fn dio_end(&self) {
-        let mut n = self.dio.lock();
-        *n -= 1;
-        if *n == 0 {
-            self.dio_idle.notify_all();
-        }
-    }
-
-    /// Waits until no direct I/O is in flight. Proves something only while the caller
-    /// holds the inode lock exclusively, which stops new direct I/O (I-000-5).
-    pub fn dio_drain(&self) {
-        let mut n = self.dio.lock();
-        while *n != 0 {
-            self.dio_idle.wait(&mut n);
-        }
     }
 }
 

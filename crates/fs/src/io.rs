@@ -1,14 +1,5 @@
-//! Unbuffered file I/O (the direct path), truncate, preallocation, punch, zero and sync.
-//!
-//! The direct paths write back and invalidate overlapping cache first (and invalidate again
-//! after a write), so cached and direct I/O stay coherent. Both walk the range through the
-//! mapping contract, submit one I/O per mapping to
-//! its target, and wait once for the whole request ("submit every stripe, then wait once").
-//! Writes never expose stale blocks: new and unwritten blocks are written whole, zero-filled
-//! around the data, and become visible (extent recorded written, size grown) only after
-//! every piece completed; the journal commit then flushes the data before the record.
-//! A write that fails in any piece returns the error, records nothing, and frees what it
-//! allocated: the range's content is then undefined, as for write(2).
+//! Size changes, preallocation, punch, zero range, sync and extent listing. (Direct I/O
+//! is `direct.rs` over the generic engine; buffered I/O is `buffered.rs`.)
 
 use stripefs_core::extent::ExtentState;
 use stripefs_core::inode::Timespec;
@@ -40,7 +31,7 @@ impl Fs {
         }
         let lock = self.inner.io_lock(ino);
         let _excl = lock.write();
-        lock.dio_drain();
+        lock.dio.drain();
         let mapper = FileMapper::new(self, ino)?;
         let old = mapper.size();
         let bs = self.inner.geo.block_size;
@@ -139,7 +130,7 @@ impl Fs {
         self.reserve_metadata(64 * (2 + len.min(data_bytes) / unit))?;
         let lock = self.inner.io_lock(ino);
         let _excl = lock.write();
-        lock.dio_drain();
+        lock.dio.drain();
         let mapper = FileMapper::new(self, ino)?;
         let size = mapper.size();
         match mode {

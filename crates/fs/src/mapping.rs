@@ -24,6 +24,7 @@ use stripefs_core::{Ino, TargetId};
 use stripefs_iomap::{Iomap, IomapFlags, IomapKind, IomapOp, IomapOps};
 use stripefs_target::FaultPoint;
 
+use crate::direct::DioLock;
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::MetaCore;
@@ -61,6 +62,8 @@ pub(crate) struct FileMapper<'a> {
     pub allocated: RefCell<Vec<NewBlocks>>,
     /// Blocks reserved per target for this direct write; `Write` allocations draw on it.
     dio_reserved: RefCell<HashMap<TargetId, u64>>,
+    /// The inode lock of the direct write this mapper serves, if any.
+    dio_lock: Option<DioLock>,
 }
 
 impl<'a> FileMapper<'a> {
@@ -84,7 +87,20 @@ impl<'a> FileMapper<'a> {
             hint: RefCell::new(HashMap::new()),
             allocated: RefCell::new(Vec::new()),
             dio_reserved: RefCell::new(HashMap::new()),
+            dio_lock: None,
         })
+    }
+
+    /// This mapper serves a direct write under `lock`.
+    #[must_use]
+    pub fn with_dio_lock(mut self, lock: DioLock) -> Self {
+        self.dio_lock = Some(lock);
+        self
+    }
+
+    /// The inode lock of the direct write this mapper serves, if any.
+    pub fn dio_lock(&self) -> Option<DioLock> {
+        self.dio_lock
     }
 
     /// Returns every allocation of this operation to the free map (the operation failed
@@ -264,6 +280,12 @@ impl IomapOps for FileMapper<'_> {
         } else {
             flags
         };
+        debug_assert!(
+            !(op == IomapOp::Write
+                && self.dio_lock == Some(DioLock::Shared)
+                && flags.contains(IomapFlags::NEW)),
+            "a shared-lock direct write allocated at {pos}"
+        );
         let addr = DevAddr {
             target,
             object,

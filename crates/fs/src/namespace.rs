@@ -991,7 +991,7 @@ impl Fs {
         drop(m);
         // Queued direct I/O may still be in flight on this inode: its blocks must not be
         // freed or trimmed under it. Completions take the metadata lock, so wait without it.
-        self.inner.io_lock(ino).dio_drain();
+        self.inner.io_lock(ino).dio.drain();
         let mut m = self.inner.meta.lock();
         if m.open.contains_key(&ino) {
             return Ok(()); // Reopened meanwhile.

@@ -35,14 +35,18 @@ impl Default for MkfsOptions {
     }
 }
 
-/// How a direct I/O submits its stripe pieces.
+pub use stripefs_iomap::direct::DioSubmit;
+
+/// The `dio_unaligned` switch: which lock a sub-block direct overwrite of written blocks
+/// takes (the lock decision is the file system's; see `direct.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DioSubmit {
-    /// Submit every piece, then wait once (Lustre LU-13798).
+pub enum UnalignedPolicy {
+    /// Sub-block overwrites of written blocks run shared (Linux 6.5+ ext4, XFS).
     #[default]
-    Parallel,
-    /// Submit one piece and wait before the next.
-    Serial,
+    Shared,
+    /// Every sub-block direct write takes the exclusive lock, drains and waits (ext4
+    /// before 6.5).
+    Exclusive,
 }
 
 /// How a mounted file system behaves.
@@ -62,7 +66,7 @@ pub struct MountOptions {
     pub force_zero_via_cache: bool,
     /// `dio_unaligned = exclusive` brings back exclusive locking for every sub-block
     /// direct write (ext4 before 6.5).
-    pub dio_unaligned: stripefs_iomap::direct::UnalignedPolicy,
+    pub dio_unaligned: UnalignedPolicy,
     /// `dio_submit = serial` submits one stripe piece and waits before the next (Lustre
     /// before 2.15).
     pub dio_submit: DioSubmit,
@@ -85,7 +89,7 @@ impl Default for MountOptions {
             eof_zeroing: ZeroMode::Cache,
             speculative_prealloc: true,
             force_zero_via_cache: false,
-            dio_unaligned: stripefs_iomap::direct::UnalignedPolicy::Shared,
+            dio_unaligned: UnalignedPolicy::Shared,
             dio_submit: DioSubmit::Parallel,
             writeback_interval: Some(Duration::from_secs(5)),
             commit_interval: Some(Duration::from_secs(5)),

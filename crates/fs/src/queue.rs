@@ -1,7 +1,6 @@
-//! Asynchronous direct I/O: [`Fs::submit_write_direct`] and [`Fs::submit_read_direct`]
-//! start an I/O and call back on completion (a server answers its client from there),
-//! and the queue-depth API built on them: one thread keeps many direct I/Os in
-//! flight (submit now, reap later), as fio's `iodepth` or io_uring do.
+//! The queue-depth API built on the callback forms of direct I/O
+//! ([`Fs::submit_write_direct`], [`Fs::submit_read_direct`]): one thread keeps many
+//! direct I/Os in flight (submit now, reap later), as fio's `iodepth` or io_uring do.
 //!
 //! A write that can run under the shared lock is submitted and returns at once; its
 //! completion (unwritten conversion included) runs on the targets' completion threads,
@@ -15,17 +14,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::Ordering;
 use stripefs_core::Ino;
 
-use stripefs_iomap::direct::{submit_read_piece, submit_write_piece, write_lock_for, DioLock};
-use stripefs_iomap::{iterate, IomapOp};
-use stripefs_target::Batch;
-
-use crate::direct::{first_error, DIO_WINDOW_BYTES};
-use crate::error::{FsError, Result};
+use crate::error::Result;
 use crate::fs::Fs;
-use crate::mapping::FileMapper;
 
 /// A finished queued I/O.
 #[derive(Debug)]
@@ -138,191 +130,5 @@ impl DioQueue {
             q.push(DioCompletion { tag, result, data });
         });
         Ok(())
-    }
-}
-
-impl Fs {
-    /// Starts a direct write of `data` at `off` (as [`Fs::write_direct`]) and returns
-    /// without waiting when it can run under the shared lock; `done` gets the result
-    /// exactly once, on a target completion thread, or on this thread before returning
-    /// when the write runs synchronously (exclusive lock, more than one window) or could
-    /// not start. `data` is copied before this returns.
-    pub fn submit_write_direct<F>(&self, ino: Ino, off: u64, data: &[u8], done: F)
-    where
-        F: FnOnce(Result<usize>) + Send + 'static,
-    {
-        let change = match self.begin_change() {
-            Ok(g) => g,
-            Err(e) => return done(Err(e)),
-        };
-        let io = self.inner.io_lock(ino);
-        let shared = io.read();
-        let mapper = match self.shared_write_mapper(ino, off, data.len()) {
-            Ok(Some(m)) => m,
-            Ok(None) => {
-                drop((shared, change));
-                return done(self.write_direct(ino, off, data));
-            }
-            Err(e) => {
-                drop(shared);
-                return done(Err(e));
-            }
-        };
-        if let Err(e) = self.touch_mtime(ino) {
-            drop((mapper, shared));
-            return done(Err(e));
-        }
-        self.inner.dio_shared.fetch_add(1, Ordering::Relaxed);
-        let len = data.len() as u64;
-        let bs = self.inner.geo.block_size.bytes_u64();
-        // From here on `done` runs from the batch's completion.
-        io.dio_begin();
-        let batch = Batch::new();
-        let mut ends = Vec::new();
-        let walked = iterate(&mapper, off, len, IomapOp::Write, |map, p, n| {
-            let src = &data[(p - off) as usize..(p - off + n) as usize];
-            ends.push(submit_write_piece(&mapper, &batch, map, p, src, bs));
-            Ok(n)
-        });
-        self.inner
-            .dio_pieces
-            .fetch_add(batch.submitted() as u64, Ordering::Relaxed);
-        // In flight (`dio_begin`) from here: a switch to read-only drains it.
-        drop((shared, change));
-        let (fs, io) = (self.clone(), Arc::clone(&io));
-        batch.finish_with(move |completed| {
-            let r = walked
-                .map_err(FsError::from)
-                .and_then(|_| first_error(&completed))
-                .and_then(|()| fs.record_dio(ino, &ends, off + len))
-                .map(|()| len as usize);
-            fs.inner
-                .bufs
-                .put_all(completed.into_iter().flat_map(|d| d.bufs));
-            io.dio_end();
-            fs.drop_clean_after_dio(ino, off, len);
-            done(r);
-        });
-    }
-
-    /// The mapper for a direct write that may run under the shared inode lock (which the
-    /// caller holds), or `None` when it needs the synchronous, exclusive path.
-    fn shared_write_mapper(
-        &self,
-        ino: Ino,
-        off: u64,
-        len: usize,
-    ) -> Result<Option<FileMapper<'_>>> {
-        self.inner.check()?;
-        self.check_dio_alignment(off, len)?;
-        if len == 0 || len > DIO_WINDOW_BYTES {
-            return Ok(None);
-        }
-        let mapper = FileMapper::new(self, ino)?;
-        let end = off.checked_add(len as u64).ok_or(FsError::FileTooBig)?;
-        if end > mapper.size() {
-            return Ok(None);
-        }
-        self.coherent_range(&mapper, off, len as u64)?;
-        let lock = write_lock_for(
-            &mapper,
-            off,
-            len as u64,
-            mapper.size(),
-            self.inner.geo.block_size.bytes_u64(),
-            self.inner.opts.dio_unaligned,
-        )?;
-        Ok((lock == DioLock::Shared).then_some(mapper))
-    }
-
-    /// Starts a direct read of up to `len` bytes at `off` (as [`Fs::read_direct`]);
-    /// `done` gets the bytes read (fewer at EOF) exactly once, on a target completion
-    /// thread or, when the read cannot start or needs no I/O, on this thread before
-    /// returning.
-    pub fn submit_read_direct<F>(&self, ino: Ino, off: u64, len: usize, done: F)
-    where
-        F: FnOnce(Result<Vec<u8>>) + Send + 'static,
-    {
-        if len > DIO_WINDOW_BYTES {
-            let mut buf = vec![0u8; len];
-            let r = self.read_direct(ino, off, &mut buf).map(|n| {
-                buf.truncate(n);
-                buf
-            });
-            return done(r);
-        }
-        let io = self.inner.io_lock(ino);
-        let shared = io.read();
-        let (mapper, n, span) = match self.read_span(ino, off, len) {
-            Ok(Some(v)) => v,
-            Ok(None) => {
-                drop(shared);
-                return done(Ok(Vec::new()));
-            }
-            Err(e) => {
-                drop(shared);
-                return done(Err(e));
-            }
-        };
-        io.dio_begin();
-        let batch = Batch::new();
-        let mut pieces = Vec::new();
-        let walked = iterate(&mapper, off, span, IomapOp::Read, |map, p, k| {
-            let at = (p - off) as usize;
-            pieces.push((
-                submit_read_piece(&mapper, &batch, map, p, k),
-                at,
-                k as usize,
-            ));
-            Ok(k)
-        });
-        drop(shared);
-        let (fs, io) = (self.clone(), Arc::clone(&io));
-        batch.finish_with(move |completed| {
-            let r = walked
-                .map_err(FsError::from)
-                .and_then(|_| first_error(&completed))
-                .map(|()| {
-                    let mut data = vec![0u8; span as usize];
-                    for (slot, at, k) in pieces {
-                        if let Some(slot) = slot {
-                            data[at..at + k].copy_from_slice(&completed[slot].bufs[0][..k]);
-                        }
-                    }
-                    data.truncate(n as usize);
-                    data
-                });
-            fs.inner
-                .bufs
-                .put_all(completed.into_iter().flat_map(|d| d.bufs));
-            io.dio_end();
-            done(r);
-        });
-    }
-
-    /// For a direct read under the shared lock: the mapper, the bytes before EOF and the
-    /// sector-rounded span to read; `None` when nothing is to be read.
-    fn read_span(
-        &self,
-        ino: Ino,
-        off: u64,
-        len: usize,
-    ) -> Result<Option<(FileMapper<'_>, u64, u64)>> {
-        self.inner.check()?;
-        self.check_dio_alignment(off, len)?;
-        let mapper = FileMapper::new(self, ino)?;
-        if len > 0 {
-            self.touch_atime(ino);
-        }
-        self.write_back_range(&mapper, off, len as u64)?;
-        let size = mapper.size();
-        if off >= size || len == 0 {
-            return Ok(None);
-        }
-        let n = (len as u64).min(size - off);
-        let span = n
-            .next_multiple_of(u64::from(self.inner.geo.sector_size))
-            .min(len as u64);
-        Ok(Some((mapper, n, span)))
     }
 }

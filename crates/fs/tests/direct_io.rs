@@ -573,3 +573,34 @@ fn callback_direct_io_answers_once_on_every_path() {
     assert!(rx.try_recv().is_err() && rrx.try_recv().is_err());
     fs.unmount().unwrap();
 }
+
+/// A direct write that the lock decision sends to the exclusive path goes down once: one
+/// decision walk (under the shared lock), one reservation walk and one submission walk,
+/// and the shared lock is taken once. The callback form used to fall back to the waiting
+/// form, which took the shared lock again and decided a second time (issue 10, item 1).
+#[test]
+fn exclusive_direct_write_walks_its_mapping_three_times() {
+    use std::sync::mpsc;
+    let s = sims(1, 8 << 20);
+    let fs = fresh(&s, 4096, 65536);
+    let f = fs.create(Ino::ROOT, "f".as_ref(), p()).unwrap();
+    fs.write_direct(f.ino, 0, &[1u8; 16384]).unwrap();
+    fs.fallocate(f.ino, FallocMode::ZeroRange { keep_size: true }, 8192, 4096)
+        .unwrap();
+    let (lookups, excl) = (fs.status().map_lookups, fs.status().dio_exclusive);
+    // A sub-block write over an unwritten block inside EOF: exclusive, decided by a walk.
+    let (tx, rx) = mpsc::channel();
+    fs.submit_write_direct(f.ino, 8192 + 512, &[7u8; 512], move |r| tx.send(r).unwrap());
+    assert!(matches!(rx.recv().unwrap(), Ok(512)));
+    assert_eq!(fs.status().dio_exclusive - excl, 1);
+    assert_eq!(
+        fs.status().map_lookups - lookups,
+        3,
+        "decision, reservation and submission: one walk each"
+    );
+    let mut back = vec![0u8; 4096];
+    fs.read_direct(f.ino, 8192, &mut back).unwrap();
+    assert!(back[..512].iter().all(|&b| b == 0) && back[512..1024].iter().all(|&b| b == 7));
+    assert!(back[1024..].iter().all(|&b| b == 0));
+    fs.unmount().unwrap();
+}

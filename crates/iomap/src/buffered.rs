@@ -16,7 +16,7 @@ use crate::cache::{FileCache, Folio, FolioCell, PageCache};
 use crate::folio::DirtyTracking;
 use crate::writeback::WbEnd;
 use crate::zero::{zero_range, ZeroMode};
-use crate::{iterate, Iomap, IomapFlags, IomapKind, IomapOp, IomapOps, IterError};
+use crate::{iterate, Iomap, IomapKind, IomapOp, IomapOps, IterError};
 
 /// Most bytes one read or fill pass keeps locked in the cache.
 const FILL_WINDOW_BYTES: u64 = 8 << 20;
@@ -62,10 +62,7 @@ pub trait FileIo: IomapOps {
 }
 
 pub(crate) fn iter_err<E>(ops: &impl FileIo<Error = E>, e: IterError<E>) -> (u64, E) {
-    match e {
-        IterError::Failed { done, error } => (done, error),
-        IterError::Contract(m) => (0, ops.contract_error(m)),
-    }
+    e.into_parts(|m| ops.contract_error(m))
 }
 
 /// Reads one block of mapping `map` at file position `block_pos` from the device.
@@ -100,8 +97,7 @@ pub(crate) fn prepare_block<O: FileIo>(
     let bs = cache.block_size() as usize;
     let at = b as usize * bs;
     let block_pos = f.pos + at as u64;
-    let written = map.kind == IomapKind::Mapped && !map.flags.contains(IomapFlags::NEW);
-    if written && block_pos < size && map.covers(block_pos) {
+    if map.is_written() && block_pos < size && map.covers(block_pos) {
         let buf = read_block(ops, map, block_pos, bs)?;
         f.data[at..at + bs].copy_from_slice(&buf);
         ops.buffers().put_all([buf]);

@@ -106,6 +106,14 @@ impl<A> Iomap<A> {
         self.offset + self.length
     }
 
+    /// True if the mapping holds data written before this operation: mapped, and not
+    /// allocated by this `begin` (`NEW`). Only such blocks may be read for a partial-block
+    /// write or written sector-exact by a direct write; everything else is zeros.
+    #[must_use]
+    pub fn is_written(&self) -> bool {
+        self.kind == IomapKind::Mapped && !self.flags.contains(IomapFlags::NEW)
+    }
+
     /// True if `pos` lies inside the mapping.
     #[must_use]
     pub fn covers(&self, pos: u64) -> bool {
