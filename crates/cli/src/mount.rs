@@ -21,6 +21,7 @@ use crate::targets::{lock_targets, open_all_with, LockWait};
 
 /// Keys of `-o` that the FUSE front end (not the engine) understands.
 const FUSE_KEYS: &str = "writeback_cache, fopen_direct_io, allow_other, ro, rw, threads=N, \
+transport=dev|uring|auto, uring_entries=N, \
 the access-time options relatime, strictatime, noatime, nodiratime, lazytime, and the generic \
 flags nodev, nosuid, noexec, sync, dirsync and their opposites";
 /// Generic `fstab` options that need nothing from us.
@@ -44,7 +45,8 @@ const IGNORED: &[&str] = &[
 #[derive(Debug, clap::Args)]
 pub struct MountArgs {
     /// Mount options: engine keys (see `stripefs io --help`), FUSE keys
-    /// (writeback_cache, fopen_direct_io, allow_other, ro, threads=N) and NBD target keys
+    /// (writeback_cache, fopen_direct_io, allow_other, ro, threads=N,
+    /// transport=dev|uring|auto, uring_entries=N) and NBD target keys
     /// (nbd_timeout=SECS|NNms, nbd_conns=N).
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
@@ -97,6 +99,15 @@ pub fn split_options(list: &[String]) -> Result<(Vec<String>, ServeOptions), Str
                     .ok()
                     .filter(|n| (1..=256).contains(n))
                     .ok_or_else(|| format!("threads must be 1 to 256, not {v:?}"))?;
+            }
+            Some(("transport", v)) => serve_opts.transport = v.parse()?,
+            Some(("uring_entries", v)) => {
+                serve_opts.uring_entries = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|n| (1..=1024).contains(n))
+                        .ok_or_else(|| format!("uring_entries must be 1 to 1024, not {v:?}"))?,
+                );
             }
             Some(_) => engine.push(item.to_string()),
             None => {
@@ -223,7 +234,16 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
             return Err(msg);
         }
     };
-    if std::env::var_os(DAEMON_ENV).is_some() {
+    let daemon = std::env::var_os(DAEMON_ENV).is_some();
+    if !daemon && !a.quiet {
+        // In the foreground the transport is worth a line: `auto` may have fallen back.
+        eprintln!(
+            "stripefs: {} mounted; FUSE transport: {}",
+            mp.display(),
+            mounted.transport()
+        );
+    }
+    if daemon {
         detach_stderr();
     }
     let unmounter = mounted.unmounter();
@@ -434,6 +454,11 @@ mod tests {
         assert_eq!(engine, ["relatime", "nodiratime", "noatime", "lazytime"]);
         assert_eq!(s.flags, ["noatime"], "the kernel shows noatime");
         assert!(split_options(&["threads=0".into()]).is_err());
+        let (_, s) = split_options(&["transport=uring,uring_entries=16".into()]).unwrap();
+        assert_eq!(s.transport, stripefs_fuse::TransportChoice::Uring);
+        assert_eq!(s.uring_entries, Some(16));
+        assert!(split_options(&["transport=fast".into()]).is_err());
+        assert!(split_options(&["uring_entries=0".into()]).is_err());
         assert!(split_options(&["bogus".into()])
             .unwrap_err()
             .contains("unknown mount option"));

@@ -8,10 +8,13 @@ mod convert;
 mod kernel_refs;
 mod privs;
 mod session;
+mod transport;
+pub mod uring;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +33,7 @@ use stripefs::{
 pub use session::{
     fuse_mounts, generic_flag, mount_source, serve, Mounted, ServeOptions, Unmounter,
 };
+pub use transport::{Transport, TransportChoice};
 
 /// How long the kernel may cache attributes and names. Every change goes through this
 /// mount, so the kernel's own updates keep its cache right; the timeout only bounds how
@@ -70,6 +74,27 @@ pub struct FuseConfig {
     pub fopen_direct_io: bool,
 }
 
+/// Whether the mount insists on FUSE over io_uring when offering it at `FUSE_INIT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UringNeed {
+    /// `-o transport=uring`: a kernel that does not offer it fails the mount.
+    Required,
+    /// `-o transport=auto`: take it if offered.
+    IfOffered,
+}
+
+/// FUSE over io_uring as offered to the kernel at `FUSE_INIT`.
+#[derive(Debug, Clone)]
+pub struct UringOffer {
+    /// `max_write` under the ring: every ring entry has a payload buffer this big, so
+    /// it is the kernel's request cap (`fs.fuse.max_pages_limit`), not 16 MiB.
+    pub max_write: u32,
+    /// Whether the mount fails when the kernel does not offer it.
+    pub need: UringNeed,
+    /// Set at `FUSE_INIT` when `FUSE_OVER_IO_URING` was negotiated.
+    pub negotiated: Arc<AtomicBool>,
+}
+
 /// The `fuser::Filesystem` over a stripefs file system.
 #[derive(Debug)]
 pub struct StripeFuse {
@@ -78,6 +103,7 @@ pub struct StripeFuse {
     /// Directories the kernel holds, pinned until it forgets them.
     dirs: kernel_refs::DirRefs,
     cfg: FuseConfig,
+    uring: Option<UringOffer>,
 }
 
 impl StripeFuse {
@@ -89,7 +115,48 @@ impl StripeFuse {
             files: Mutex::new(HashMap::new()),
             dirs: kernel_refs::DirRefs::default(),
             cfg,
+            uring: None,
         }
+    }
+
+    /// Offers FUSE over io_uring at `FUSE_INIT` (`transport.rs`).
+    #[must_use]
+    pub fn with_uring(mut self, offer: UringOffer) -> Self {
+        self.uring = Some(offer);
+        self
+    }
+
+    /// `FUSE_INIT` under an io_uring offer: ask for `FUSE_OVER_IO_URING` if the kernel
+    /// offers it (it does when `enable_uring` is `Y`), with `max_write` no larger than
+    /// the ring's payload buffers.
+    fn init_uring(&self, config: &mut KernelConfig) -> std::io::Result<()> {
+        let Some(offer) = &self.uring else {
+            return Ok(());
+        };
+        if !config
+            .capabilities()
+            .contains(InitFlags::FUSE_OVER_IO_URING)
+        {
+            let why = "the kernel does not offer FUSE_OVER_IO_URING at FUSE_INIT";
+            return match offer.need {
+                UringNeed::Required => Err(std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    format!("transport=uring: {why}"),
+                )),
+                UringNeed::IfOffered => {
+                    tracing::info!("{why}; FUSE requests stay on /dev/fuse");
+                    Ok(())
+                }
+            };
+        }
+        config
+            .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+            .map_err(|_| std::io::Error::other("FUSE_OVER_IO_URING refused"))?;
+        let _ = config.set_max_write(offer.max_write);
+        // Refused only when the kernel's readahead is smaller already.
+        let _ = config.set_max_readahead(offer.max_write);
+        offer.negotiated.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Creation parameters for a non-directory in `parent`: set-group-ID cleared as the
@@ -313,7 +380,7 @@ impl Filesystem for StripeFuse {
         if let Err(nearest) = config.set_max_background(MAX_BACKGROUND) {
             tracing::warn!(nearest, "max_background refused; the kernel default stays");
         }
-        Ok(())
+        self.init_uring(config)
     }
 
     fn destroy(&mut self) {

@@ -2,16 +2,20 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
 use parking_lot::Mutex;
 use stripefs::{Access, Fs};
 
-use crate::{FuseConfig, StripeFuse};
+use crate::uring::{self, RingStats, Rings};
+use crate::{FuseConfig, StripeFuse, Transport, TransportChoice, UringNeed, UringOffer};
 
 /// How to present the file system to the kernel.
 #[derive(Debug, Clone)]
@@ -29,6 +33,10 @@ pub struct ServeOptions {
     /// Generic mount flags, as `mount(8)` spells them: `noatime`, `nodev`, `nosuid`,
     /// `noexec`, `sync`, `dirsync` and their opposites. See [`generic_flag`].
     pub flags: Vec<String>,
+    /// Which transport carries the requests (`-o transport=`).
+    pub transport: TransportChoice,
+    /// Ring entries per queue under io_uring; `None`: [`uring::default_entries`].
+    pub uring_entries: Option<usize>,
 }
 
 /// Whether `word` is a generic mount flag [`serve`] passes to the kernel.
@@ -63,6 +71,8 @@ impl Default for ServeOptions {
             allow_other: true,
             read_only: false,
             flags: Vec::new(),
+            transport: TransportChoice::default(),
+            uring_entries: None,
         }
     }
 }
@@ -72,9 +82,23 @@ impl Default for ServeOptions {
 pub struct Mounted {
     unmounter: Unmounter,
     thread: JoinHandle<io::Result<()>>,
+    transport: Transport,
+    rings: Option<Arc<RingStats>>,
 }
 
 impl Mounted {
+    /// The transport the kernel's requests arrive on.
+    #[must_use]
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// Requests served through the io_uring rings so far (0 on `/dev/fuse`).
+    #[must_use]
+    pub fn ring_requests(&self) -> u64 {
+        self.rings.as_ref().map_or(0, |s| s.requests())
+    }
+
     /// A handle that unmounts from another thread (a signal handler's thread).
     #[must_use]
     pub fn unmounter(&self) -> Unmounter {
@@ -280,8 +304,78 @@ fn unescape(field: &str) -> Vec<u8> {
 /// Mounts `fs` at `mountpoint` and serves it on background threads.
 ///
 /// # Errors
-/// The mount failed (no `/dev/fuse`, not permitted, bad mount point).
+/// The mount failed (no `/dev/fuse`, not permitted, bad mount point), or
+/// `transport=uring` was asked for and the kernel cannot carry it.
 pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<Mounted> {
+    let mut cfg = Config::default();
+    cfg.mount_options = mount_options(opts);
+    cfg.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    cfg.n_threads = Some(opts.threads.max(1));
+    cfg.clone_fd = true;
+    // Before mounting: afterwards resolving the path would ask the not yet running session.
+    let canonical = std::fs::canonicalize(mountpoint)?;
+    if opts.read_only {
+        // Read-only from the first request: a read must not write an access time.
+        fs.set_access(Access::ReadOnly).map_err(io::Error::other)?;
+    }
+    let fs_for_access = Arc::clone(&fs);
+    let offer = uring_offer(opts.transport)?;
+    let mut fuse = StripeFuse::new(fs, opts.fuse);
+    if let Some(o) = &offer {
+        fuse = fuse.with_uring(o.clone());
+    }
+    let mut session = Session::new(fuse, mountpoint, &cfg)?;
+    let unmounter = Unmounter {
+        mountpoint: canonical,
+        fuser: Arc::new(Mutex::new(session.unmount_callable())),
+    };
+    let negotiated = offer.is_some_and(|o| o.negotiated.load(Ordering::Acquire));
+    let (thread, transport, rings) = if negotiated {
+        let entries = opts
+            .uring_entries
+            .unwrap_or_else(|| uring::default_entries(uring::possible_cpus().unwrap_or(1)));
+        let payload = offer_payload();
+        let rings = Rings::new(session.as_fd(), entries, payload).map_err(|e| {
+            io::Error::new(e.kind(), format!("FUSE over io_uring negotiated, but {e}"))
+        })?;
+        let (transport, stats) = (rings.transport(), rings.stats());
+        let (tx, rx) = mpsc::channel();
+        let queues = match transport {
+            Transport::Uring { queues, .. } => queues,
+            Transport::Dev => 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name("stripefs-fuse".into())
+            .spawn(move || session.run_with_transport(move |d| rings.run(d, tx)))?;
+        if let Err(e) = wait_registered(&rx, queues) {
+            // The kernel waits for the ring once it is negotiated: take the mount down.
+            let _ = unmounter.unmount();
+            let _ = thread.join();
+            return Err(e);
+        }
+        (thread, transport, Some(stats))
+    } else {
+        let thread = std::thread::Builder::new()
+            .name("stripefs-fuse".into())
+            .spawn(move || session.run())?;
+        (thread, Transport::Dev, None)
+    };
+    tracing::info!(%transport, "FUSE transport");
+    follow_kernel_access(fs_for_access, unmounter.mountpoint.clone());
+    Ok(Mounted {
+        unmounter,
+        thread,
+        transport,
+        rings,
+    })
+}
+
+/// What the mount asks the kernel for (`fsname`, permissions, generic flags, ro/rw).
+fn mount_options(opts: &ServeOptions) -> Vec<MountOption> {
     let mut mount_options = vec![
         MountOption::FSName(opts.fsname.clone()),
         MountOption::DefaultPermissions,
@@ -304,32 +398,49 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
     } else {
         MountOption::RW
     });
-    let mut cfg = Config::default();
-    cfg.mount_options = mount_options;
-    cfg.acl = if opts.allow_other {
-        SessionACL::All
-    } else {
-        SessionACL::Owner
+    mount_options
+}
+
+/// The payload buffer of every ring entry: the request cap under the ring.
+fn offer_payload() -> usize {
+    uring::max_write(crate::MAX_WRITE) as usize
+}
+
+/// What to offer at `FUSE_INIT` for `choice`: nothing for `dev`; for `auto` only if the
+/// kernel allows io_uring (else the reason is logged); for `uring` the same, but a
+/// kernel that does not allow it fails the mount.
+fn uring_offer(choice: TransportChoice) -> io::Result<Option<UringOffer>> {
+    let need = match choice {
+        TransportChoice::Dev => return Ok(None),
+        TransportChoice::Uring => UringNeed::Required,
+        TransportChoice::Auto => UringNeed::IfOffered,
     };
-    cfg.n_threads = Some(opts.threads.max(1));
-    cfg.clone_fd = true;
-    // Before mounting: afterwards resolving the path would ask the not yet running session.
-    let canonical = std::fs::canonicalize(mountpoint)?;
-    if opts.read_only {
-        // Read-only from the first request: a read must not write an access time.
-        fs.set_access(Access::ReadOnly).map_err(io::Error::other)?;
+    if let Err(e) = uring::probe() {
+        return match need {
+            UringNeed::Required => Err(io::Error::new(e.kind(), format!("transport=uring: {e}"))),
+            UringNeed::IfOffered => {
+                tracing::info!(reason = %e, "FUSE requests stay on /dev/fuse");
+                Ok(None)
+            }
+        };
     }
-    let fs_for_access = Arc::clone(&fs);
-    let mut session = Session::new(StripeFuse::new(fs, opts.fuse), mountpoint, &cfg)?;
-    let unmounter = Unmounter {
-        mountpoint: canonical,
-        fuser: Arc::new(Mutex::new(session.unmount_callable())),
-    };
-    let thread = std::thread::Builder::new()
-        .name("stripefs-fuse".into())
-        .spawn(move || session.run())?;
-    follow_kernel_access(fs_for_access, unmounter.mountpoint.clone());
-    Ok(Mounted { unmounter, thread })
+    Ok(Some(UringOffer {
+        max_write: uring::max_write(crate::MAX_WRITE),
+        need,
+        negotiated: Arc::new(AtomicBool::new(false)),
+    }))
+}
+
+/// Waits until every queue has registered its entries (or one failed).
+fn wait_registered(rx: &mpsc::Receiver<io::Result<()>>, queues: usize) -> io::Result<()> {
+    for _ in 0..queues {
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(io::Error::other("FUSE ring queues did not register")),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -228,7 +228,7 @@ fn run_seed(seed: u64, ops: u64, fuse: FuseConfig) {
     let mnt = dir.join("mnt");
     let opts = ServeOptions {
         fuse,
-        ..ServeOptions::default()
+        ..common::serve_options()
     };
     let m = serve(fs.clone(), &mnt, &opts).unwrap();
     let paths: Vec<PathBuf> = (0..FILES).map(|i| mnt.join(format!("f{i}"))).collect();

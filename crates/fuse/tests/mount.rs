@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use stripefs::{Fs, MkfsOptions, MountOptions};
-use stripefs_fuse::{serve, Mounted, ServeOptions};
+use stripefs_fuse::{serve, Mounted, ServeOptions, Transport, TransportChoice};
 use stripefs_target::Target;
 
 mod common;
-use common::{file_targets, Aligned};
+use common::{enable_fuse_uring, file_targets, serve_options, Aligned};
 
 struct Scratch {
     dir: PathBuf,
@@ -47,7 +47,7 @@ impl Scratch {
         Fs::mkfs(&self.targets(), &MkfsOptions::default()).unwrap();
         let (fs, _) = Fs::mount(self.targets(), opts).unwrap();
         let fs = Arc::new(fs);
-        let m = serve(fs.clone(), &self.mnt(), &ServeOptions::default()).unwrap();
+        let m = serve(fs.clone(), &self.mnt(), &serve_options()).unwrap();
         (fs, m)
     }
 }
@@ -420,7 +420,7 @@ fn queue_depth_64_reaches_the_targets() {
         .collect();
     let (fs, _) = Fs::mount(views, MountOptions::default()).unwrap();
     let fs = Arc::new(fs);
-    let m = serve(fs.clone(), &s.mnt(), &ServeOptions::default()).unwrap();
+    let m = serve(fs.clone(), &s.mnt(), &serve_options()).unwrap();
     let file = OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_DIRECT)
@@ -1088,9 +1088,78 @@ fn file_handles_survive_cache_drops_and_remounts() {
     // A new mount of the same file system takes the same handles.
     let (fs, _) = Fs::mount(s.targets(), MountOptions::default()).unwrap();
     let fs = Arc::new(fs);
-    let m = serve(fs.clone(), &mnt, &ServeOptions::default()).unwrap();
+    let m = serve(fs.clone(), &mnt, &serve_options()).unwrap();
     let root = fs::File::open(&mnt).unwrap();
     check(&root);
     drop(root);
+    finish(m, fs);
+}
+
+/// FUSE over io_uring (`-o transport=uring`) carries namespace operations, buffered
+/// and `O_DIRECT` I/O (answered from the target threads), writes as large as the
+/// ring's payload buffers, and directory listings; the ring, not `/dev/fuse`, served
+/// them. Switches `enable_uring` on (CI runs as root); see `enable_fuse_uring`.
+#[test]
+fn io_uring_transport_carries_the_requests() {
+    if !enable_fuse_uring() {
+        return;
+    }
+    let s = Scratch::new("uring");
+    Fs::mkfs(&s.targets(), &MkfsOptions::default()).unwrap();
+    let (fs, _) = Fs::mount(s.targets(), MountOptions::default()).unwrap();
+    let fs = Arc::new(fs);
+    let opts = ServeOptions {
+        transport: TransportChoice::Uring,
+        ..serve_options()
+    };
+    let m = serve(fs.clone(), &s.mnt(), &opts).unwrap();
+    assert!(
+        matches!(m.transport(), Transport::Uring { queues, .. } if queues >= 1),
+        "{:?}",
+        m.transport()
+    );
+    let mnt = s.mnt();
+    let before = m.ring_requests();
+    fs::create_dir(mnt.join("d")).unwrap();
+    let names: Vec<String> = (0..50).map(|i| format!("file-{i:03}")).collect();
+    for n in &names {
+        fs::write(mnt.join("d").join(n), n.as_bytes()).unwrap();
+    }
+    let mut listed: Vec<String> = fs::read_dir(mnt.join("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    listed.sort();
+    assert_eq!(listed, names);
+    for n in &names {
+        assert_eq!(fs::read(mnt.join("d").join(n)).unwrap(), n.as_bytes());
+    }
+    // 4 MiB buffered: requests as large as the ring's payload buffers.
+    let big: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+    fs::write(mnt.join("big"), &big).unwrap();
+    assert_eq!(fs::read(mnt.join("big")).unwrap(), big);
+    // O_DIRECT: the answers come from the target threads, not the ring thread.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(mnt.join("direct"))
+        .unwrap();
+    let mut w = Aligned::new(1 << 20, 0x5a);
+    f.write_all_at(w.buf(), 0).unwrap();
+    let mut r = Aligned::new(1 << 20, 0);
+    f.read_exact_at(r.buf(), 0).unwrap();
+    assert!(r.buf().iter().all(|&b| b == 0x5a));
+    f.sync_all().unwrap();
+    drop(f);
+    fs::rename(mnt.join("big"), mnt.join("d").join("big")).unwrap();
+    fs::remove_file(mnt.join("d").join("file-000")).unwrap();
+    assert!(!mnt.join("d").join("file-000").exists());
+    let served = m.ring_requests() - before;
+    assert!(
+        served >= 200,
+        "only {served} requests went through the ring"
+    );
     finish(m, fs);
 }

@@ -328,7 +328,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -503,7 +503,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -576,11 +576,16 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        let sender = match &self.sink {
+        Reply::new(self.request.unique(), self.sender())
+    }
+
+    /// Where this request's reply goes: the sink of the transport it came from, or
+    /// `/dev/fuse`.
+    fn sender(&self) -> ReplySender {
+        match &self.sink {
             Some(sink) => ReplySender::Sink(sink.clone(), self.ch.clone()),
             None => ReplySender::Channel(self.ch.clone()),
-        };
-        Reply::new(self.request.unique(), sender)
+        }
     }
 
     /// Returns a Request reference for this request
