@@ -12,7 +12,10 @@ use stripefs_core::extent::ExtentState;
 use stripefs_core::inode::Timespec;
 use stripefs_core::record::Record;
 use stripefs_core::{CoreError, Ino};
-use stripefs_iomap::{self as iomap, FileIo, Iomap, IomapFlags, IomapKind, IomapOp, WbEnd, WbWait};
+use stripefs_iomap::{
+    self as iomap, CacheIo, FileIo, IoDir, Iomap, IomapFlags, IomapKind, IomapOp, WbEnd, WbOutcome,
+    WbWait,
+};
 use stripefs_target::{Batch, BufPool, IoBuf, IoOp, TargetError};
 
 use crate::error::{FsError, Result};
@@ -39,46 +42,45 @@ impl FileIo for FileMapper<'_> {
         batch: &Batch,
         map: &Iomap<DevAddr>,
         pos: u64,
-        write: bool,
+        dir: IoDir,
         buf: IoBuf,
     ) -> usize {
         let bs = self.fs.inner.geo.block_size;
         let offset = bs.to_bytes(map.addr.phys) + (pos - map.offset);
         let target = self.fs.inner.targets[map.addr.target.index()].as_ref();
-        let counter = if write {
-            &self.fs.inner.data_bytes_written
-        } else {
-            &self.fs.inner.data_bytes_read
+        let counter = match dir {
+            IoDir::Write => &self.fs.inner.data_bytes_written,
+            IoDir::Read => &self.fs.inner.data_bytes_read,
         };
         counter.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let op = if write {
-            IoOp::Write {
-                offset,
-                bufs: vec![buf],
-            }
-        } else {
-            IoOp::Read {
-                offset,
-                bufs: vec![buf],
-            }
+        let bufs = vec![buf];
+        let op = match dir {
+            IoDir::Write => IoOp::Write { offset, bufs },
+            IoDir::Read => IoOp::Read { offset, bufs },
         };
         batch.submit(target, op)
+    }
+
+    fn buffers(&self) -> &BufPool {
+        &self.fs.inner.bufs
     }
 
     fn io_error(&self, e: TargetError) -> FsError {
         e.into()
     }
 
+    fn contract_error(&self, what: String) -> FsError {
+        CoreError::corrupted("mapping contract", what).into()
+    }
+}
+
+impl CacheIo for FileMapper<'_> {
     fn errno(&self, e: &FsError) -> i32 {
         e.errno()
     }
 
-    fn contract_error(&self, what: String) -> FsError {
-        CoreError::corrupted("mapping contract", what).into()
-    }
-
-    fn writeback_done(&self, ends: &[WbEnd<DevAddr>], ok: bool) -> Result<()> {
-        if !ok {
+    fn writeback_done(&self, ends: &[WbEnd<DevAddr>], outcome: WbOutcome) -> Result<()> {
+        if outcome == WbOutcome::Failed {
             self.release_new();
             self.fs.reconcile_delalloc(self.ino);
             return Ok(());
@@ -98,10 +100,6 @@ impl FileIo for FileMapper<'_> {
                 Err(e)
             }
         }
-    }
-
-    fn buffers(&self) -> &BufPool {
-        &self.fs.inner.bufs
     }
 
     fn next_stored(&self, pos: u64, end: u64) -> Result<u64> {

@@ -5,7 +5,7 @@ use stripefs_core::extent::ExtentState;
 use stripefs_core::inode::Timespec;
 use stripefs_core::record::Record;
 use stripefs_core::{CoreError, Ino};
-use stripefs_iomap::{iterate, Iomap, IomapFlags, IomapKind, IomapOp};
+use stripefs_iomap::{iterate, Iomap, IomapFlags, IomapOp};
 
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
@@ -85,7 +85,7 @@ impl Fs {
             return Ok(());
         }
         let map = mapper.begin_report(size)?;
-        if map.kind != IomapKind::Mapped {
+        if !map.is_written() {
             return Ok(());
         }
         let first = bs.round_down(size);

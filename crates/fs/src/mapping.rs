@@ -281,6 +281,15 @@ impl IomapOps for FileMapper<'_> {
             flags
         };
         debug_assert!(
+            !flags.contains(IomapFlags::NEW) || kind == IomapKind::Mapped,
+            "NEW means allocated by this begin, never reserved"
+        );
+        debug_assert!(
+            !flags.contains(IomapFlags::RESERVED)
+                || (kind == IomapKind::Delalloc && op == IomapOp::BufferedWrite),
+            "only a buffered write reserves"
+        );
+        debug_assert!(
             !(op == IomapOp::Write
                 && self.dio_lock == Some(DioLock::Shared)
                 && flags.contains(IomapFlags::NEW)),
@@ -303,7 +312,7 @@ impl IomapOps for FileMapper<'_> {
     }
 
     fn end(&self, map: &Iomap<DevAddr>, pos: u64, used: u64, op: IomapOp) -> Result<()> {
-        if !map.flags.contains(IomapFlags::NEW) {
+        if !map.flags.contains(IomapFlags::NEW) && !map.flags.contains(IomapFlags::RESERVED) {
             return Ok(());
         }
         let bs = self.fs.inner.geo.block_size;
@@ -318,7 +327,8 @@ impl IomapOps for FileMapper<'_> {
         }
         let (first, count) = (used_blocks, total - used_blocks);
         let mut m = self.fs.inner.meta.lock();
-        if op == IomapOp::BufferedWrite {
+        if map.flags.contains(IomapFlags::RESERVED) {
+            debug_assert_eq!(op, IomapOp::BufferedWrite, "only buffered writes reserve");
             // I-002-6: reservations no dirty block keeps go back.
             let objects = self.layout.count;
             let removed = m
@@ -404,7 +414,7 @@ impl FileMapper<'_> {
                 assert!(m.alloc.reserve(target, got));
                 m.delalloc_mut(self.ino, object, objects)
                     .insert(obj_block, got);
-                Ok((IomapKind::Delalloc, IomapFlags::NEW, 0, got))
+                Ok((IomapKind::Delalloc, IomapFlags::RESERVED, 0, got))
             }
             IomapOp::Read | IomapOp::Report => Ok((IomapKind::Hole, IomapFlags::NONE, 0, blocks)),
         }

@@ -10,56 +10,15 @@
 
 use std::sync::Arc;
 
-use stripefs_target::{Batch, BufPool, IoBuf, TargetError};
+use stripefs_target::{Batch, IoBuf};
 
 use crate::cache::{FileCache, Folio, FolioCell, PageCache};
 use crate::folio::DirtyTracking;
-use crate::writeback::WbEnd;
 use crate::zero::{zero_range, ZeroMode};
-use crate::{iterate, Iomap, IomapKind, IomapOp, IomapOps, IterError};
+use crate::{iterate, CacheIo, FileIo, IoDir, Iomap, IomapOp, IterError};
 
 /// Most bytes one read or fill pass keeps locked in the cache.
 const FILL_WINDOW_BYTES: u64 = 8 << 20;
-
-/// What the buffered paths need from the file system beyond the mapping contract.
-pub trait FileIo: IomapOps {
-    /// In-core file size.
-    fn size(&self) -> u64;
-    /// Submits device I/O for bytes `[pos, pos + buf.len())` of mapping `map` (block
-    /// aligned, inside the mapping) into `batch`; returns the completion slot.
-    fn submit(
-        &self,
-        batch: &Batch,
-        map: &Iomap<Self::Addr>,
-        pos: u64,
-        write: bool,
-        buf: IoBuf,
-    ) -> usize;
-    /// Converts a device error.
-    fn io_error(&self, e: TargetError) -> Self::Error;
-    /// The errno of an error (recorded for fsync when writeback fails).
-    fn errno(&self, e: &Self::Error) -> i32;
-    /// The contract was broken (a bug, reported rather than trusted).
-    fn contract_error(&self, what: String) -> Self::Error;
-    /// Writeback I/O for `ends` completed (`ok`: every piece succeeded). The file system
-    /// records allocations and conversions, or frees what it allocated.
-    ///
-    /// # Errors
-    /// The file system's error.
-    fn writeback_done(&self, ends: &[WbEnd<Self::Addr>], ok: bool) -> Result<(), Self::Error>;
-    /// Recycled I/O buffers.
-    fn buffers(&self) -> &BufPool;
-    /// An offset `q` in `[pos, end]` such that every block touching `[pos, q)` is a hole or
-    /// unwritten: no written data on the device and no delayed allocation, so it reads
-    /// zero without the cache's help. `q` is `end` when no such block follows, and may be
-    /// less than the largest such offset (returning `pos` is always correct). Zeroing
-    /// skips these ranges where nothing is cached, so its cost follows the data, never
-    /// the size of the range. Must cost no more than the number of extents.
-    ///
-    /// # Errors
-    /// The file system's error.
-    fn next_stored(&self, pos: u64, end: u64) -> Result<u64, Self::Error>;
-}
 
 pub(crate) fn iter_err<E>(ops: &impl FileIo<Error = E>, e: IterError<E>) -> (u64, E) {
     e.into_parts(|m| ops.contract_error(m))
@@ -73,7 +32,7 @@ pub(crate) fn read_block<O: FileIo>(
     bs: usize,
 ) -> Result<IoBuf, O::Error> {
     let batch = Batch::new();
-    ops.submit(&batch, map, block_pos, false, ops.buffers().get(bs));
+    ops.submit(&batch, map, block_pos, IoDir::Read, ops.buffers().get(bs));
     let mut done = batch.wait();
     let d = done.pop().expect("one completion");
     d.result.map_err(|e| ops.io_error(e))?;
@@ -160,8 +119,8 @@ pub fn fill<O: FileIo>(
     let mut pending: Vec<(usize, u64, u64)> = Vec::new();
     for (a, e) in runs {
         iterate(ops, a, e - a, IomapOp::Read, |map, p, n| {
-            if map.kind == IomapKind::Mapped {
-                let slot = ops.submit(&batch, map, p, false, ops.buffers().get(n as usize));
+            if map.is_written() {
+                let slot = ops.submit(&batch, map, p, IoDir::Read, ops.buffers().get(n as usize));
                 pending.push((slot, p, n));
             } else {
                 for_each_span(&mut guards, p, n, |g, off, len| {
@@ -286,7 +245,7 @@ pub fn read<O: FileIo>(
 /// # Errors
 /// `ENOSPC`-style errors from the reservation in `begin`, device errors from preparing a
 /// partial block, when nothing was written.
-pub fn write<O: FileIo>(
+pub fn write<O: CacheIo>(
     cache: &PageCache,
     ops: &O,
     fc: &FileCache,
@@ -368,7 +327,7 @@ fn copy_in<O: FileIo>(
 ///
 /// # Errors
 /// Writeback errors of `fc` (also recorded for fsync).
-pub fn balance_dirty<O: FileIo>(
+pub fn balance_dirty<O: CacheIo>(
     cache: &PageCache,
     ops: &O,
     fc: &FileCache,

@@ -35,11 +35,10 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex};
 use stripefs_target::{Batch, BufPool, IoDone, TargetError};
 
-use crate::buffered::FileIo;
 use crate::cache::PageCache;
 use crate::writeback::{writeback, WbWait};
 use crate::zero::invalidate_range;
-use crate::{iterate, Iomap, IomapKind, IomapOp, IterError};
+use crate::{iterate, CacheIo, IoDir, Iomap, IomapOp, IterError};
 
 /// Most bytes of one direct I/O in flight at once (bounce buffers included).
 pub const DIO_WINDOW_BYTES: u64 = 64 << 20;
@@ -101,7 +100,7 @@ pub struct DioPiece<A> {
 }
 
 /// The file system's side of a direct I/O, at submission (borrowed for the call).
-pub trait DioOps: FileIo {
+pub trait DioOps: CacheIo {
     /// The completion side: owned, it runs where the last piece completes.
     type End: DioEndIo<Self::Addr, Error = Self::Error>;
 
@@ -414,8 +413,9 @@ fn read_fan_out<O: DioOps>(
         let batch = Batch::new();
         run.pieces.clear();
         let walked = iterate(ops, at, k, IomapOp::Read, |map, p, m| {
-            let slot = (map.kind == IomapKind::Mapped)
-                .then(|| ops.submit(&batch, map, p, false, ops.buffers().get(m as usize)));
+            let slot = map
+                .is_written()
+                .then(|| ops.submit(&batch, map, p, IoDir::Read, ops.buffers().get(m as usize)));
             run.pieces.push((slot, (p - pos) as usize, m as usize));
             Ok(m)
         });
@@ -541,7 +541,7 @@ fn submit_write_piece<O: DioOps>(
     buf[..head].fill(0);
     buf[head..tail].copy_from_slice(data);
     buf[tail..].fill(0);
-    ops.submit(batch, map, start, true, buf);
+    ops.submit(batch, map, start, IoDir::Write, buf);
     DioPiece {
         map: *map,
         pos: start,

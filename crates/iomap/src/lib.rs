@@ -18,10 +18,12 @@ pub mod lru;
 mod writeback;
 mod zero;
 
-pub use buffered::{balance_dirty, fill, read, write, FileIo};
+pub use buffered::{balance_dirty, fill, read, write};
 pub use iter::{iterate, IterError, Step};
-pub use writeback::{writeback, WbEnd, WbStats, WbWait};
+pub use writeback::{writeback, WbEnd, WbOutcome, WbStats, WbWait};
 pub use zero::{invalidate_range, zero_cached, zero_range, ZeroMode};
+
+use stripefs_target::{Batch, BufPool, IoBuf, TargetError};
 
 /// What a range of a file is backed by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +53,10 @@ impl IomapFlags {
     pub const BOUNDARY: Self = Self(2);
     /// Dirty page cache lies over the range (zeroing must not skip it).
     pub const DIRTY: Self = Self(4);
+    /// This `begin` reserved the space of the delayed allocation it returns (a buffered
+    /// write over a hole): `end` gives back what the write did not use. Nothing is
+    /// allocated, so this is not `NEW`.
+    pub const RESERVED: Self = Self(8);
     /// Empty set.
     pub const NONE: Self = Self(0);
 
@@ -149,4 +155,61 @@ pub trait IomapOps {
 
     /// True if `map` still describes the file (its `seq` is current).
     fn still_valid(&self, map: &Iomap<Self::Addr>) -> bool;
+}
+
+/// Which way a device I/O goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoDir {
+    Read,
+    Write,
+}
+
+/// What every I/O path needs from the file system beyond the mapping contract: the size,
+/// device I/O for a piece of a mapping, buffers and error conversion.
+pub trait FileIo: IomapOps {
+    /// In-core file size.
+    fn size(&self) -> u64;
+    /// Submits device I/O for bytes `[pos, pos + buf.len())` of mapping `map` (inside the
+    /// mapping) into `batch`; returns the completion slot.
+    fn submit(
+        &self,
+        batch: &Batch,
+        map: &Iomap<Self::Addr>,
+        pos: u64,
+        dir: IoDir,
+        buf: IoBuf,
+    ) -> usize;
+    /// Recycled I/O buffers.
+    fn buffers(&self) -> &BufPool;
+    /// Converts a device error.
+    fn io_error(&self, e: TargetError) -> Self::Error;
+    /// The contract was broken (a bug, reported rather than trusted).
+    fn contract_error(&self, what: String) -> Self::Error;
+}
+
+/// What the page cache's write side (writeback, zeroing, and so direct I/O's coherence)
+/// needs beyond [`FileIo`].
+pub trait CacheIo: FileIo {
+    /// The errno of an error (recorded for fsync when writeback fails).
+    fn errno(&self, e: &Self::Error) -> i32;
+    /// Writeback I/O for `ends` completed with `outcome`. The file system records
+    /// allocations and conversions, or frees what it allocated.
+    ///
+    /// # Errors
+    /// The file system's error.
+    fn writeback_done(
+        &self,
+        ends: &[WbEnd<Self::Addr>],
+        outcome: WbOutcome,
+    ) -> Result<(), Self::Error>;
+    /// An offset `q` in `[pos, end]` such that every block touching `[pos, q)` is a hole or
+    /// unwritten: no written data on the device and no delayed allocation, so it reads
+    /// zero without the cache's help. `q` is `end` when no such block follows, and may be
+    /// less than the largest such offset (returning `pos` is always correct). Zeroing
+    /// skips these ranges where nothing is cached, so its cost follows the data, never
+    /// the size of the range. Must cost no more than the number of extents.
+    ///
+    /// # Errors
+    /// The file system's error.
+    fn next_stored(&self, pos: u64, end: u64) -> Result<u64, Self::Error>;
 }

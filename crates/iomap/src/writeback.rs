@@ -13,12 +13,21 @@ use std::sync::Arc;
 
 use stripefs_target::{Batch, IoBuf};
 
-use crate::buffered::{iter_err, FileIo};
+use crate::buffered::iter_err;
 use crate::cache::{FileCache, FolioCell, PageCache};
-use crate::{iterate, Iomap, IomapOp};
+use crate::{iterate, CacheIo, IoDir, Iomap, IomapOp};
 
 /// Most bytes collected before they are submitted and waited for.
 const BATCH_BYTES: u64 = 32 << 20;
+
+/// How a writeback pass ended, for the file system's completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WbOutcome {
+    /// Every piece was mapped and written: record it.
+    Written,
+    /// A mapping or a device I/O failed: record nothing, free what was allocated.
+    Failed,
+}
 
 /// A written piece, handed to the file system at completion.
 #[derive(Debug, Clone, Copy)]
@@ -49,7 +58,7 @@ pub enum WbWait {
 ///
 /// # Errors
 /// The first mapping, device or completion error (also recorded in the error sequence).
-pub fn writeback<O: FileIo>(
+pub fn writeback<O: CacheIo>(
     cache: &PageCache,
     ops: &O,
     fc: &FileCache,
@@ -90,7 +99,7 @@ fn chunks(folios: &[Arc<FolioCell>]) -> impl Iterator<Item = &[Arc<FolioCell>]> 
     })
 }
 
-fn write_chunk<O: FileIo>(
+fn write_chunk<O: CacheIo>(
     cache: &PageCache,
     ops: &O,
     fc: &FileCache,
@@ -119,7 +128,7 @@ fn write_chunk<O: FileIo>(
                 }
                 None => unreachable!("the whole-run buffer is only given away for a single piece"),
             };
-            ops.submit(&batch, map, p, true, buf);
+            ops.submit(&batch, map, p, IoDir::Write, buf);
             ends.push(WbEnd {
                 map: *map,
                 pos: p,
@@ -137,10 +146,14 @@ fn write_chunk<O: FileIo>(
     let done = batch.wait();
     let io_err = done.iter().find_map(|d| d.result.clone().err());
     ops.buffers().put_all(done.into_iter().flat_map(|d| d.bufs));
-    let ok = io_err.is_none() && map_err.is_none();
+    let outcome = if io_err.is_none() && map_err.is_none() {
+        WbOutcome::Written
+    } else {
+        WbOutcome::Failed
+    };
     stats.ios += ends.len() as u64;
     stats.bytes += ends.iter().map(|e| e.len).sum::<u64>();
-    let completed = ops.writeback_done(&ends, ok);
+    let completed = ops.writeback_done(&ends, outcome);
     for cell in busy {
         cache.end_writeback(&cell);
     }
@@ -154,7 +167,7 @@ fn write_chunk<O: FileIo>(
     Ok(())
 }
 
-fn copy_piece<O: FileIo>(ops: &O, run: &IoBuf, from: u64, n: u64) -> IoBuf {
+fn copy_piece<O: CacheIo>(ops: &O, run: &IoBuf, from: u64, n: u64) -> IoBuf {
     let mut buf = ops.buffers().get(n as usize);
     buf.copy_from_slice(&run[from as usize..(from + n) as usize]);
     buf
@@ -175,7 +188,7 @@ struct Staging {
     buf: IoBuf,
 }
 
-fn finish<O: FileIo>(ops: &O, runs: &mut Vec<(u64, IoBuf)>, s: Staging) {
+fn finish<O: CacheIo>(ops: &O, runs: &mut Vec<(u64, IoBuf)>, s: Staging) {
     if s.len == s.buf.len() {
         runs.push((s.pos, s.buf));
         return;
@@ -189,7 +202,7 @@ fn finish<O: FileIo>(ops: &O, runs: &mut Vec<(u64, IoBuf)>, s: Staging) {
 /// Takes the dirty runs (clamped to EOF) out of `folios`: copies them into staging
 /// buffers (zeroing bytes past EOF), clears their dirty bits and marks the folios under
 /// writeback. Returns the runs and the busy folios.
-fn collect<O: FileIo>(
+fn collect<O: CacheIo>(
     cache: &PageCache,
     ops: &O,
     folios: &[Arc<FolioCell>],

@@ -7,7 +7,7 @@
 //!   folio is under writeback (I-004-5: dirtying clean unwritten blocks would be harmless,
 //!   missing dirty ones is not; we dirty per block, so no zeros are written needlessly);
 //! - nothing cached over a hole or unwritten extent: skip, it reads zero (I-004-2); whole
-//!   runs of such blocks are skipped at once (`FileIo::next_stored`), so the cost follows
+//!   runs of such blocks are skipped at once (`CacheIo::next_stored`), so the cost follows
 //!   the cached and stored data, never the size of the range;
 //! - nothing cached over mapped blocks: create the folio, zero, dirty.
 //!
@@ -18,10 +18,10 @@
 //! writing back and waiting whenever zeroing meets dirty cache over a hole or unwritten
 //! extent, kept as a switch so the benchmark can show the cost.
 
-use crate::buffered::{iter_err, prepare_block, FileIo};
+use crate::buffered::{iter_err, prepare_block};
 use crate::cache::{FileCache, PageCache};
 use crate::writeback::{writeback, WbWait};
-use crate::{iterate, Iomap, IomapKind, IomapOp, Step};
+use crate::{iterate, CacheIo, Iomap, IomapKind, IomapOp, Step};
 
 /// How zeroing treats dirty cache over holes and unwritten extents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,7 +37,7 @@ pub enum ZeroMode {
 ///
 /// # Errors
 /// Mapping or device errors (reading a partial block, or the flush in `Flush` mode).
-pub fn zero_range<O: FileIo>(
+pub fn zero_range<O: CacheIo>(
     cache: &PageCache,
     ops: &O,
     fc: &FileCache,
@@ -72,7 +72,7 @@ pub fn zero_range<O: FileIo>(
 
 /// Zeroes the first piece of `[cur, cur + len)` inside `map` (see the module
 /// documentation), or finds the mapping stale.
-fn zero_piece<O: FileIo>(
+fn zero_piece<O: CacheIo>(
     cache: &PageCache,
     ops: &O,
     fc: &FileCache,
@@ -131,13 +131,13 @@ fn zero_piece<O: FileIo>(
 }
 
 /// The end of the run from `cur` that needs no zeroing at all: nothing cached and, per
-/// the file system, only holes and unwritten blocks (`FileIo::next_stored`). Returns
+/// the file system, only holes and unwritten blocks (`CacheIo::next_stored`). Returns
 /// `cur` when the folio at `cur` is cached or its block holds data. This is what keeps
 /// zeroing (extending truncate, EOF zeroing, zero range) proportional to the cached and
 /// stored data in the range rather than to its size (issue 9, item 2). The decision is as
 /// safe as the per-piece skip below: the caller holds the inode exclusively, so no write
 /// can cache or store data in the run meanwhile.
-fn skip_zero_uncached<O: FileIo>(
+fn skip_zero_uncached<O: CacheIo>(
     ops: &O,
     fc: &FileCache,
     cur: u64,
@@ -159,7 +159,7 @@ fn range_busy(fc: &FileCache, pos: u64, end: u64) -> bool {
     })
 }
 
-fn has_hole_or_unwritten<O: FileIo>(ops: &O, pos: u64, len: u64) -> Result<bool, O::Error> {
+fn has_hole_or_unwritten<O: CacheIo>(ops: &O, pos: u64, len: u64) -> Result<bool, O::Error> {
     let mut found = false;
     iterate(ops, pos, len, IomapOp::Report, |map, _, n| {
         found = matches!(map.kind, IomapKind::Hole | IomapKind::Unwritten);

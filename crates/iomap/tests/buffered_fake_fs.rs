@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use stripefs_iomap::cache::{CacheConfig, FolioSizing, PageCache};
 use stripefs_iomap::folio::DirtyTracking;
 use stripefs_iomap::{
-    self as iomap, FileIo, Iomap, IomapFlags, IomapKind, IomapOp, IomapOps, WbEnd, WbWait, ZeroMode,
+    self as iomap, CacheIo, FileIo, IoDir, Iomap, IomapFlags, IomapKind, IomapOp, IomapOps, WbEnd,
+    WbOutcome, WbWait, ZeroMode,
 };
 use stripefs_target::{Batch, BufPool, IoBuf, IoOp, Rng, SimTarget, Target, TargetError};
 
@@ -94,7 +95,7 @@ impl IomapOps for Fake {
                 for b in b0..b0 + n {
                     self.set(b, Blk::Delalloc);
                 }
-                (IomapKind::Delalloc, IomapFlags::NEW, 0)
+                (IomapKind::Delalloc, IomapFlags::RESERVED, 0)
             }
             (Blk::Hole | Blk::Delalloc, IomapOp::Writeback | IomapOp::Write) => {
                 // Allocate one block (short mappings again).
@@ -121,7 +122,7 @@ impl IomapOps for Fake {
     }
 
     fn end(&self, map: &Iomap<u64>, pos: u64, used: u64, op: IomapOp) -> Result<(), String> {
-        if op == IomapOp::BufferedWrite && map.flags.contains(IomapFlags::NEW) {
+        if op == IomapOp::BufferedWrite && map.flags.contains(IomapFlags::RESERVED) {
             let keep_end = if used == 0 {
                 map.offset
             } else {
@@ -144,7 +145,8 @@ impl FileIo for Fake {
         *self.size.borrow()
     }
 
-    fn submit(&self, batch: &Batch, map: &Iomap<u64>, pos: u64, write: bool, buf: IoBuf) -> usize {
+    fn submit(&self, batch: &Batch, map: &Iomap<u64>, pos: u64, dir: IoDir, buf: IoBuf) -> usize {
+        let write = dir == IoDir::Write;
         assert!(
             map.kind == IomapKind::Mapped || map.kind == IomapKind::Unwritten || write,
             "reading a {:?} mapping",
@@ -169,16 +171,26 @@ impl FileIo for Fake {
         e.to_string()
     }
 
-    fn errno(&self, _: &String) -> i32 {
-        5
-    }
-
     fn contract_error(&self, what: String) -> String {
         what
     }
 
-    fn writeback_done(&self, ends: &[WbEnd<u64>], ok: bool) -> Result<(), String> {
-        assert!(ok, "the simulated device does not fail here");
+    fn buffers(&self) -> &BufPool {
+        &self.pool
+    }
+}
+
+impl CacheIo for Fake {
+    fn errno(&self, _: &String) -> i32 {
+        5
+    }
+
+    fn writeback_done(&self, ends: &[WbEnd<u64>], outcome: WbOutcome) -> Result<(), String> {
+        assert_eq!(
+            outcome,
+            WbOutcome::Written,
+            "the simulated device does not fail here"
+        );
         for e in ends {
             assert!(
                 e.pos % BS == 0 && e.len % BS == 0,
@@ -193,10 +205,6 @@ impl FileIo for Fake {
             }
         }
         Ok(())
-    }
-
-    fn buffers(&self) -> &BufPool {
-        &self.pool
     }
 
     fn next_stored(&self, pos: u64, end: u64) -> Result<u64, String> {
