@@ -1,6 +1,6 @@
 /* smallfiles: PROCS processes create and write FILES small files each, spread round-robin
  * over NDIRS existing directories d0..d{NDIRS-1} under DIR (open O_CREAT|O_EXCL, one
- * write, close; no fsync). Prints the files per second of the whole run (first start to
+ * write, close; no fsync; SIZE 0: no write, empty files). Prints the files per second of the whole run (first start to
  * last finish). Used by scripts/bench-smallfiles.
  *
  * usage: smallfiles DIR PROCS NDIRS FILES SIZE */
@@ -21,7 +21,7 @@ static double now(void) {
 
 static int child(const char *dir, int id, int procs, long ndirs, long files, size_t size,
                  int go) {
-    char *buf = malloc(size);
+    char *buf = malloc(size ? size : 1);
     char path[4096];
     char c;
     if (!buf) return 1;
@@ -36,7 +36,7 @@ static int child(const char *dir, int id, int procs, long ndirs, long files, siz
             fprintf(stderr, "smallfiles: create %s: %s\n", path, strerror(errno));
             return 1;
         }
-        ssize_t w = write(fd, buf, size);
+        ssize_t w = size ? write(fd, buf, size) : 0;
         if (w != (ssize_t)size) {
             fprintf(stderr, "smallfiles: write %s: %s\n", path,
                     w < 0 ? strerror(errno) : "short write");
@@ -58,9 +58,10 @@ int main(int argc, char **argv) {
     const char *dir = argv[1];
     int procs = atoi(argv[2]);
     long ndirs = atol(argv[3]), files = atol(argv[4]);
-    size_t size = (size_t)atol(argv[5]);
-    if (procs < 1 || ndirs < 1 || files < 1 || size < 1) {
-        fprintf(stderr, "smallfiles: PROCS, NDIRS, FILES and SIZE must be positive\n");
+    long size_arg = atol(argv[5]);
+    size_t size = (size_t)size_arg;
+    if (procs < 1 || ndirs < 1 || files < 1 || size_arg < 0) {
+        fprintf(stderr, "smallfiles: PROCS, NDIRS and FILES must be positive, SIZE not negative\n");
         return 2;
     }
     int p[2];

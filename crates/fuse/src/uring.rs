@@ -28,8 +28,11 @@
 //! Threads: one per queue, pinned to its CPU, waits for completions, dispatches, and
 //! commits the replies given during dispatch with its next wait (one system call for
 //! the reply and the wait). A reply given later from another thread (a direct I/O
-//! completing on a target thread) is committed by that thread; the queue's submission
-//! lock orders the two.
+//! completing on a target thread) is written into the entry by that thread and handed
+//! to the queue thread (a list and an eventfd the ring keeps a read armed on), which
+//! commits it: every command then belongs to the queue thread, and the kernel delivers
+//! the entry's next request by waking the queue thread, not the target thread that
+//! would otherwise have submitted the command.
 
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -236,9 +239,19 @@ struct Queue {
     /// Dropped before `region`: the kernel may write entries until the ring is gone.
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
     fuse_fd: Arc<OwnedFd>,
-    /// Serialises pushes onto the submission queue (the queue thread and repliers).
+    /// Serialises pushes onto the submission queue.
     sq: Mutex<()>,
     entries: Vec<Entry>,
+    /// Entries whose reply another thread gave after the dispatch: the queue thread
+    /// commits them, so every command, and with it the delivery of the entry's next
+    /// request, stays on the queue thread (a command belongs to the task that submitted
+    /// it: committed from a target's completion thread, the next request would first
+    /// have to wake that thread).
+    handoff: Mutex<Vec<usize>>,
+    /// Wakes the queue thread for `handoff`.
+    efd: OwnedFd,
+    /// Where the queue's armed read of `efd` lands.
+    efd_word: Box<AtomicU64>,
     payload: usize,
     stats: Arc<RingStats>,
     _region: Region,
@@ -253,14 +266,8 @@ impl std::fmt::Debug for Queue {
     }
 }
 
-/// When a pushed command reaches the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Submit {
-    /// Now, by this thread.
-    Now,
-    /// With the queue thread's next wait (the queue thread itself pushes).
-    WithNextWait,
-}
+/// `user_data` of the armed read of the hand-off eventfd.
+const EVENTFD_TOKEN: u64 = u64::MAX;
 
 impl Queue {
     fn new(
@@ -272,7 +279,8 @@ impl Queue {
     ) -> io::Result<Self> {
         let stride = HEADER_PAGE + payload;
         let region = Region::new(stride * entries)?;
-        let slots = u32::try_from(entries.next_power_of_two()).unwrap_or(u32::MAX);
+        // One command per entry, plus the eventfd read.
+        let slots = u32::try_from((entries + 1).next_power_of_two()).unwrap_or(u32::MAX);
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
             .setup_cqsize(slots * 2)
             .build(slots)?;
@@ -301,12 +309,22 @@ impl Queue {
                 }
             })
             .collect();
+        // SAFETY: eventfd(2) with valid flags; the new fd is owned below.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd nobody else owns.
+        let efd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(efd) };
         Ok(Self {
             qid,
             ring,
             fuse_fd,
             sq: Mutex::new(()),
             entries,
+            handoff: Mutex::new(Vec::new()),
+            efd,
+            efd_word: Box::new(AtomicU64::new(0)),
             payload,
             stats,
             _region: region,
@@ -321,8 +339,9 @@ impl Queue {
         cmd
     }
 
-    /// Pushes entry `idx`'s `cmd_op` onto the submission queue.
-    fn push(&self, idx: usize, cmd_op: u32, when: Submit) -> io::Result<()> {
+    /// Pushes entry `idx`'s `cmd_op` onto the submission queue; the queue thread's next
+    /// wait submits it. Only the queue thread calls this.
+    fn push(&self, idx: usize, cmd_op: u32) -> io::Result<()> {
         let e = &self.entries[idx];
         e.last_cmd.store(cmd_op, Ordering::Relaxed);
         let commit_id = match cmd_op {
@@ -338,28 +357,70 @@ impl Queue {
         if cmd_op == CMD_REGISTER {
             sqe = with_len(sqe, 2);
         }
-        {
-            let _g = self.sq.lock();
-            // SAFETY: every push goes through `sq`, so this is the only view of the
-            // submission queue; the entry's iovec outlives the command.
-            unsafe { self.ring.submission_shared().push(&sqe) }
-                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        self.push_sqe(&sqe)
+    }
+
+    fn push_sqe(&self, sqe: &squeue::Entry128) -> io::Result<()> {
+        let _g = self.sq.lock();
+        // SAFETY: every push goes through `sq`, so this is the only view of the
+        // submission queue; what the entry points to (an entry's iovec, `efd_word`)
+        // lives as long as the queue.
+        unsafe { self.ring.submission_shared().push(sqe) }
+            .map_err(|_| io::Error::other("io_uring submission queue full"))
+    }
+
+    /// Arms a read of the hand-off eventfd.
+    fn arm_handoff(&self) -> io::Result<()> {
+        let sqe = opcode::Read::new(
+            types::Fd(self.efd.as_raw_fd()),
+            self.efd_word.as_ptr().cast::<u8>(),
+            8,
+        )
+        .build()
+        .user_data(EVENTFD_TOKEN);
+        self.push_sqe(&squeue::Entry128::from(sqe))
+    }
+
+    /// Commits the replies other threads handed off.
+    fn take_handoff(&self) {
+        let list = std::mem::take(&mut *self.handoff.lock());
+        for idx in list {
+            self.commit(idx);
         }
-        if when == Submit::Now {
-            self.ring.submitter().submit()?;
+    }
+
+    /// Another thread gave entry `idx`'s reply after the dispatch: the queue thread
+    /// commits it. The eventfd is written only when the list was empty.
+    fn hand_off(&self, idx: usize) {
+        let wake = {
+            let mut h = self.handoff.lock();
+            h.push(idx);
+            h.len() == 1
+        };
+        if wake {
+            let one = 1u64;
+            // SAFETY: an 8-byte write of a valid u64 to our eventfd.
+            let n =
+                unsafe { libc::write(self.efd.as_raw_fd(), std::ptr::from_ref(&one).cast(), 8) };
+            if n != 8 {
+                tracing::error!(qid = self.qid, error = %io::Error::last_os_error(), "cannot wake a FUSE ring thread");
+            }
         }
-        Ok(())
     }
 
     /// Registers every entry. A refused entry completes at once with the error.
     fn register(&self) -> io::Result<Vec<cqueue::Entry>> {
         for idx in 0..self.entries.len() {
-            self.push(idx, CMD_REGISTER, Submit::WithNextWait)?;
+            self.push(idx, CMD_REGISTER)?;
         }
+        self.arm_handoff()?;
         self.ring.submitter().submit()?;
         // SAFETY: only this (the queue) thread reads the completion queue.
         let early: Vec<cqueue::Entry> = unsafe { self.ring.completion_shared() }.collect();
-        if let Some(bad) = early.iter().find(|c| c.result() < 0) {
+        if let Some(bad) = early
+            .iter()
+            .find(|c| c.result() < 0 && c.user_data() != EVENTFD_TOKEN)
+        {
             let e = io::Error::from_raw_os_error(-bad.result());
             return Err(io::Error::new(
                 e.kind(),
@@ -435,6 +496,16 @@ impl Queue {
         dispatcher: &Dispatcher<FS>,
         sinks: &[Arc<dyn ReplySink>],
     ) -> bool {
+        if c.user_data() == EVENTFD_TOKEN {
+            self.take_handoff();
+            if c.result() < 0 {
+                tracing::error!(qid = self.qid, error = %io::Error::from_raw_os_error(-c.result()), "FUSE ring hand-off read failed");
+            }
+            if let Err(e) = self.arm_handoff() {
+                tracing::error!(qid = self.qid, %e, "cannot re-arm the FUSE ring hand-off");
+            }
+            return false;
+        }
         let Some(idx) = usize::try_from(c.user_data())
             .ok()
             .filter(|&i| i < self.entries.len())
@@ -453,7 +524,7 @@ impl Queue {
             }
             libc::EAGAIN | libc::EINTR => {
                 let cmd = self.entries[idx].last_cmd.load(Ordering::Relaxed);
-                if let Err(e) = self.push(idx, cmd, Submit::WithNextWait) {
+                if let Err(e) = self.push(idx, cmd) {
                     tracing::error!(qid = self.qid, %e, "cannot resubmit a ring entry");
                     return true;
                 }
@@ -541,7 +612,7 @@ impl Queue {
         let e = &self.entries[idx];
         let prev = e.state.fetch_and(!DISPATCHING, Ordering::AcqRel);
         if prev & REPLIED != 0 {
-            self.commit(idx, Submit::WithNextWait);
+            self.commit(idx);
         }
     }
 
@@ -557,19 +628,20 @@ impl Queue {
         }
         let prev = e.state.fetch_or(REPLIED, Ordering::AcqRel);
         if prev & DISPATCHING == 0 {
-            self.commit(idx, Submit::Now);
+            self.hand_off(idx);
         }
         Ok(())
     }
 
-    /// Commits entry `idx`'s reply (the stashed one if there is one) and re-arms it.
-    fn commit(&self, idx: usize, when: Submit) {
+    /// Commits entry `idx`'s reply (the stashed one if there is one) and re-arms it,
+    /// with the queue thread's next wait.
+    fn commit(&self, idx: usize) {
         let e = &self.entries[idx];
         if let Some(v) = e.stash.lock().take() {
             self.write_reply(idx, &[IoSlice::new(&v)]);
         }
         e.state.store(0, Ordering::Release);
-        if let Err(err) = self.push(idx, CMD_COMMIT_AND_FETCH, when) {
+        if let Err(err) = self.push(idx, CMD_COMMIT_AND_FETCH) {
             tracing::error!(qid = self.qid, %err, "cannot commit a FUSE reply on the ring");
         }
     }
