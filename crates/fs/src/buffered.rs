@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stripefs_core::extent::ExtentState;
-use stripefs_core::inode::Timespec;
 use stripefs_core::record::Record;
 use stripefs_core::{CoreError, Ino};
 use stripefs_iomap::{
@@ -21,8 +20,9 @@ use stripefs_target::{Batch, BufPool, IoBuf, IoOp, TargetError};
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::FsInner;
+use crate::mapping::piece_record;
 use crate::mapping::{DevAddr, FileMapper};
-use crate::namespace::inode;
+use crate::namespace::{data_changed, inode};
 
 /// Inode flag: the file has explicit preallocation beyond EOF (`fallocate KEEP_SIZE`), so
 /// speculative preallocation is never trimmed from it (XFS's `PREALLOC` flag).
@@ -81,22 +81,22 @@ impl CacheIo for FileMapper<'_> {
 
     fn writeback_done(&self, ends: &[WbEnd<DevAddr>], outcome: WbOutcome) -> Result<()> {
         if outcome == WbOutcome::Failed {
-            self.release_new();
+            self.allocated.release();
             self.fs.reconcile_delalloc(self.ino);
             return Ok(());
         }
         match self.fs.record_writeback(self.ino, ends) {
             Ok(()) => {
-                self.keep_new();
+                self.allocated.commit();
                 Ok(())
             }
             // The file was freed while its writeback was in flight: nothing to record.
             Err(FsError::Stale(_)) => {
-                self.release_new();
+                self.allocated.release();
                 Ok(())
             }
             Err(e) => {
-                self.release_new();
+                self.allocated.release();
                 Err(e)
             }
         }
@@ -232,10 +232,7 @@ impl Fs {
             self.speculative_prealloc(&mut m, ino)?;
         }
         m.last_write.insert(ino, Instant::now());
-        let mut a = inode(&m, ino)?.attrs.clone();
-        let now = Timespec::now();
-        a.mtime = now;
-        a.ctime = now;
+        let a = data_changed(&m, ino)?;
         self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
     }
 
@@ -326,21 +323,12 @@ impl Fs {
             if e.map.kind != IomapKind::Unwritten && !new {
                 continue;
             }
-            let skip = bs.block_of(e.pos - e.map.offset);
-            let (block, len) = (e.map.addr.obj_block + skip, bs.blocks_for(e.len));
-            if new {
+            let rec = piece_record(bs, ino, &e.map, e.pos, e.len, ExtentState::Written);
+            if let (true, Record::ExtentSet { block, len, .. }) = (new, &rec) {
                 m.delalloc_mut(ino, e.map.addr.object, objects)
-                    .remove(block, len);
+                    .remove(*block, *len);
             }
-            recs.push(Record::ExtentSet {
-                ino,
-                object: e.map.addr.object,
-                block,
-                len,
-                phys: e.map.addr.phys + skip,
-                state: ExtentState::Written,
-                refcount: 1,
-            });
+            recs.push(rec);
         }
         let mut a = inode(&m, ino)?.attrs.clone();
         let size = m.size_of(ino).unwrap_or(a.size);

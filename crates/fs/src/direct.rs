@@ -46,8 +46,8 @@ use stripefs_target::{BufPool, TargetError};
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::InodeIo;
-use crate::mapping::{DevAddr, FileMapper};
-use crate::namespace::inode;
+use crate::mapping::{piece_record, DevAddr, FileMapper, Reservation};
+use crate::namespace::{data_changed, inode};
 use crate::options::UnalignedPolicy;
 
 /// The inode lock a direct write needs.
@@ -335,13 +335,17 @@ impl Fs {
         io.dio.drain();
         self.inner.dio_exclusive.fetch_add(1, Ordering::Relaxed);
         let mapper = FileMapper::new(self, ino)?.with_dio_lock(DioLock::Exclusive);
-        self.zero_eof_to(&mapper, off)?;
+        if self.zero_eof_to(&mapper, off)? {
+            // The direct write bypasses the cache: the zeros reach the disk before its
+            // size change can expose the gap.
+            self.writeback_file(ino, stripefs_iomap::WbWait::Busy)?;
+        }
         self.touch_mtime(ino)?;
         let r = dio_write_wait(&mapper, off, data);
-        mapper.release_dio_reservation();
-        match r {
-            Ok(_) => mapper.keep_new(),
-            Err(_) => mapper.release_new(),
+        if r.is_ok() {
+            // Recorded at completion; otherwise dropping the mapper frees them, and what
+            // is left of the reservation goes back with it.
+            mapper.allocated.commit();
         }
         r
     }
@@ -359,29 +363,16 @@ impl Fs {
             Ok(n)
         })?;
         // Blocks freed by uncommitted transactions become reservable after a commit.
-        let reserved =
-            self.reserve_all(&need) || (self.commit_for_space()? && self.reserve_all(&need));
-        if !reserved {
+        let reservation = match Reservation::take(mapper.fs, need.clone()) {
+            Some(r) => Some(r),
+            None if self.commit_for_space()? => Reservation::take(mapper.fs, need),
+            None => None,
+        };
+        let Some(reservation) = reservation else {
             return Ok(false);
-        }
-        mapper.set_dio_reservation(need);
+        };
+        mapper.set_dio_reservation(reservation);
         Ok(true)
-    }
-
-    /// Reserves `need` blocks per target, all or nothing.
-    fn reserve_all(&self, need: &std::collections::HashMap<TargetId, u64>) -> bool {
-        let mut m = self.inner.meta.lock();
-        let mut taken = Vec::new();
-        for (&t, &n) in need {
-            if !m.alloc.reserve(t, n) {
-                for (t, n) in taken {
-                    m.alloc.unreserve(t, n);
-                }
-                return false;
-            }
-            taken.push((t, n));
-        }
-        true
     }
 
     /// Records a completed direct write: new and unwritten blocks written, size grown to
@@ -400,16 +391,14 @@ impl Fs {
             if !e.convert {
                 continue;
             }
-            let skip = bs.block_of(e.pos - e.map.offset);
-            recs.push(Record::ExtentSet {
+            recs.push(piece_record(
+                bs,
                 ino,
-                object: e.map.addr.object,
-                block: e.map.addr.obj_block + skip,
-                len: bs.blocks_for(e.len),
-                phys: e.map.addr.phys + skip,
-                state: ExtentState::Written,
-                refcount: 1,
-            });
+                &e.map,
+                e.pos,
+                e.len,
+                ExtentState::Written,
+            ));
         }
         let mut a = inode(&m, ino)?.attrs.clone();
         if end > a.size {
@@ -425,21 +414,18 @@ impl Fs {
 
     pub(crate) fn touch_mtime(&self, ino: Ino) -> Result<()> {
         let mut m = self.inner.meta.lock();
-        let mut a = inode(&m, ino)?.attrs.clone();
-        let now = stripefs_core::inode::Timespec::now();
-        a.mtime = now;
-        a.ctime = now;
+        let a = data_changed(&m, ino)?;
         self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
     }
 
-    /// EOF zeroing for a write (or size change) starting at `to` past EOF: whatever the
-    /// cache holds past the old EOF, and whatever a crash may have left there on disk,
-    /// must read zero (I-004-7). The zeros are written back at once: a direct write
-    /// bypasses the cache, and its size change must not expose the range before them.
-    pub(crate) fn zero_eof_to(&self, mapper: &FileMapper<'_>, to: u64) -> Result<()> {
+    /// EOF zeroing before the size grows to `to` (a write starting past EOF, an extending
+    /// truncate or fallocate): whatever the cache holds past the old EOF, and whatever a
+    /// crash may have left there on disk, must read zero (I-004-7). Returns whether there
+    /// was a gap to zero. The caller holds the inode lock exclusively.
+    pub(crate) fn zero_eof_to(&self, mapper: &FileMapper<'_>, to: u64) -> Result<bool> {
         let size = mapper.size();
         if to <= size {
-            return Ok(());
+            return Ok(false);
         }
         let fc = self.inner.cache.file(mapper.ino.0);
         stripefs_iomap::zero_range(
@@ -450,6 +436,6 @@ impl Fs {
             to - size,
             self.inner.opts.eof_zeroing,
         )?;
-        self.writeback_file(mapper.ino, stripefs_iomap::WbWait::Busy)
+        Ok(true)
     }
 }

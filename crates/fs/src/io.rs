@@ -2,7 +2,6 @@
 //! is `direct.rs` over the generic engine; buffered I/O is `buffered.rs`.)
 
 use stripefs_core::extent::ExtentState;
-use stripefs_core::inode::Timespec;
 use stripefs_core::record::Record;
 use stripefs_core::{CoreError, Ino};
 use stripefs_iomap::{iterate, Iomap, IomapFlags, IomapOp};
@@ -10,8 +9,8 @@ use stripefs_iomap::{iterate, Iomap, IomapFlags, IomapOp};
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::journal::CommitMode;
-use crate::mapping::{DevAddr, FileMapper};
-use crate::namespace::inode;
+use crate::mapping::{piece_record, DevAddr, FileMapper};
+use crate::namespace::{data_changed, inode};
 use crate::types::FallocMode;
 
 /// Largest file size (bytes): offsets stay far from u64 overflow in every unit.
@@ -43,19 +42,8 @@ impl Fs {
                 stripefs_iomap::zero_cached(&fc, size, bs.round_up(size));
             }
             self.zero_block_tail(&mapper, size)?;
-        } else if size > old {
-            {
-                // EOF zeroing, also of bytes a crash may have left past EOF on disk.
-                let fc = self.inner.cache.file(ino.0);
-                stripefs_iomap::zero_range(
-                    &self.inner.cache,
-                    &mapper,
-                    &fc,
-                    old,
-                    size - old,
-                    self.inner.opts.eof_zeroing,
-                )?;
-            }
+        } else {
+            self.zero_eof_to(&mapper, size)?;
         }
         let mut m = self.inner.meta.lock();
         let i = inode(&m, ino)?.clone();
@@ -66,11 +54,8 @@ impl Fs {
                 self.clear_object_range(&mut m, ino, object, (keep, u64::MAX), None, &mut recs)?;
             }
         }
-        let mut a = i.attrs;
-        let now = Timespec::now();
+        let mut a = data_changed(&m, ino)?;
         a.size = size;
-        a.mtime = now;
-        a.ctime = now;
         recs.push(Record::InodeSet(a));
         m.isize.remove(&ino);
         m.mark_data(ino);
@@ -136,14 +121,22 @@ impl Fs {
         match mode {
             FallocMode::Allocate | FallocMode::KeepSize => {
                 self.allocate_unwritten(&mapper, off, len)?;
-                self.falloc_size(&mapper, end, mode == FallocMode::KeepSize)
+                self.falloc_size(
+                    &mapper,
+                    end,
+                    if mode == FallocMode::KeepSize {
+                        FallocSize::Keep
+                    } else {
+                        FallocSize::Extend
+                    },
+                )
             }
             FallocMode::PunchHole => {
                 let (a, b) = self.zero_partial_blocks(&mapper, off, end, size)?;
                 if a < b {
                     self.drop_blocks(&mapper, a, b, BlockFate::Free)?;
                 }
-                self.falloc_size(&mapper, size, true)
+                self.falloc_size(&mapper, size, FallocSize::Keep)
             }
             FallocMode::ZeroRange { keep_size } => {
                 if self.inner.opts.force_zero_via_cache {
@@ -170,7 +163,15 @@ impl Fs {
                         self.allocate_unwritten(&mapper, a, b - a)?;
                     }
                 }
-                self.falloc_size(&mapper, end, keep_size)
+                self.falloc_size(
+                    &mapper,
+                    end,
+                    if keep_size {
+                        FallocSize::Keep
+                    } else {
+                        FallocSize::Extend
+                    },
+                )
             }
             FallocMode::CollapseRange | FallocMode::InsertRange | FallocMode::UnshareRange => {
                 unreachable!("refused above")
@@ -242,59 +243,39 @@ impl Fs {
         let mut fresh = Vec::new();
         let walked = iterate(mapper, off, len, IomapOp::Write, |map, _pos, n| {
             if map.flags.contains(IomapFlags::NEW) {
-                fresh.push((map.addr, map.length));
+                fresh.push(*map);
             }
             Ok(n)
         });
         if let Err(e) = walked {
-            mapper.release_new();
+            // Now, not when the mapper is dropped: the caller may retry with it after a
+            // commit, and that attempt's commit must not keep these.
+            mapper.allocated.release();
             return Err(e.into());
         }
-        mapper.keep_new();
         let bs = self.inner.geo.block_size;
         let recs: Vec<Record> = fresh
             .iter()
-            .map(|(a, bytes)| Record::ExtentSet {
-                ino,
-                object: a.object,
-                block: a.obj_block,
-                len: bs.block_of(*bytes),
-                phys: a.phys,
-                state: ExtentState::Unwritten,
-                refcount: 1,
-            })
+            .map(|map| piece_record(bs, ino, map, map.offset, map.length, ExtentState::Unwritten))
             .collect();
         let mut m = self.inner.meta.lock();
-        self.inner.log_all(&mut m, recs)
+        self.inner.log_all(&mut m, recs)?;
+        mapper.allocated.commit();
+        Ok(())
     }
 
-    /// Updates size and times after a fallocate that ends at `end`: with `keep`, the size
+    /// Updates size and times after a fallocate that ends at `end`: with `Keep`, the size
     /// stays and preallocation past EOF marks the file (its preallocation is never
-    /// trimmed); without, the size grows to `end`.
-    fn falloc_size(&self, mapper: &FileMapper<'_>, end: u64, keep: bool) -> Result<()> {
+    /// trimmed); with `Extend`, the size grows to `end`.
+    fn falloc_size(&self, mapper: &FileMapper<'_>, end: u64, how: FallocSize) -> Result<()> {
         let ino = mapper.ino;
-        let old = mapper.size();
-        if !keep && end > old {
-            // EOF zeroing: whatever the cache holds past the old EOF must read zero.
-            {
-                // EOF zeroing, also of bytes a crash may have left past EOF on disk.
-                let fc = self.inner.cache.file(ino.0);
-                stripefs_iomap::zero_range(
-                    &self.inner.cache,
-                    mapper,
-                    &fc,
-                    old,
-                    end - old,
-                    self.inner.opts.eof_zeroing,
-                )?;
-            }
+        let keep = how == FallocSize::Keep;
+        if !keep {
+            self.zero_eof_to(mapper, end)?;
         }
         let mut m = self.inner.meta.lock();
         let size = m.size_of(ino).ok_or(FsError::Stale(ino.0))?;
-        let mut a = inode(&m, ino)?.attrs.clone();
-        let now = Timespec::now();
-        a.mtime = now;
-        a.ctime = now;
+        let mut a = data_changed(&m, ino)?;
         if keep && end > size {
             a.flags |= crate::buffered::FLAG_PREALLOC;
         }
@@ -455,6 +436,15 @@ impl Fs {
             other => other,
         }
     }
+}
+
+/// What a fallocate does to the size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FallocSize {
+    /// The size stays (`FALLOC_FL_KEEP_SIZE`).
+    Keep,
+    /// The size grows to the end of the range.
+    Extend,
 }
 
 /// What happens to whole blocks dropped from a range.

@@ -20,7 +20,8 @@ use std::sync::atomic::Ordering;
 use stripefs_core::extent::{ExtentState, Lookup};
 use stripefs_core::inode::FileKind;
 use stripefs_core::layout::StripeLayout;
-use stripefs_core::{Ino, TargetId};
+use stripefs_core::record::Record;
+use stripefs_core::{BlockSize, Ino, TargetId};
 use stripefs_iomap::{Iomap, IomapFlags, IomapKind, IomapOp, IomapOps};
 use stripefs_target::FaultPoint;
 
@@ -42,12 +43,165 @@ pub(crate) struct DevAddr {
     pub phys: u64,
 }
 
+/// The extent record of `[pos, pos + len)` of mapping `map` (block aligned, inside it)
+/// in `state`: how every path records what it wrote or allocated (direct-write and
+/// writeback completion, preallocation).
+pub(crate) fn piece_record(
+    bs: BlockSize,
+    ino: Ino,
+    map: &Iomap<DevAddr>,
+    pos: u64,
+    len: u64,
+    state: ExtentState,
+) -> Record {
+    debug_assert!(
+        map.offset <= pos && pos + len <= map.end() && bs.offset_in_block(pos) == 0,
+        "a recorded piece is whole blocks inside its mapping"
+    );
+    let skip = bs.block_of(pos - map.offset);
+    Record::ExtentSet {
+        ino,
+        object: map.addr.object,
+        block: map.addr.obj_block + skip,
+        len: bs.blocks_for(len),
+        phys: map.addr.phys + skip,
+        state,
+        refcount: 1,
+    }
+}
+
 /// Blocks allocated by `begin` and not yet recorded.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NewBlocks {
     pub target: TargetId,
     pub phys: u64,
     pub len: u64,
+}
+
+/// Blocks one operation allocated and has not recorded yet. Dropped, it returns them to
+/// the free map (they were never visible, so they are not busy); `commit` forgets them
+/// once they are recorded. An early return can therefore never leak them. A caller that
+/// retries with the same mapper after a failure releases first, so that the retry's
+/// commit keeps only its own blocks.
+#[derive(Debug)]
+pub(crate) struct Allocated<'a> {
+    fs: &'a Fs,
+    blocks: RefCell<Vec<NewBlocks>>,
+}
+
+impl<'a> Allocated<'a> {
+    fn new(fs: &'a Fs) -> Self {
+        Self {
+            fs,
+            blocks: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn push(&self, n: NewBlocks) {
+        self.blocks.borrow_mut().push(n);
+    }
+
+    /// Returns the blocks from `phys` to the end of their allocation on `target` (the
+    /// caller did not use them and freed them already): they are no longer this
+    /// operation's.
+    fn forget_from(&self, target: TargetId, phys: u64) {
+        let mut blocks = self.blocks.borrow_mut();
+        if let Some(a) = blocks
+            .iter_mut()
+            .find(|a| a.target == target && a.phys <= phys && phys < a.phys + a.len)
+        {
+            a.len = phys - a.phys;
+        }
+        blocks.retain(|a| a.len > 0);
+    }
+
+    /// The blocks were recorded: they stay allocated.
+    pub fn commit(&self) {
+        self.blocks.borrow_mut().clear();
+    }
+
+    /// Returns every block to the free map now (the operation failed before recording
+    /// them). Dropping does the same.
+    pub fn release(&self) {
+        let mut blocks = self.blocks.borrow_mut();
+        if blocks.is_empty() {
+            return;
+        }
+        let mut m = self.fs.inner.meta.lock();
+        for n in blocks.drain(..) {
+            m.alloc.free_now(n.target, n.phys, n.len);
+        }
+    }
+}
+
+impl Drop for Allocated<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Free blocks reserved per target for one operation (a direct write's holes), a value:
+/// allocations draw on it, and what is left goes back to the allocator when it is
+/// dropped.
+#[derive(Debug)]
+pub(crate) struct Reservation<'a> {
+    fs: &'a Fs,
+    left: HashMap<TargetId, u64>,
+}
+
+impl<'a> Reservation<'a> {
+    /// Reserves `need` blocks per target, all or nothing (`None`: some target lacks them).
+    pub fn take(fs: &'a Fs, need: HashMap<TargetId, u64>) -> Option<Self> {
+        let mut m = fs.inner.meta.lock();
+        let mut taken = Vec::new();
+        for (&t, &n) in &need {
+            if !m.alloc.reserve(t, n) {
+                for (t, n) in taken {
+                    m.alloc.unreserve(t, n);
+                }
+                return None;
+            }
+            taken.push((t, n));
+        }
+        Some(Self { fs, left: need })
+    }
+
+    /// Blocks still reserved on `target`.
+    fn left_on(&self, target: TargetId) -> u64 {
+        self.left.get(&target).copied().unwrap_or(0)
+    }
+
+    /// `n` reserved blocks on `target` were allocated: they are no longer promised.
+    fn spent(&mut self, target: TargetId, n: u64) {
+        let left = self.left.entry(target).or_default();
+        debug_assert!(
+            *left >= n,
+            "spent {n} of {left} reserved blocks on {target}"
+        );
+        *left -= n;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.left.values().all(|&n| n == 0) {
+            return;
+        }
+        let mut m = self.fs.inner.meta.lock();
+        for (&t, &n) in &self.left {
+            m.alloc.unreserve(t, n);
+        }
+    }
+}
+
+/// Where the blocks of an allocation come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Funding {
+    /// Free space.
+    Free,
+    /// A reservation (delayed allocation's, or a direct write's): the blocks placed stop
+    /// being reserved; what could not be placed stays reserved.
+    Reserved,
 }
 
 /// Maps one file for one operation.
@@ -58,10 +212,11 @@ pub(crate) struct FileMapper<'a> {
     pub layout: StripeLayout,
     /// Per object: where the last allocation of this operation ended (object block, phys).
     hint: RefCell<HashMap<u32, (u64, u64)>>,
-    /// Every allocation made by this operation (freed if it fails).
-    pub allocated: RefCell<Vec<NewBlocks>>,
-    /// Blocks reserved per target for this direct write; `Write` allocations draw on it.
-    dio_reserved: RefCell<HashMap<TargetId, u64>>,
+    /// Every allocation made by this operation and not recorded yet (freed unless
+    /// committed).
+    pub allocated: Allocated<'a>,
+    /// Blocks reserved for this direct write; `Write` allocations draw on it.
+    dio_reserved: RefCell<Option<Reservation<'a>>>,
     /// The inode lock of the direct write this mapper serves, if any.
     dio_lock: Option<DioLock>,
 }
@@ -85,8 +240,8 @@ impl<'a> FileMapper<'a> {
             ino,
             layout,
             hint: RefCell::new(HashMap::new()),
-            allocated: RefCell::new(Vec::new()),
-            dio_reserved: RefCell::new(HashMap::new()),
+            allocated: Allocated::new(fs),
+            dio_reserved: RefCell::new(None),
             dio_lock: None,
         })
     }
@@ -103,35 +258,10 @@ impl<'a> FileMapper<'a> {
         self.dio_lock
     }
 
-    /// Returns every allocation of this operation to the free map (the operation failed
-    /// before recording them, so they were never visible).
-    pub fn release_new(&self) {
-        let mut m = self.fs.inner.meta.lock();
-        for n in self.allocated.borrow_mut().drain(..) {
-            m.alloc.free_now(n.target, n.phys, n.len);
-        }
-    }
-
-    /// Hands this operation a reservation (blocks per target) for its allocations.
-    pub fn set_dio_reservation(&self, r: HashMap<TargetId, u64>) {
-        *self.dio_reserved.borrow_mut() = r;
-    }
-
-    /// Returns whatever of the reservation was not allocated.
-    pub fn release_dio_reservation(&self) {
-        let left = std::mem::take(&mut *self.dio_reserved.borrow_mut());
-        if left.values().all(|&n| n == 0) {
-            return;
-        }
-        let mut m = self.fs.inner.meta.lock();
-        for (t, n) in left {
-            m.alloc.unreserve(t, n);
-        }
-    }
-
-    /// Forgets the allocations of this operation (they were recorded).
-    pub fn keep_new(&self) {
-        self.allocated.borrow_mut().clear();
+    /// Hands this operation a reservation for its `Write` allocations; what they do not
+    /// use goes back when the mapper is dropped.
+    pub fn set_dio_reservation(&self, r: Reservation<'a>) {
+        *self.dio_reserved.borrow_mut() = Some(r);
     }
 
     fn goal(&self, m: &MetaCore, object: u32, obj_block: u64) -> Result<Option<u64>> {
@@ -147,8 +277,7 @@ impl<'a> FileMapper<'a> {
         })
     }
 
-    /// Allocates up to `want` blocks; `reserved` blocks of them come out of a delalloc
-    /// reservation.
+    /// Allocates up to `want` blocks, out of free space or of a reservation.
     fn allocate(
         &self,
         m: &mut MetaCore,
@@ -156,8 +285,9 @@ impl<'a> FileMapper<'a> {
         object: u32,
         obj_block: u64,
         want: u64,
-        reserved: bool,
+        funding: Funding,
     ) -> Result<(u64, u64)> {
+        let reserved = funding == Funding::Reserved;
         self.fs
             .inner
             .fault(FaultPoint::Alloc)
@@ -187,9 +317,7 @@ impl<'a> FileMapper<'a> {
         self.hint
             .borrow_mut()
             .insert(object, (obj_block + len, phys + len));
-        self.allocated
-            .borrow_mut()
-            .push(NewBlocks { target, phys, len });
+        self.allocated.push(NewBlocks { target, phys, len });
         Ok((phys, len))
     }
 
@@ -339,14 +467,8 @@ impl IomapOps for FileMapper<'_> {
         }
         let phys = map.addr.phys + first;
         m.alloc.free_now(map.addr.target, phys, count);
-        let mut allocated = self.allocated.borrow_mut();
-        if let Some(a) = allocated
-            .iter_mut()
-            .find(|a| a.target == map.addr.target && a.phys <= phys && phys < a.phys + a.len)
-        {
-            a.len = phys - a.phys;
-        }
-        allocated.retain(|a| a.len > 0);
+        drop(m);
+        self.allocated.forget_from(map.addr.target, phys);
         Ok(())
     }
 
@@ -379,7 +501,8 @@ impl FileMapper<'_> {
         if let Some((s, l)) = da.covering(obj_block) {
             let blocks = (s + l - obj_block).min(hole);
             if op == IomapOp::Writeback {
-                let (phys, got) = self.allocate(m, target, object, obj_block, blocks, true)?;
+                let (phys, got) =
+                    self.allocate(m, target, object, obj_block, blocks, Funding::Reserved)?;
                 return Ok((IomapKind::Mapped, IomapFlags::NEW, phys, got));
             }
             return Ok((IomapKind::Delalloc, IomapFlags::NONE, 0, blocks));
@@ -389,19 +512,17 @@ impl FileMapper<'_> {
             .map_or(hole, |n| (n - obj_block).min(hole));
         match op {
             IomapOp::Write | IomapOp::Writeback => {
-                let reserved = self
-                    .dio_reserved
-                    .borrow()
-                    .get(&target)
-                    .copied()
-                    .unwrap_or(0);
-                let (phys, got) = if reserved > 0 {
-                    let want = blocks.min(reserved);
-                    let r = self.allocate(m, target, object, obj_block, want, true)?;
-                    *self.dio_reserved.borrow_mut().entry(target).or_default() -= r.1;
-                    r
-                } else {
-                    self.allocate(m, target, object, obj_block, blocks, false)?
+                let mut reservation = self.dio_reserved.borrow_mut();
+                let reserved = reservation.as_ref().map_or(0, |r| r.left_on(target));
+                let (phys, got) = match reservation.as_mut() {
+                    Some(r) if reserved > 0 => {
+                        let want = blocks.min(reserved);
+                        let got =
+                            self.allocate(m, target, object, obj_block, want, Funding::Reserved)?;
+                        r.spent(target, got.1);
+                        got
+                    }
+                    _ => self.allocate(m, target, object, obj_block, blocks, Funding::Free)?,
                 };
                 Ok((IomapKind::Mapped, IomapFlags::NEW, phys, got))
             }

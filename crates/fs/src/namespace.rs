@@ -178,6 +178,16 @@ fn acl_xattr(a: &mut InodeAttrs, name: &[u8], value: &[u8]) -> Result<Option<Vec
     Ok((!parsed.is_minimal()).then(|| parsed.encode()))
 }
 
+/// The attributes of `ino` with `mtime` and `ctime` set to now: its data (or size)
+/// changed. The caller adds what else changed and logs them.
+pub(crate) fn data_changed(m: &MetaCore, ino: Ino) -> Result<stripefs_core::inode::InodeAttrs> {
+    let mut a = inode(m, ino)?.attrs.clone();
+    let now = Timespec::now();
+    a.mtime = now;
+    a.ctime = now;
+    Ok(a)
+}
+
 /// Parent attributes after an entry change: new times, link count adjusted by `dlink`.
 fn touched_dir(d: &Inode, now: Timespec, dlink: i32) -> Record {
     let mut a = d.attrs.clone();
