@@ -10,7 +10,7 @@ use stripefs_iomap::ZeroMode;
 use crate::size::parse_size;
 
 /// The keys `-o` understands, for help texts and errors.
-pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, readahead=SIZE, \
+pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, readahead=SIZE, writeback_depth=N (batches in flight, 1: wait for each), \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
 commit_interval=SECS (0: off), writeback_interval=SECS (0: off), \
 relatime (default), strictatime, noatime, nodiratime, lazytime and their opposites";
@@ -73,6 +73,12 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
             "cache_size" => o.cache.budget_bytes = parse_size(v)?,
             "dirty_limit" => o.cache.dirty_limit_bytes = parse_size(v)?,
             "readahead" => o.cache.readahead_bytes = parse_size(v)?,
+            "writeback_depth" => {
+                o.cache.writeback_depth = match v.parse::<u32>() {
+                    Ok(n) if n >= 1 => stripefs_iomap::cache::WbDepth(n),
+                    _ => return Err(format!("{k}: {v:?} is not a number of batches from 1")),
+                }
+            }
             "dirty_tracking" => {
                 o.cache.dirty_tracking = match v {
                     "block" => DirtyTracking::Block,

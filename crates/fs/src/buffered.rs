@@ -21,7 +21,7 @@ use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::FsInner;
 use crate::mapping::piece_record;
-use crate::mapping::{DevAddr, FileMapper};
+use crate::mapping::{DevAddr, FileMapper, Settle};
 use crate::namespace::{data_changed, inode};
 
 /// Inode flag: the file has explicit preallocation beyond EOF (`fallocate KEEP_SIZE`), so
@@ -81,25 +81,29 @@ impl CacheIo for FileMapper<'_> {
 
     fn writeback_done(&self, ends: &[WbEnd<DevAddr>], outcome: WbOutcome) -> Result<()> {
         if outcome == WbOutcome::Failed {
-            self.allocated.release();
+            self.allocated.settle_batch(Settle::Free);
             self.fs.reconcile_delalloc(self.ino);
             return Ok(());
         }
         match self.fs.record_writeback(self.ino, ends) {
             Ok(()) => {
-                self.allocated.commit();
+                self.allocated.settle_batch(Settle::Keep);
                 Ok(())
             }
             // The file was freed while its writeback was in flight: nothing to record.
             Err(FsError::Stale(_)) => {
-                self.allocated.release();
+                self.allocated.settle_batch(Settle::Free);
                 Ok(())
             }
             Err(e) => {
-                self.allocated.release();
+                self.allocated.settle_batch(Settle::Free);
                 Err(e)
             }
         }
+    }
+
+    fn writeback_submitted(&self) {
+        self.allocated.close_batch();
     }
 
     fn next_stored(&self, pos: u64, end: u64) -> Result<u64> {

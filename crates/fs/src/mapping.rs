@@ -13,7 +13,7 @@
 //! Allocated blocks are not recorded in the extent map here: the I/O paths record them
 //! written only once the data is on the target, which is what keeps stale blocks invisible.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
@@ -76,6 +76,17 @@ pub(crate) struct NewBlocks {
     pub target: TargetId,
     pub phys: u64,
     pub len: u64,
+    /// The writeback batch that closed this allocation (0: not closed yet).
+    pub wb_batch: u32,
+}
+
+/// What becomes of a writeback batch's allocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settle {
+    /// Recorded: forget them.
+    Keep,
+    /// Never recorded: free them.
+    Free,
 }
 
 /// Blocks one operation allocated and has not recorded yet. Dropped, it returns them to
@@ -87,6 +98,11 @@ pub(crate) struct NewBlocks {
 pub(crate) struct Allocated<'a> {
     fs: &'a Fs,
     blocks: RefCell<Vec<NewBlocks>>,
+    /// Writeback batches closed (submitted) and settled (completed) so far; blocks carry
+    /// the number of the batch that closed them (two counters, not a queue, so the mapper
+    /// stays small).
+    wb_closed: Cell<u32>,
+    wb_settled: Cell<u32>,
 }
 
 impl<'a> Allocated<'a> {
@@ -94,6 +110,8 @@ impl<'a> Allocated<'a> {
         Self {
             fs,
             blocks: RefCell::new(Vec::new()),
+            wb_closed: Cell::new(0),
+            wb_settled: Cell::new(0),
         }
     }
 
@@ -113,6 +131,41 @@ impl<'a> Allocated<'a> {
             a.len = phys - a.phys;
         }
         blocks.retain(|a| a.len > 0);
+    }
+
+    /// Closes the set of a submitted writeback batch: the blocks allocated since the last
+    /// close are that batch's (see [`stripefs_iomap::CacheIo::writeback_submitted`]).
+    pub fn close_batch(&self) {
+        let batch = self.wb_closed.get() + 1;
+        self.wb_closed.set(batch);
+        for n in self.blocks.borrow_mut().iter_mut() {
+            if n.wb_batch == 0 {
+                n.wb_batch = batch;
+            }
+        }
+    }
+
+    /// Settles the oldest unsettled writeback batch (batches complete in the order they
+    /// were closed): its blocks are kept (`Keep`: recorded) or freed (`Free`: the batch
+    /// failed before recording them); later batches' blocks, maybe in flight, stay.
+    pub fn settle_batch(&self, how: Settle) {
+        let batch = self.wb_settled.get() + 1;
+        debug_assert!(
+            batch <= self.wb_closed.get(),
+            "a writeback batch completed that was never closed"
+        );
+        self.wb_settled.set(batch);
+        let mut blocks = self.blocks.borrow_mut();
+        let (mine, rest): (Vec<NewBlocks>, Vec<NewBlocks>) =
+            blocks.drain(..).partition(|n| n.wb_batch == batch);
+        *blocks = rest;
+        drop(blocks);
+        if how == Settle::Free && !mine.is_empty() {
+            let mut m = self.fs.inner.meta.lock();
+            for n in mine {
+                m.alloc.free_now(n.target, n.phys, n.len);
+            }
+        }
     }
 
     /// The blocks were recorded: they stay allocated.
@@ -317,7 +370,12 @@ impl<'a> FileMapper<'a> {
         self.hint
             .borrow_mut()
             .insert(object, (obj_block + len, phys + len));
-        self.allocated.push(NewBlocks { target, phys, len });
+        self.allocated.push(NewBlocks {
+            target,
+            phys,
+            len,
+            wb_batch: 0,
+        });
         Ok((phys, len))
     }
 

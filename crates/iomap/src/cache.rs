@@ -51,7 +51,15 @@ pub struct CacheConfig {
     pub dirty_tracking: DirtyTracking,
     /// Most bytes read ahead on sequential reads.
     pub readahead_bytes: u64,
+    /// Writeback batches in flight at once: the next batch is collected, mapped and
+    /// submitted while earlier ones are on the device (1: submit a batch and wait for it
+    /// before the next, the behaviour before pipelining).
+    pub writeback_depth: WbDepth,
 }
+
+/// Writeback batches in flight at once (at least 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WbDepth(pub u32);
 
 impl Default for CacheConfig {
     fn default() -> Self {
@@ -62,6 +70,7 @@ impl Default for CacheConfig {
             dirty_limit_bytes: 64 << 20,
             dirty_tracking: DirtyTracking::Block,
             readahead_bytes: 2 << 20,
+            writeback_depth: WbDepth(2),
         }
     }
 }
@@ -82,6 +91,9 @@ impl CacheConfig {
             return Err(format!(
                 "folio size {f} is smaller than the block size {block_size}"
             ));
+        }
+        if self.writeback_depth.0 == 0 {
+            return Err("writeback depth must be at least 1 batch".into());
         }
         if self.dirty_limit_bytes < u64::from(f) || self.budget_bytes < 2 * self.dirty_limit_bytes {
             return Err(

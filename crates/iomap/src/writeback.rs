@@ -1,6 +1,7 @@
 //! Writeback: find the dirty block runs, map them (the file system allocates delayed
-//! allocations here), submit every run, wait once, then let the file system record what
-//! became durable-ready.
+//! allocations here), submit every run of a batch, then let the file system record what
+//! became durable-ready once the batch completes. Batches are pipelined: the next one is
+//! collected and submitted while earlier ones are in flight (`CacheConfig::writeback_depth`).
 //!
 //! I-002-5: exactly the dirty blocks are written, clamped to EOF; the bytes of the EOF
 //! block past EOF are written as zeros, so the on-disk invariant "bytes past EOF in the EOF
@@ -9,6 +10,7 @@
 //! just sets them again. On failure the data is dropped (as Linux does) and the error is
 //! recorded in the file's error sequence for fsync.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use stripefs_target::{Batch, IoBuf};
@@ -17,8 +19,8 @@ use crate::buffered::iter_err;
 use crate::cache::{FileCache, FolioCell, PageCache};
 use crate::{iterate, CacheIo, IoDir, Iomap, IomapOp};
 
-/// Most bytes collected before they are submitted and waited for.
-const BATCH_BYTES: u64 = 32 << 20;
+/// Most bytes of one writeback batch (collected, mapped and submitted together).
+pub const BATCH_BYTES: u64 = 32 << 20;
 
 /// How a writeback pass ended, for the file system's completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +58,13 @@ pub enum WbWait {
 
 /// Writes back the dirty blocks of `fc` in `[from, to)`.
 ///
+/// Pipelined: up to `writeback_depth` batches are in flight; batch k+1 is collected,
+/// mapped and submitted while batch k is on the device, and batches complete in
+/// submission order (so the file system records them in file order). Waiting for a
+/// folio another thread writes back while holding batches in flight cannot deadlock:
+/// every writeback walks folios in ascending order and only holds folios below the one
+/// it waits for, so a cycle of waits would need a position below itself.
+///
 /// # Errors
 /// The first mapping, device or completion error (also recorded in the error sequence).
 pub fn writeback<O: CacheIo>(
@@ -67,10 +76,23 @@ pub fn writeback<O: CacheIo>(
     wait: WbWait,
 ) -> Result<WbStats, O::Error> {
     let folios = fc.overlapping(from, to);
+    let depth = cache.config().writeback_depth.0.max(1) as usize;
     let mut stats = WbStats::default();
     let mut first_err = None;
+    let mut flight: VecDeque<InFlight<O>> = VecDeque::new();
     for chunk in chunks(&folios) {
-        if let Err(e) = write_chunk(cache, ops, fc, chunk, wait, &mut stats) {
+        if let Some(b) = submit_chunk(cache, ops, chunk, wait) {
+            flight.push_back(b);
+        }
+        while flight.len() >= depth {
+            let b = flight.pop_front().expect("a batch in flight");
+            if let Err(e) = complete(cache, ops, fc, b, &mut stats) {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    while let Some(b) = flight.pop_front() {
+        if let Err(e) = complete(cache, ops, fc, b, &mut stats) {
             first_err.get_or_insert(e);
         }
     }
@@ -99,17 +121,26 @@ fn chunks(folios: &[Arc<FolioCell>]) -> impl Iterator<Item = &[Arc<FolioCell>]> 
     })
 }
 
-fn write_chunk<O: CacheIo>(
+/// A submitted writeback batch, completed by [`complete`].
+struct InFlight<O: CacheIo> {
+    batch: Batch,
+    ends: Vec<WbEnd<O::Addr>>,
+    busy: Vec<Arc<FolioCell>>,
+    map_err: Option<O::Error>,
+}
+
+/// Collects the dirty runs of `folios`, maps and submits them; `None` if nothing was
+/// dirty.
+fn submit_chunk<O: CacheIo>(
     cache: &PageCache,
     ops: &O,
-    fc: &FileCache,
     folios: &[Arc<FolioCell>],
     wait: WbWait,
-    stats: &mut WbStats,
-) -> Result<(), O::Error> {
+) -> Option<InFlight<O>> {
     let (runs, busy) = collect(cache, ops, folios, wait);
     if runs.is_empty() {
-        return Ok(());
+        debug_assert!(busy.is_empty(), "folios taken for writeback without a run");
+        return None;
     }
     let batch = Batch::new();
     let mut ends: Vec<WbEnd<O::Addr>> = Vec::new();
@@ -143,21 +174,39 @@ fn write_chunk<O: CacheIo>(
             map_err.get_or_insert(iter_err(ops, e).1);
         }
     }
-    let done = batch.wait();
+    ops.writeback_submitted();
+    Some(InFlight {
+        batch,
+        ends,
+        busy,
+        map_err,
+    })
+}
+
+/// Waits for batch `b`, lets the file system record it and ends writeback on its folios.
+fn complete<O: CacheIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+    b: InFlight<O>,
+    stats: &mut WbStats,
+) -> Result<(), O::Error> {
+    let done = b.batch.wait();
     let io_err = done.iter().find_map(|d| d.result.clone().err());
     ops.buffers().put_all(done.into_iter().flat_map(|d| d.bufs));
-    let outcome = if io_err.is_none() && map_err.is_none() {
+    let outcome = if io_err.is_none() && b.map_err.is_none() {
         WbOutcome::Written
     } else {
         WbOutcome::Failed
     };
-    stats.ios += ends.len() as u64;
-    stats.bytes += ends.iter().map(|e| e.len).sum::<u64>();
-    let completed = ops.writeback_done(&ends, outcome);
-    for cell in busy {
+    stats.ios += b.ends.len() as u64;
+    stats.bytes += b.ends.iter().map(|e| e.len).sum::<u64>();
+    let completed = ops.writeback_done(&b.ends, outcome);
+    for cell in b.busy {
         cache.end_writeback(&cell);
     }
-    let err = map_err
+    let err = b
+        .map_err
         .or_else(|| io_err.map(|e| ops.io_error(e)))
         .or(completed.err());
     if let Some(e) = err {

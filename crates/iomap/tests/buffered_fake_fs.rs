@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use stripefs_iomap::cache::{CacheConfig, FolioSizing, PageCache};
+use stripefs_iomap::cache::{CacheConfig, FolioSizing, PageCache, WbDepth};
 use stripefs_iomap::folio::DirtyTracking;
 use stripefs_iomap::{
     self as iomap, CacheIo, FileIo, IoDir, Iomap, IomapFlags, IomapKind, IomapOp, IomapOps, WbEnd,
@@ -230,6 +230,7 @@ fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32, folio_sizing: Folio
         dirty_limit_bytes: 256 << 10,
         dirty_tracking: tracking,
         readahead_bytes: 16 << 10,
+        writeback_depth: WbDepth(1 + (seed % 3) as u32),
     };
     let cache = PageCache::new(cfg, BS as u32);
     let fc = cache.file(1);
