@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use stripefs::DirtyTracking;
+use stripefs::ZeroMode;
 use stripefs::{CreateParams, Fs, Ino, MkfsOptions, MountOptions};
-use stripefs_iomap::folio::DirtyTracking;
-use stripefs_iomap::ZeroMode;
 use stripefs_target::{Rng, Target};
 
 use crate::mkfs::prezero;
@@ -246,7 +246,7 @@ fn w2(dir: &Path, runs: usize, ops: u64, json: bool) -> Result<String, String> {
             opts.cache.dirty_tracking = tracking;
             opts.cache.folio_bytes = 64 << 10;
             // Every folio 64 KiB, as when this comparison was first measured.
-            opts.cache.folio_sizing = stripefs_iomap::cache::FolioSizing::Fixed;
+            opts.cache.folio_sizing = stripefs::FolioSizing::Fixed;
             let fs = mount(&paths, opts)?;
             let ino = fs
                 .lookup(Ino::ROOT, "f".as_ref())

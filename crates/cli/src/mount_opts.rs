@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
+use stripefs::DirtyTracking;
+use stripefs::FolioSizing;
+use stripefs::ZeroMode;
 use stripefs::{AtimePolicy, AtimeUpdate, AtimeWrite, DirAtime, MountOptions};
-use stripefs_iomap::cache::FolioSizing;
-use stripefs_iomap::folio::DirtyTracking;
-use stripefs_iomap::ZeroMode;
 
 use crate::size::parse_size;
 
@@ -75,7 +75,7 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
             "readahead" => o.cache.readahead_bytes = parse_size(v)?,
             "writeback_depth" => {
                 o.cache.writeback_depth = match v.parse::<u32>() {
-                    Ok(n) if n >= 1 => stripefs_iomap::cache::WbDepth(n),
+                    Ok(n) if n >= 1 => stripefs::WbDepth(n),
                     _ => return Err(format!("{k}: {v:?} is not a number of batches from 1")),
                 }
             }

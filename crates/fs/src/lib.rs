@@ -55,6 +55,11 @@ pub use queue::{DioCompletion, DioQueue};
 pub use stripefs_core::inode::{FileKind, Timespec};
 pub use stripefs_core::layout::StripeLayout;
 pub use stripefs_core::Ino;
+/// The page-cache options `MountOptions` takes (the generic I/O layer's types), so a
+/// library user needs no other crate to set them.
+pub use stripefs_iomap::cache::{CacheConfig, FolioSizing, WbDepth};
+pub use stripefs_iomap::folio::DirtyTracking;
+pub use stripefs_iomap::ZeroMode;
 pub use types::{
     Access, AccessSource, Attr, CreateParams, DirEntryInfo, FallocMode, Fh, FsStatus, RenameMode,
     SetAttr, SpaceAccount, StatFs, TargetStatus, TimeSet,
