@@ -82,13 +82,11 @@ pub struct Timespec {
     pub nsec: u32,
 }
 
-impl Timespec {
-    /// The current wall-clock time.
-    #[must_use]
-    pub fn now() -> Self {
-        let d = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+/// A wall-clock reading taken by the caller (this crate reads no clock: the runtime passes
+/// times in).
+impl From<std::time::SystemTime> for Timespec {
+    fn from(t: std::time::SystemTime) -> Self {
+        let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         Self {
             sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
             nsec: d.subsec_nanos(),

@@ -108,7 +108,7 @@ impl Fs {
         let Ok(_change) = self.inner.begin_change() else {
             return;
         };
-        let now = Timespec::now();
+        let now = crate::clock::time_now();
         let mut m = self.inner.meta.lock();
         let Some(i) = m.state.get(ino) else {
             return;

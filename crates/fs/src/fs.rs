@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use stripefs_core::alloc::Allocator;
 use stripefs_core::checkpoint::CheckpointHeader;
 use stripefs_core::geometry::{Geometry, MkfsParams};
-use stripefs_core::inode::{FileKind, InodeAttrs, Timespec};
+use stripefs_core::inode::{FileKind, InodeAttrs};
 use stripefs_core::layout::StripeLayout;
 use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
@@ -61,7 +61,7 @@ impl Fs {
             stripe_count: opts.stripe_count.unwrap_or(n),
             journal_bytes: opts.journal_bytes,
             ckpt_bytes: opts.ckpt_bytes,
-            mkfs_time_sec: Timespec::now().sec,
+            mkfs_time_sec: crate::clock::time_now().sec,
         };
         let geo = Geometry::plan(&params).map_err(|e| FsError::Invalid(e.to_string()))?;
         let sb_len = 512u64.next_multiple_of(u64::from(sector)) as usize;
@@ -741,7 +741,7 @@ fn build_allocator(state: &MetaState, geo: &Geometry) -> Result<Allocator> {
 }
 
 fn root_attrs() -> InodeAttrs {
-    let now = Timespec::now();
+    let now = crate::clock::time_now();
     InodeAttrs {
         ino: Ino::ROOT,
         kind: FileKind::Directory,
@@ -771,7 +771,7 @@ fn random_uuid() -> Uuid {
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
         .is_ok();
     if !ok {
-        let t = Timespec::now();
+        let t = crate::clock::time_now();
         let mut r = stripefs_target::Rng::new(
             t.sec as u64 ^ u64::from(t.nsec) ^ u64::from(std::process::id()),
         );

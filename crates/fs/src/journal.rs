@@ -24,7 +24,6 @@ use parking_lot::Mutex;
 use stripefs_core::checkpoint::{self, CheckpointHeader};
 use stripefs_core::codec::Enc;
 use stripefs_core::geometry::Geometry;
-use stripefs_core::inode::Timespec;
 use stripefs_core::journal::{encode_txn, log_limit, txn_units};
 use stripefs_target::{Batch, FaultPoint, IoBuf, IoOp, Target};
 
@@ -214,7 +213,7 @@ impl Journal {
             journal_tail: pos.head,
             journal_seq: seq + 1,
             next_ino,
-            time_sec: Timespec::now().sec,
+            time_sec: crate::clock::time_now().sec,
         };
         write_checkpoint(fs.targets[0].as_ref(), &fs.geo, hdr, snap)?;
         fs.meta_bytes_written.fetch_add(

@@ -23,6 +23,7 @@
 mod acl;
 mod atime;
 mod buffered;
+mod clock;
 mod delalloc;
 mod direct;
 mod dirty;
@@ -43,6 +44,7 @@ mod types;
 
 pub use atime::{AtimePolicy, AtimeUpdate, AtimeWrite, DirAtime};
 pub use buffered::Whence;
+pub use clock::time_now;
 pub use error::{FsError, Result};
 pub use file::File;
 pub use fs::{Fs, MountReport};

@@ -182,7 +182,7 @@ fn acl_xattr(a: &mut InodeAttrs, name: &[u8], value: &[u8]) -> Result<Option<Vec
 /// changed. The caller adds what else changed and logs them.
 pub(crate) fn data_changed(m: &MetaCore, ino: Ino) -> Result<stripefs_core::inode::InodeAttrs> {
     let mut a = inode(m, ino)?.attrs.clone();
-    let now = Timespec::now();
+    let now = crate::clock::time_now();
     a.mtime = now;
     a.ctime = now;
     Ok(a)
@@ -342,7 +342,7 @@ impl Fs {
                 first_target: 0,
             },
         };
-        let now = Timespec::now();
+        let now = crate::clock::time_now();
         let ino = Ino(m.state.next_ino);
         let is_dir = kind == FileKind::Directory;
         let (gid, perm) = inherited_group(&live_dir(&m, parent)?.attrs, kind, &p);
@@ -445,7 +445,7 @@ impl Fs {
         if d.entries.contains_key(name) {
             return Err(FsError::Exists);
         }
-        let now = Timespec::now();
+        let now = crate::clock::time_now();
         let mut a = i.attrs.clone();
         a.nlink += 1;
         a.ctime = now;
@@ -491,7 +491,7 @@ impl Fs {
         child: Ino,
         dlink: i32,
     ) -> Result<()> {
-        let now = Timespec::now();
+        let now = crate::clock::time_now();
         let d = dir(&m, parent)?;
         let recs = vec![
             Record::DirRemove {
@@ -590,7 +590,7 @@ impl Fs {
         if src.kind == FileKind::Directory && self.is_ancestor(&m, src.ino, newparent)? {
             return Err(FsError::invalid("cannot move a directory into itself"));
         }
-        let now = Timespec::now();
+        let now = crate::clock::time_now();
         match (mode, dst) {
             (RenameMode::NoReplace, Some(_)) => Err(FsError::Exists),
             (RenameMode::Exchange, None) => Err(FsError::NotFound),
@@ -767,7 +767,7 @@ impl Fs {
         if let Some(size) = s.size {
             self.set_len(ino, size)?;
         }
-        let now = Timespec::now();
+        let now = crate::clock::time_now();
         let mut m = self.inner.meta.lock();
         let i = inode(&m, ino)?;
         let mut a = i.attrs.clone();
@@ -818,7 +818,7 @@ impl Fs {
             return Ok(());
         }
         a.perm = perm;
-        a.ctime = Timespec::now();
+        a.ctime = crate::clock::time_now();
         self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
     }
 
@@ -870,7 +870,7 @@ impl Fs {
             )));
         }
         let mut a = i.attrs.clone();
-        a.ctime = Timespec::now();
+        a.ctime = crate::clock::time_now();
         let value = acl_xattr(&mut a, n, value)?;
         let mut recs = Vec::new();
         match value {
@@ -912,7 +912,7 @@ impl Fs {
             return Err(FsError::NoData);
         }
         let mut a = i.attrs.clone();
-        a.ctime = Timespec::now();
+        a.ctime = crate::clock::time_now();
         let recs = vec![
             Record::XattrRemove {
                 ino,

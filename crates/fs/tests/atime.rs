@@ -27,7 +27,7 @@ fn mounted(atime: AtimePolicy) -> (Vec<Arc<SimTarget>>, Fs) {
 }
 
 fn ago(secs: i64) -> Timespec {
-    let now = Timespec::now();
+    let now = stripefs::time_now();
     Timespec {
         sec: now.sec - secs,
         nsec: now.nsec,

@@ -238,7 +238,7 @@ impl StripeFuse {
     /// ctime even when the file was already empty; an unprivileged caller loses the
     /// set-ID bits (`FUSE_OPEN_KILL_SUIDGID`).
     fn truncate_on_open(&self, req: &Request, ino: Ino) -> stripefs::Result<()> {
-        let now = stripefs::Timespec::now();
+        let now = stripefs::time_now();
         let trunc = SetAttr {
             size: Some(0),
             mtime: Some(TimeSet::At(now)),
