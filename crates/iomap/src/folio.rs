@@ -6,10 +6,14 @@
 //! [`DirtyTracking::Folio`] (the pre-6.6 behaviour kept as a benchmark switch) dirtying any
 //! block dirties them all, so writeback writes the whole folio.
 //!
-//! Invariants (checked by [`FolioState::check`] in debug builds and by the model test):
-//! - I-002-7: the folio is uptodate exactly when every block is;
-//! - a dirty block is uptodate (we never write back bytes we do not have);
-//! - I-002-1: the folio counts as dirty exactly when some block is dirty.
+//! Invariants:
+//! - I-002-7: the folio is uptodate exactly when every block is, and I-002-1: it counts as
+//!   dirty exactly when some block is. Both hold by construction: the folio-wide answers
+//!   are computed from the block bits ([`FolioState::folio_uptodate`],
+//!   [`FolioState::folio_dirty`]), never stored;
+//! - a dirty block is uptodate (we never write back bytes we do not have):
+//!   [`FolioState::check`], asserted after every change of the dirty bits in debug builds
+//!   and run by the random-sequence unit test below against a model.
 
 /// Granularity of dirty tracking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -141,6 +145,7 @@ impl FolioState {
             "dirtying a block that is not uptodate"
         );
         self.dirty.set_range(from, to, true);
+        debug_assert_eq!(self.check(), None);
         self.dirty.count() - before
     }
 
@@ -156,7 +161,9 @@ impl FolioState {
     /// invalidation). Returns how many were dirty.
     pub fn invalidate(&mut self, from: u32, to: u32) -> u32 {
         self.uptodate.set_range(from, to, false);
-        self.clear_dirty(from, to)
+        let dirty = self.clear_dirty(from, to);
+        debug_assert_eq!(self.check(), None);
+        dirty
     }
 
     /// Runs of dirty blocks in order (what writeback submits, I-002-5).
