@@ -265,6 +265,11 @@ impl Fs {
     /// and poisoned, as after any failed flush).
     pub fn set_access(&self, to: Access) -> Result<()> {
         let _switch = self.inner.access_switch.lock();
+        self.switch_access(to)
+    }
+
+    /// [`Fs::set_access`] with the switch lock held by the caller.
+    fn switch_access(&self, to: Access) -> Result<()> {
         self.inner.check()?;
         if self.inner.unmounted.load(Ordering::Acquire) {
             return Err(FsError::invalid("the file system is unmounted"));
@@ -313,10 +318,17 @@ impl Fs {
     /// As [`Fs::set_access`].
     pub fn follow_access_source(&self) -> Result<()> {
         let source = self.inner.access_source.lock().clone();
-        match source.and_then(|s| (s.0)()) {
-            Some(want) if want != self.access() => self.set_access(want),
-            _ => Ok(()),
+        let Some(want) = source.and_then(|s| (s.0)()) else {
+            return Ok(());
+        };
+        // The flag flips at the start of a switch; taking the switch lock first waits for
+        // one in progress (another thread's), so a caller such as fsyncdir returns only
+        // once the engine has settled and checkpointed.
+        let _switch = self.inner.access_switch.lock();
+        if want != self.access() {
+            self.switch_access(want)?;
         }
+        Ok(())
     }
 
     /// Admits a call that changes the file system (see [`FsInner::begin_change`]),

@@ -215,8 +215,10 @@ pub(crate) struct FsInner {
     /// Read-write or read-only; shared by every call that changes the file system for its
     /// duration ([`FsInner::begin_change`]).
     pub access: RwLock<crate::types::Access>,
-    /// Serialises switches of `access` (settling to read-only takes a while).
-    pub access_switch: Mutex<()>,
+    /// Serialises switches of `access`, and a follower of the access source waits on it for
+    /// a switch in progress; reentrant, as a change refused on the switching thread asks
+    /// the source again.
+    pub access_switch: parking_lot::ReentrantMutex<()>,
     /// Who else decides `access` ([`crate::Fs::set_access_source`]).
     pub access_source: Mutex<Option<SourceSlot>>,
     /// Recycled data buffers (bounded by [`IDLE_BUFFER_BYTES`]).
@@ -283,7 +285,7 @@ impl FsInner {
             bg_thread: Mutex::new(Vec::new()),
             unmounted: AtomicBool::new(false),
             access: RwLock::new(crate::types::Access::ReadWrite),
-            access_switch: Mutex::new(()),
+            access_switch: parking_lot::ReentrantMutex::new(()),
             access_source: Mutex::new(None),
             bufs: BufPool::new(IDLE_BUFFER_BYTES),
             cache,
