@@ -379,20 +379,33 @@ impl FsInner {
         Ok(self.dirty.flush(&self.targets)?)
     }
 
-    /// Consults the fault injector at a runtime fault point.
-    pub fn fault(&self, point: FaultPoint) -> Result<()> {
-        let Some(f) = &self.faults else { return Ok(()) };
-        match f.check(point) {
+    /// Consults the fault injector at one of the journal's or the checkpoint's fault
+    /// points (`crate::faults`): a fault is the I/O error of target 0, which holds both.
+    pub fn metadata_fault(&self, point: FaultPoint) -> Result<()> {
+        let Some(k) = self.faults.as_ref().and_then(|f| f.check(point)) else {
+            return Ok(());
+        };
+        let kind = if k.errno() == libc::ENOSPC {
+            TargetErrorKind::NoSpace
+        } else {
+            TargetErrorKind::Os(k.errno())
+        };
+        let name = self.targets[0].info().name.clone();
+        Err(TargetError::new(name, OpKind::Write, 0, kind).into())
+    }
+
+    /// Consults the fault injector at the allocator's fault point: whatever kind is armed,
+    /// a fault means "target `target` is full".
+    pub fn alloc_fault(&self, target: stripefs_core::TargetId) -> Result<()> {
+        match self
+            .faults
+            .as_ref()
+            .and_then(|f| f.check(crate::faults::ALLOC))
+        {
             None => Ok(()),
-            Some(k) => {
-                let kind = if k.errno() == libc::ENOSPC {
-                    TargetErrorKind::NoSpace
-                } else {
-                    TargetErrorKind::Os(k.errno())
-                };
-                let name = self.targets[0].info().name.clone();
-                Err(TargetError::new(name, OpKind::Write, 0, kind).into())
-            }
+            Some(_) => Err(FsError::NoSpace(format!(
+                "allocation on target {target} (injected)"
+            ))),
         }
     }
 }

@@ -25,7 +25,7 @@ use stripefs_core::checkpoint::{self, CheckpointHeader};
 use stripefs_core::codec::Enc;
 use stripefs_core::geometry::Geometry;
 use stripefs_core::journal::{encode_txn, log_limit, txn_units};
-use stripefs_target::{Batch, FaultPoint, IoBuf, IoOp, Target};
+use stripefs_target::{Batch, IoBuf, IoOp, Target};
 
 use crate::error::{FsError, Result};
 use crate::inner::{FsInner, Txn};
@@ -152,7 +152,7 @@ impl Journal {
         let unit = u64::from(geo.journal_unit);
         let cap = geo.journal_units();
         let buf = encode_txn(geo.uuid, pos.head, w.seq, &w.payload, geo.journal_unit);
-        fs.fault(FaultPoint::JournalWrite)?;
+        fs.metadata_fault(crate::faults::JOURNAL_WRITE)?;
         let t0 = fs.targets[0].as_ref();
         let first_units = w.units.min(cap - pos.head % cap);
         let (a, b) = buf.split_at((first_units * unit) as usize);
@@ -179,7 +179,7 @@ impl Journal {
         }
         // The injected "journal flush" failure stands for the durability step failing,
         // which is now the FUA write's own completion.
-        let flushed = fs.fault(FaultPoint::JournalFlush);
+        let flushed = fs.metadata_fault(crate::faults::JOURNAL_FLUSH);
         for d in batch.wait() {
             d.result?;
         }
@@ -200,7 +200,7 @@ impl Journal {
         snap: &[u8],
         next_ino: u64,
     ) -> Result<()> {
-        fs.fault(FaultPoint::CheckpointWrite)?;
+        fs.metadata_fault(crate::faults::CHECKPOINT_WRITE)?;
         let area = 1 - pos.area;
         let generation = pos.generation + 1;
         let hdr = CheckpointHeader {

@@ -28,6 +28,7 @@ mod delalloc;
 mod direct;
 mod dirty;
 mod error;
+pub mod faults;
 mod file;
 mod fs;
 pub mod fsck;

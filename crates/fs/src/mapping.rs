@@ -23,7 +23,6 @@ use stripefs_core::layout::StripeLayout;
 use stripefs_core::record::Record;
 use stripefs_core::{BlockSize, Ino, TargetId};
 use stripefs_iomap::{Iomap, IomapFlags, IomapKind, IomapOp, IomapOps};
-use stripefs_target::FaultPoint;
 
 use crate::direct::DioLock;
 use crate::error::{FsError, Result};
@@ -341,10 +340,7 @@ impl<'a> FileMapper<'a> {
         funding: Funding,
     ) -> Result<(u64, u64)> {
         let reserved = funding == Funding::Reserved;
-        self.fs
-            .inner
-            .fault(FaultPoint::Alloc)
-            .map_err(|_| FsError::NoSpace(format!("allocation on target {target} (injected)")))?;
+        self.fs.inner.alloc_fault(target)?;
         let goal = self.goal(m, object, obj_block)?;
         if reserved {
             m.alloc.unreserve(target, want);
@@ -587,9 +583,10 @@ impl FileMapper<'_> {
             IomapOp::BufferedWrite => {
                 let avail = m.alloc.available_blocks(target);
                 let got = blocks.min(avail);
-                if got == 0 || self.fs.inner.fault(FaultPoint::Alloc).is_err() {
+                if got == 0 {
                     return Err(FsError::NoSpace(format!("target {target} is full")));
                 }
+                self.fs.inner.alloc_fault(target)?;
                 assert!(m.alloc.reserve(target, got));
                 m.delalloc_mut(self.ino, object, objects)
                     .insert(obj_block, got);

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::*;
-use stripefs::{CreateParams, Fs, FsError, Ino, MkfsOptions, MountOptions, RenameMode};
+use stripefs::{faults, CreateParams, Fs, FsError, Ino, MkfsOptions, MountOptions, RenameMode};
 use stripefs_target::fault::{Persistence, PointMatch};
 use stripefs_target::{CrashMode, FaultInjector, FaultKind, FaultPoint, Rng, SimTarget};
 
@@ -119,9 +119,9 @@ fn must_poison(p: FaultPoint) -> bool {
     matches!(
         p,
         FaultPoint::TargetFlush(_)
-            | FaultPoint::JournalWrite
-            | FaultPoint::JournalFlush
-            | FaultPoint::CheckpointWrite
+            | faults::JOURNAL_WRITE
+            | faults::JOURNAL_FLUSH
+            | faults::CHECKPOINT_WRITE
     )
 }
 
@@ -162,7 +162,7 @@ fn one_run(kind: FaultKind, nth: u64) -> bool {
         .unwrap_or_else(|| panic!("call failed ({err}) but no fault fired"));
     // The allocator's fault point means "this target is full" whatever the armed kind.
     let want = match (kind, point) {
-        (FaultKind::Enospc, _) | (_, FaultPoint::Alloc) => libc::ENOSPC,
+        (FaultKind::Enospc, _) | (_, faults::ALLOC) => libc::ENOSPC,
         _ => libc::EIO,
     };
     assert!(
@@ -307,7 +307,7 @@ fn injected_alloc_enospc_is_not_fatal() {
         .create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o644))
         .unwrap();
     faults.arm(
-        PointMatch::Exact(FaultPoint::Alloc),
+        PointMatch::Exact(faults::ALLOC),
         1,
         FaultKind::Enospc,
         Persistence::Once,

@@ -19,19 +19,14 @@ pub enum FaultPoint {
     TargetWrite(u32),
     /// A flush on target `n` (simulated targets).
     TargetFlush(u32),
-    /// Writing a journal record (file-system runtime).
-    JournalWrite,
-    /// A journal record becoming durable: the completion of its FUA write (file-system
-    /// runtime).
-    JournalFlush,
-    /// Writing a checkpoint (file-system runtime).
-    CheckpointWrite,
-    /// Allocating data blocks (file-system runtime): `Enospc` simulates a full target.
-    Alloc,
+    /// A point of a layer above the targets, named by that layer (this crate counts and
+    /// fires it like any other, and knows nothing of what it means). One injector can then
+    /// sweep the target and the upper layer's points in one sequence.
+    Runtime(&'static str),
 }
 
 impl FaultPoint {
-    /// The target of a target-level point (0 for runtime points).
+    /// The target of a target-level point (0 for the upper layers' points).
     #[must_use]
     pub fn target_index(self) -> u32 {
         match self {
@@ -58,10 +53,7 @@ impl fmt::Display for FaultPoint {
             FaultPoint::TargetRead(t) => write!(f, "target-read[{t}]"),
             FaultPoint::TargetWrite(t) => write!(f, "target-write[{t}]"),
             FaultPoint::TargetFlush(t) => write!(f, "target-flush[{t}]"),
-            FaultPoint::JournalWrite => f.write_str("journal-write"),
-            FaultPoint::JournalFlush => f.write_str("journal-flush"),
-            FaultPoint::CheckpointWrite => f.write_str("checkpoint-write"),
-            FaultPoint::Alloc => f.write_str("alloc"),
+            FaultPoint::Runtime(name) => f.write_str(name),
         }
     }
 }
@@ -213,19 +205,19 @@ mod tests {
     fn nth_hit_fires_once_or_sticky() {
         let f = FaultInjector::new();
         f.arm(PointMatch::Any, 3, FaultKind::Eio, Persistence::Once);
-        let got: Vec<_> = (0..5).map(|_| f.check(FaultPoint::JournalWrite)).collect();
+        let got: Vec<_> = (0..5).map(|_| f.check(FaultPoint::Runtime("b"))).collect();
         assert_eq!(got, vec![None, None, Some(FaultKind::Eio), None, None]);
         f.disarm();
         f.arm(
-            PointMatch::Exact(FaultPoint::Alloc),
+            PointMatch::Exact(FaultPoint::Runtime("a")),
             2,
             FaultKind::Enospc,
             Persistence::Sticky,
         );
-        assert_eq!(f.check(FaultPoint::Alloc), None);
-        assert_eq!(f.check(FaultPoint::JournalWrite), None);
-        assert_eq!(f.check(FaultPoint::Alloc), Some(FaultKind::Enospc));
-        assert_eq!(f.check(FaultPoint::Alloc), Some(FaultKind::Enospc));
+        assert_eq!(f.check(FaultPoint::Runtime("a")), None);
+        assert_eq!(f.check(FaultPoint::Runtime("b")), None);
+        assert_eq!(f.check(FaultPoint::Runtime("a")), Some(FaultKind::Enospc));
+        assert_eq!(f.check(FaultPoint::Runtime("a")), Some(FaultKind::Enospc));
         assert_eq!(f.fired().len(), 3);
     }
 }
