@@ -483,17 +483,27 @@ impl IomapOps for FileMapper<'_> {
             obj_block,
             phys,
         };
-        Ok(Iomap {
+        let map = Iomap {
             offset: start,
             length: bs.to_bytes(blocks),
             kind,
             flags,
             addr,
             seq,
-        })
+        };
+        debug_assert!(map.covers(pos), "mapping {map:?} does not cover {pos}");
+        debug_assert!(
+            start % unit + map.length <= unit,
+            "mapping {map:?} crosses a stripe unit"
+        );
+        Ok(map)
     }
 
     fn end(&self, map: &Iomap<DevAddr>, pos: u64, used: u64, op: IomapOp) -> Result<()> {
+        debug_assert!(
+            map.covers(pos) && pos + used <= map.end(),
+            "end of {map:?} at {pos} with {used} bytes used"
+        );
         if !map.flags.contains(IomapFlags::NEW) && !map.flags.contains(IomapFlags::RESERVED) {
             return Ok(());
         }
