@@ -6,6 +6,7 @@
 //! and by journal replay, so that replay cannot drift from what the runtime did.
 
 pub mod alloc;
+pub mod btree;
 pub mod check;
 pub mod checkpoint;
 pub mod codec;

@@ -1,0 +1,16 @@
+//! Paged, copy-on-write B+trees for the metadata (format version 2): the pure part.
+//!
+//! - [`key`]: the ordered keyspace (25-byte big-endian keys, kinds, trees, name hash);
+//! - [`page`]: self-describing pages, encoded and verified on every read.
+//!
+//! Design, crash argument and failure cases: `docs/design/metadata.md`. Nothing here
+//! reads a device: the runtime (`stripefs-meta`) reads and writes pages through the
+//! `Target` trait and hands the bytes to [`page::decode`].
+
+pub mod key;
+pub mod page;
+
+pub use key::{name_hash, Key, KeyKind, TreeId, KEY_BYTES, VALUE_MAX};
+pub use page::{
+    Expect, Generation, Page, PageAddr, PageBody, PageCheck, PageError, PageRef, PageSize,
+};
