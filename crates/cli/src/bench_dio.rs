@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stripefs::UnalignedPolicy;
-use stripefs::{CreateParams, DioSubmit, Fs, Ino, StripeLayout};
+use stripefs::{CreateParams, DioSubmit, Fs, Ino, OpenMode, StripeLayout};
 use stripefs_target::{Batch, IoBuf, IoOp, Rng, Target};
 
 use crate::bench::{cleanup, make_fs, median, mount, quiet};
@@ -33,10 +33,12 @@ fn prewrite(fs: &Fs, name: &str, count: u32, bytes: u64) -> Result<Ino, String> 
             },
         )
         .map_err(|e| e.to_string())?;
+    let file = fs
+        .open_file_with(f.ino, OpenMode::Direct)
+        .map_err(|e| e.to_string())?;
     let chunk = vec![0x5au8; 16 << 20];
     for off in (0..bytes).step_by(chunk.len()) {
-        fs.write_direct(
-            f.ino,
+        file.write_at(
             off,
             &chunk[..(bytes - off).min(chunk.len() as u64) as usize],
         )
@@ -56,13 +58,16 @@ fn w1_fs(fs: &Fs, ino: Ino, io: u64, jobs: usize, seed: u64) -> Result<f64, Stri
             .map(|j| {
                 let (fs, count) = (fs.clone(), &count);
                 s.spawn(move || -> Result<(), String> {
+                    let file = fs
+                        .open_file_with(ino, OpenMode::Direct)
+                        .map_err(|e| e.to_string())?;
                     let q = fs.dio_queue();
                     let mut rng = Rng::new(seed * 977 + j as u64);
                     let buf = vec![0xa5u8; io as usize];
                     while Instant::now() < deadline {
                         while q.in_flight() < W1_DEPTH {
                             let off = rng.below(W1_FILE / io) * io;
-                            q.submit_write(0, ino, off, &buf)
+                            q.submit_write(0, file.fh(), off, &buf)
                                 .map_err(|e| e.to_string())?;
                         }
                         for c in q.reap(1) {
@@ -201,14 +206,16 @@ const W3_REGION: u64 = 128 << 20;
 
 /// MiB/s of synchronous direct I/O of `io` bytes covering `W3_REGION`.
 fn w3_fs(fs: &Fs, ino: Ino, io: u64, write: bool) -> Result<f64, String> {
+    let file = fs
+        .open_file_with(ino, OpenMode::Direct)
+        .map_err(|e| e.to_string())?;
     let mut buf = vec![0x3cu8; io as usize];
     let t = Instant::now();
     for off in (0..W3_REGION).step_by(io as usize) {
         if write {
-            fs.write_direct(ino, off, &buf).map_err(|e| e.to_string())?;
+            file.write_at(off, &buf).map_err(|e| e.to_string())?;
         } else {
-            fs.read_direct(ino, off, &mut buf)
-                .map_err(|e| e.to_string())?;
+            file.read_at(off, &mut buf).map_err(|e| e.to_string())?;
         }
     }
     Ok(W3_REGION as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64())

@@ -10,7 +10,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use stripefs::{Attr, CreateParams, FallocMode, File, FileKind, Follow, Fs, RenameMode, Whence};
+use stripefs::{
+    Attr, CreateParams, FallocMode, File, FileKind, Follow, Fs, OpenMode, RenameMode, Whence,
+};
 
 use crate::size::{human, parse_size};
 use crate::targets::{lock_targets, open_all_with, split_target_options, LockWait};
@@ -59,7 +61,6 @@ Sizes and offsets take k/m/g/t suffixes.";
 struct Current {
     path: String,
     file: File,
-    direct: bool,
 }
 
 struct Runner {
@@ -178,7 +179,11 @@ impl Runner {
         let mut a = args.to_vec();
         let create = flag(&mut a, "-f");
         let trunc = flag(&mut a, "-t");
-        let direct = flag(&mut a, "-d");
+        let mode = if flag(&mut a, "-d") {
+            OpenMode::Direct
+        } else {
+            OpenMode::Cached
+        };
         let [path] = a[..] else {
             return Err("usage: open [-f] [-t] [-d] PATH".into());
         };
@@ -194,14 +199,16 @@ impl Runner {
             }
             Err(e) => return Err(format!("{path}: {e}")),
         };
-        let file = self.fs.open_file(ino).map_err(|e| e.to_string())?;
+        let file = self
+            .fs
+            .open_file_with(ino, mode)
+            .map_err(|e| e.to_string())?;
         if trunc {
             file.set_len(0).map_err(|e| e.to_string())?;
         }
         self.cur = Some(Current {
             path: path.to_string(),
             file,
-            direct,
         });
         Ok(())
     }
@@ -225,12 +232,7 @@ impl Runner {
         while done < len {
             let n = (len - done).min(bs) as usize;
             let at = off + done;
-            let r = if c.direct {
-                self.fs.write_direct(c.file.ino(), at, &buf[..n])
-            } else {
-                c.file.write_at(at, &buf[..n])
-            };
-            r.map_err(|e| e.to_string())?;
+            c.file.write_at(at, &buf[..n]).map_err(|e| e.to_string())?;
             done += n as u64;
             ops += 1;
         }
@@ -258,12 +260,10 @@ impl Runner {
         while done < len {
             let want = (len - done).min(bs) as usize;
             let at = off + done;
-            let r = if c.direct {
-                self.fs.read_direct(c.file.ino(), at, &mut buf[..want])
-            } else {
-                c.file.read_at(at, &mut buf[..want])
-            };
-            let n = r.map_err(|e| e.to_string())?;
+            let n = c
+                .file
+                .read_at(at, &mut buf[..want])
+                .map_err(|e| e.to_string())?;
             ops += 1;
             if verbose {
                 dump(off + done, &buf[..n]);
@@ -291,12 +291,12 @@ impl Runner {
             .cur
             .as_ref()
             .ok_or("no file is open (use 'open PATH')")?;
-        if !c.direct {
+        if c.file.mode() != OpenMode::Direct {
             return Err("-q needs a file opened with 'open -d'".into());
         }
         let q = self.fs.dio_queue();
         let buf = vec![fill; bs as usize];
-        let ino = c.file.ino();
+        let fh = c.file.fh();
         let t = Instant::now();
         let (mut next, mut done, mut ops) = (0u64, 0u64, 0u64);
         let mut first_err = None;
@@ -305,9 +305,9 @@ impl Runner {
                 let n = (len - next).min(bs);
                 let at = off + next;
                 let r = if write {
-                    q.submit_write(at, ino, at, &buf[..n as usize])
+                    q.submit_write(at, fh, at, &buf[..n as usize])
                 } else {
-                    q.submit_read(at, ino, at, n as usize)
+                    q.submit_read(at, fh, at, n as usize)
                 };
                 r.map_err(|e| e.to_string())?;
                 next += n;
@@ -399,7 +399,10 @@ impl Runner {
         println!("fd.path = \"{}\"", c.path);
         println!(
             "fd.flags = non-sync,{},read-write",
-            if c.direct { "direct" } else { "non-direct" }
+            match c.file.mode() {
+                OpenMode::Direct => "direct",
+                OpenMode::Cached => "non-direct",
+            }
         );
         print_attr(&a);
         Ok(())

@@ -9,7 +9,7 @@
 //! The caller's memory is always copied through aligned buffers, so its alignment does
 //! not matter.
 //!
-//! A write goes down once ([`Fs::submit_write_direct`]; [`Fs::write_direct`] is it plus a
+//! A write goes down once (`Fs::submit_write_direct`, reached through [`Fs::write`]; [`Fs::write_direct`] is it plus a
 //! wait):
 //! 1. checks (alignment, size limit, metadata space);
 //! 2. the lock, decided once before anything is submitted (ext4 style, I-000-4), cheap
@@ -163,7 +163,7 @@ impl Fs {
     /// `done` gets the bytes read (fewer at EOF) exactly once, on a target completion
     /// thread or, when the read cannot start or needs no I/O, on this thread before
     /// returning.
-    pub fn submit_read_direct<F>(&self, ino: Ino, off: u64, len: usize, done: F)
+    pub(crate) fn submit_read_direct<F>(&self, ino: Ino, off: u64, len: usize, done: F)
     where
         F: FnOnce(Result<Vec<u8>>) + Send + 'static,
     {
@@ -199,7 +199,7 @@ impl Fs {
     }
 
     /// Writes `data` at `off` bypassing the cache (see the module documentation for the
-    /// protocol): [`Fs::submit_write_direct`] and a wait for its answer. `off` and
+    /// protocol): `Fs::submit_write_direct` and a wait for its answer. `off` and
     /// `data.len()` must be sector multiples. Returns `data.len()`, or fewer bytes only
     /// when space ran out part way (a contiguous prefix was written).
     ///
@@ -218,7 +218,7 @@ impl Fs {
     /// exactly once, on a target completion thread, or on this thread before returning
     /// when the write runs under the exclusive lock (Linux's `IOMAP_DIO_FORCE_WAIT`), had
     /// to wait for a window or could not start. `data` is copied before this returns.
-    pub fn submit_write_direct<F>(&self, ino: Ino, off: u64, data: &[u8], done: F)
+    pub(crate) fn submit_write_direct<F>(&self, ino: Ino, off: u64, data: &[u8], done: F)
     where
         F: FnOnce(Result<usize>) + Send + 'static,
     {

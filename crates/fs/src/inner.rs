@@ -186,6 +186,15 @@ impl InodeIo {
     }
 }
 
+/// An open handle.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Handle {
+    pub ino: Ino,
+    /// The writeback-error sequence this handle has been told about.
+    pub seen: u64,
+    pub mode: crate::types::OpenMode,
+}
+
 /// Background commit thread control.
 #[derive(Debug, Default)]
 pub(crate) struct BgControl {
@@ -227,8 +236,8 @@ pub(crate) struct FsInner {
     pub cache: stripefs_iomap::cache::PageCache,
     /// Mount options (cache, zeroing, preallocation switches).
     pub opts: crate::options::MountOptions,
-    /// Open handles: handle number -> (inode, writeback-error sequence it has seen).
-    pub handles: Mutex<HashMap<u64, (Ino, u64)>>,
+    /// Open handles by number.
+    pub handles: Mutex<HashMap<u64, Handle>>,
     pub next_fh: std::sync::atomic::AtomicU64,
     /// Error sequence seen by inode-based `fsync` calls (no handle).
     pub anon_seen: Mutex<HashMap<Ino, u64>>,

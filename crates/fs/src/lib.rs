@@ -64,6 +64,6 @@ pub use stripefs_iomap::cache::{CacheConfig, FolioSizing, WbDepth};
 pub use stripefs_iomap::folio::DirtyTracking;
 pub use stripefs_iomap::ZeroMode;
 pub use types::{
-    Access, AccessSource, Attr, CreateParams, DirEntryInfo, FallocMode, Fh, FsStatus, RenameMode,
-    SetAttr, SpaceAccount, StatFs, TargetStatus, TimeSet,
+    Access, AccessSource, Attr, CreateParams, DirEntryInfo, FallocMode, Fh, FsStatus, OpenMode,
+    RenameMode, SetAttr, SpaceAccount, StatFs, TargetStatus, TimeSet, WriteOrigin,
 };

@@ -20,7 +20,7 @@ use crate::acl::{self, Acl};
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::MetaCore;
-use crate::types::{Attr, CreateParams, DirEntryInfo, Fh, RenameMode, SetAttr, TimeSet};
+use crate::types::{Attr, CreateParams, DirEntryInfo, Fh, OpenMode, RenameMode, SetAttr, TimeSet};
 
 /// Most hard links to one inode (and subdirectories of one directory).
 pub const LINK_MAX: u32 = 65000;
@@ -929,6 +929,15 @@ impl Fs {
     /// # Errors
     /// `Stale` if the inode is gone.
     pub fn open(&self, ino: Ino) -> Result<Fh> {
+        self.open_with(ino, OpenMode::Cached)
+    }
+
+    /// Opens `ino` for I/O in `mode` (`O_DIRECT` or through the cache), which
+    /// [`Fs::read`] and [`Fs::write`] follow; otherwise as [`Fs::open`].
+    ///
+    /// # Errors
+    /// `Stale` if the inode is gone.
+    pub fn open_with(&self, ino: Ino, mode: OpenMode) -> Result<Fh> {
         self.inner.check()?;
         let mut m = self.inner.meta.lock();
         inode(&m, ino)?;
@@ -943,7 +952,10 @@ impl Fs {
             .inner
             .next_fh
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.handles.lock().insert(fh, (ino, seen));
+        self.inner
+            .handles
+            .lock()
+            .insert(fh, crate::inner::Handle { ino, seen, mode });
         Ok(Fh(fh))
     }
 
@@ -953,15 +965,11 @@ impl Fs {
     /// # Errors
     /// As [`Fs::fsync`]; `Invalid` for an unknown handle.
     pub fn fsync_handle(&self, fh: Fh, datasync: bool) -> Result<()> {
-        let (ino, mut seen) = *self
-            .inner
-            .handles
-            .lock()
-            .get(&fh.0)
-            .ok_or_else(|| FsError::invalid("unknown file handle"))?;
-        let r = self.sync_file(ino, datasync, &mut seen);
+        let h = self.handle(fh)?;
+        let mut seen = h.seen;
+        let r = self.sync_file(h.ino, datasync, &mut seen);
         if let Some(h) = self.inner.handles.lock().get_mut(&fh.0) {
-            h.1 = seen;
+            h.seen = seen;
         }
         r
     }
@@ -971,11 +979,16 @@ impl Fs {
     /// # Errors
     /// `Invalid` for an unknown handle.
     pub fn handle_ino(&self, fh: Fh) -> Result<Ino> {
+        Ok(self.handle(fh)?.ino)
+    }
+
+    /// An open handle.
+    pub(crate) fn handle(&self, fh: Fh) -> Result<crate::inner::Handle> {
         self.inner
             .handles
             .lock()
             .get(&fh.0)
-            .map(|h| h.0)
+            .copied()
             .ok_or_else(|| FsError::invalid("unknown file handle"))
     }
 
@@ -985,7 +998,7 @@ impl Fs {
     /// # Errors
     /// `Poisoned` (the handle is released regardless).
     pub fn release(&self, fh: Fh) -> Result<()> {
-        let Some((ino, _)) = self.inner.handles.lock().remove(&fh.0) else {
+        let Some(crate::inner::Handle { ino, .. }) = self.inner.handles.lock().remove(&fh.0) else {
             return Ok(());
         };
         let mut m = self.inner.meta.lock();

@@ -1,23 +1,23 @@
-//! The queue-depth API built on the callback forms of direct I/O
-//! ([`Fs::submit_write_direct`], [`Fs::submit_read_direct`]): one thread keeps many
-//! direct I/Os in flight (submit now, reap later), as fio's `iodepth` or io_uring do.
+//! The queue-depth API over open handles ([`Fs::write`], [`Fs::read`]): one thread keeps
+//! many I/Os in flight (submit now, reap later), as fio's `iodepth` or io_uring do.
 //!
-//! A write that can run under the shared lock is submitted and returns at once; its
-//! completion (unwritten conversion included) runs on the targets' completion threads,
-//! and the in-flight direct-I/O counter keeps exclusive operations (truncate, fallocate,
-//! exclusive direct writes) waiting until it is done (I-000-5). A write that needs the
-//! exclusive lock (allocation, sub-block zeroing, EOF) runs synchronously inside the
-//! submission, as Linux's `IOMAP_DIO_FORCE_WAIT`, and calls back before returning.
-//! The last release of a file waits for its queued I/O before freeing anything.
+//! Through an `O_DIRECT` handle ([`crate::OpenMode::Direct`]), a write that can run under
+//! the shared lock is submitted and returns at once; its completion (unwritten conversion
+//! included) runs on the targets' completion threads, and the in-flight direct-I/O
+//! counter keeps exclusive operations (truncate, fallocate, exclusive direct writes)
+//! waiting until it is done (I-000-5). A write that needs the exclusive lock (allocation,
+//! sub-block zeroing, EOF) runs synchronously inside the submission, as Linux's
+//! `IOMAP_DIO_FORCE_WAIT`, and calls back before returning. Through a cached handle every
+//! I/O completes inside its submission. The last release of a file waits for its queued
+//! I/O before freeing anything.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex};
-use stripefs_core::Ino;
-
 use crate::error::Result;
 use crate::fs::Fs;
+use crate::types::{Fh, OpenMode, WriteOrigin};
+use parking_lot::{Condvar, Mutex};
 
 /// A finished queued I/O.
 #[derive(Debug)]
@@ -51,7 +51,7 @@ impl Shared {
     }
 }
 
-/// A submission/completion queue for direct I/O.
+/// A submission/completion queue for I/O through open handles.
 #[derive(Debug)]
 pub struct DioQueue {
     fs: Fs,
@@ -59,7 +59,7 @@ pub struct DioQueue {
 }
 
 impl Fs {
-    /// A new, empty direct-I/O queue.
+    /// A new, empty I/O queue.
     #[must_use]
     pub fn dio_queue(&self) -> DioQueue {
         DioQueue {
@@ -92,37 +92,47 @@ impl DioQueue {
         self.shared.state.lock().unreaped += 1;
     }
 
-    /// Queues a direct write of `data` at `off` (sector multiples). Errors that stop the
-    /// submission itself (alignment, poisoned) are returned here; I/O errors arrive as
-    /// completions.
-    ///
-    /// # Errors
-    /// `Invalid` for misalignment; `Poisoned`.
-    pub fn submit_write(&self, tag: u64, ino: Ino, off: u64, data: &[u8]) -> Result<()> {
+    /// Checks what stops a submission through `fh` itself: an unknown handle, a poisoned
+    /// file system, and for an `O_DIRECT` handle misalignment.
+    fn check(&self, fh: Fh, off: u64, len: usize) -> Result<()> {
         self.fs.inner.check()?;
-        self.fs.check_dio_alignment(off, data.len())?;
-        self.start();
-        let q = Arc::clone(&self.shared);
-        self.fs.submit_write_direct(ino, off, data, move |result| {
-            q.push(DioCompletion {
-                tag,
-                result,
-                data: Vec::new(),
-            });
-        });
+        if self.fs.handle(fh)?.mode == OpenMode::Direct {
+            self.fs.check_dio_alignment(off, len)?;
+        }
         Ok(())
     }
 
-    /// Queues a direct read of `len` bytes at `off` (sector multiples).
+    /// Queues a write of `data` at `off` through handle `fh` (by its mode; sector
+    /// multiples for `O_DIRECT`). Errors that stop the submission itself (unknown handle,
+    /// alignment, poisoned) are returned here; I/O errors arrive as completions.
     ///
     /// # Errors
-    /// `Invalid` for misalignment; `Poisoned`.
-    pub fn submit_read(&self, tag: u64, ino: Ino, off: u64, len: usize) -> Result<()> {
-        self.fs.inner.check()?;
-        self.fs.check_dio_alignment(off, len)?;
+    /// `Invalid` for an unknown handle or misalignment; `Poisoned`.
+    pub fn submit_write(&self, tag: u64, fh: Fh, off: u64, data: &[u8]) -> Result<()> {
+        self.check(fh, off, data.len())?;
         self.start();
         let q = Arc::clone(&self.shared);
-        self.fs.submit_read_direct(ino, off, len, move |r| {
+        self.fs
+            .write(fh, off, data, WriteOrigin::Caller, move |result| {
+                q.push(DioCompletion {
+                    tag,
+                    result,
+                    data: Vec::new(),
+                });
+            });
+        Ok(())
+    }
+
+    /// Queues a read of `len` bytes at `off` through handle `fh` (by its mode; sector
+    /// multiples for `O_DIRECT`).
+    ///
+    /// # Errors
+    /// `Invalid` for an unknown handle or misalignment; `Poisoned`.
+    pub fn submit_read(&self, tag: u64, fh: Fh, off: u64, len: usize) -> Result<()> {
+        self.check(fh, off, len)?;
+        self.start();
+        let q = Arc::clone(&self.shared);
+        self.fs.read(fh, off, len, move |r| {
             let (result, data) = match r {
                 Ok(data) => (Ok(data.len()), data),
                 Err(e) => (Err(e), Vec::new()),

@@ -78,6 +78,28 @@ impl Attr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fh(pub u64);
 
+/// How an open handle does I/O: a property of the handle (`O_DIRECT`), so one read and
+/// one write entry ([`crate::Fs::read`], [`crate::Fs::write`]) dispatch on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OpenMode {
+    /// Through the page cache.
+    #[default]
+    Cached,
+    /// `O_DIRECT`: bypassing the cache (sector-aligned offsets and lengths).
+    Direct,
+}
+
+/// Where a write through a handle comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOrigin {
+    /// The caller's `write(2)`: the handle's mode decides the path.
+    Caller,
+    /// Page-cache writeback of a shared mapping (`FUSE_WRITE_CACHE`): buffered data,
+    /// written through the cache even on a direct handle and not held to direct-I/O
+    /// alignment.
+    PageCache,
+}
+
 /// A time to set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimeSet {

@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use stripefs::{CreateParams, FallocMode, Fs, Ino, MkfsOptions, MountOptions, StripeLayout};
+use stripefs::{
+    CreateParams, FallocMode, Fs, Ino, MkfsOptions, MountOptions, OpenMode, StripeLayout,
+    WriteOrigin,
+};
 use stripefs_target::fault::{Persistence, PointMatch};
 use stripefs_target::{
     Completion, FaultInjector, FaultKind, FaultPoint, IoOp, SimTarget, Target, TargetInfo,
@@ -429,10 +432,11 @@ fn queue_keeps_many_direct_ios_in_flight() {
     fs.write_direct(f.ino, 0, &vec![0u8; 4 << 20]).unwrap();
     fs.unmount().unwrap();
     let (fs, _, peak) = mount_counting(&sims, 32);
+    let h = fs.open_file_with(f.ino, OpenMode::Direct).unwrap();
     let q = fs.dio_queue();
     for i in 0..64u64 {
         // 2 KiB writes into 4 KiB blocks: sub-block overwrites, all on the shared path.
-        q.submit_write(i, f.ino, i * 65536 + 2048, &[i as u8 + 1; 2048])
+        q.submit_write(i, h.fh(), i * 65536 + 2048, &[i as u8 + 1; 2048])
             .unwrap();
     }
     assert!(q.in_flight() > 1, "submission did not wait for completion");
@@ -451,7 +455,7 @@ fn queue_keeps_many_direct_ios_in_flight() {
         peak.load(Ordering::SeqCst)
     );
     for i in 0..64u64 {
-        q.submit_read(i, f.ino, i * 65536, 4096).unwrap();
+        q.submit_read(i, h.fh(), i * 65536, 4096).unwrap();
     }
     let mut reads = Vec::new();
     while reads.len() < 64 {
@@ -466,6 +470,7 @@ fn queue_keeps_many_direct_ios_in_flight() {
         );
     }
     assert_eq!(fs.status().dio_exclusive, 0);
+    drop(h);
     fs.unmount().unwrap();
 }
 
@@ -479,10 +484,10 @@ fn last_close_waits_for_queued_direct_io() {
     fs.write_direct(f.ino, 0, &vec![1u8; 1 << 20]).unwrap();
     fs.unmount().unwrap();
     let (fs, in_flight, _) = mount_counting(&sims, 1);
-    let h = fs.open_file(f.ino).unwrap();
+    let h = fs.open_file_with(f.ino, OpenMode::Direct).unwrap();
     let q = fs.dio_queue();
     for i in 0..16u64 {
-        q.submit_write(i, f.ino, i * 65536, &[2u8; 4096]).unwrap();
+        q.submit_write(i, h.fh(), i * 65536, &[2u8; 4096]).unwrap();
     }
     fs.unlink(Ino::ROOT, "gone".as_ref()).unwrap();
     let free_before = fs.statfs().unwrap().blocks_free;
@@ -515,12 +520,14 @@ fn callback_direct_io_answers_once_on_every_path() {
     fs.write_direct(f.ino, 0, &[1u8; 65536]).unwrap();
     fs.unmount().unwrap();
     let (fs, in_flight, _) = mount_counting(&s, 1);
+    let h = fs.open_file_with(f.ino, OpenMode::Direct).unwrap();
     let (tx, rx) = mpsc::channel::<(u32, stripefs::Result<usize>)>();
     let calls = Arc::new(AtomicUsize::new(0));
     let cases: [(u32, u64, usize); 3] = [(0, 8192 + 2048, 2048), (1, 65536, 4096), (2, 100, 512)];
     for (tag, off, len) in cases {
         let (tx, calls) = (tx.clone(), Arc::clone(&calls));
-        fs.submit_write_direct(f.ino, off, &vec![tag as u8 + 5; len], move |r| {
+        let data = vec![tag as u8 + 5; len];
+        fs.write(h.fh(), off, &data, WriteOrigin::Caller, move |r| {
             calls.fetch_add(1, Ordering::SeqCst);
             tx.send((tag, r)).unwrap();
         });
@@ -562,7 +569,7 @@ fn callback_direct_io_answers_once_on_every_path() {
     let (rtx, rrx) = mpsc::channel();
     for (off, len) in [(65536u64, 8192usize), (1 << 20, 4096)] {
         let rtx = rtx.clone();
-        fs.submit_read_direct(f.ino, off, len, move |r| rtx.send((off, r)).unwrap());
+        fs.read(h.fh(), off, len, move |r| rtx.send((off, r)).unwrap());
     }
     let mut reads: Vec<_> = (0..2).map(|_| rrx.recv().unwrap()).collect();
     reads.sort_by_key(|r| r.0);
@@ -571,6 +578,7 @@ fn callback_direct_io_answers_once_on_every_path() {
     assert!(tail.iter().all(|&b| b == 6));
     assert!(reads[1].1.as_ref().unwrap().is_empty(), "read past EOF");
     assert!(rx.try_recv().is_err() && rrx.try_recv().is_err());
+    drop(h);
     fs.unmount().unwrap();
 }
 
@@ -587,10 +595,14 @@ fn exclusive_direct_write_walks_its_mapping_three_times() {
     fs.write_direct(f.ino, 0, &[1u8; 16384]).unwrap();
     fs.fallocate(f.ino, FallocMode::ZeroRange { keep_size: true }, 8192, 4096)
         .unwrap();
+    let h = fs.open_file_with(f.ino, OpenMode::Direct).unwrap();
     let (lookups, excl) = (fs.status().map_lookups, fs.status().dio_exclusive);
     // A sub-block write over an unwritten block inside EOF: exclusive, decided by a walk.
     let (tx, rx) = mpsc::channel();
-    fs.submit_write_direct(f.ino, 8192 + 512, &[7u8; 512], move |r| tx.send(r).unwrap());
+    let origin = WriteOrigin::Caller;
+    fs.write(h.fh(), 8192 + 512, &[7u8; 512], origin, move |r| {
+        tx.send(r).unwrap();
+    });
     assert!(matches!(rx.recv().unwrap(), Ok(512)));
     assert_eq!(fs.status().dio_exclusive - excl, 1);
     assert_eq!(
@@ -602,5 +614,77 @@ fn exclusive_direct_write_walks_its_mapping_three_times() {
     fs.read_direct(f.ino, 8192, &mut back).unwrap();
     assert!(back[..512].iter().all(|&b| b == 0) && back[512..1024].iter().all(|&b| b == 7));
     assert!(back[1024..].iter().all(|&b| b == 0));
+    drop(h);
+    fs.unmount().unwrap();
+}
+
+/// `O_DIRECT` is a property of the handle: the one write and read entry follows it. A
+/// misaligned write is refused through a direct handle and taken through a cached one;
+/// page-cache writeback through a direct handle (`FUSE_WRITE_CACHE`) is buffered, not held
+/// to alignment; a direct handle's read bypasses the cache (dirty data written back
+/// first, nothing cached); an unknown handle is `Invalid`, answered once.
+#[test]
+fn handle_mode_decides_the_io_path() {
+    use std::sync::mpsc;
+    let s = sims(2, 16 << 20);
+    let fs = fresh(&s, 4096, 65536);
+    let f = fs.create(Ino::ROOT, "m".as_ref(), p()).unwrap();
+    let direct = fs.open_file_with(f.ino, OpenMode::Direct).unwrap();
+    let cached = fs.open_file(f.ino).unwrap();
+    assert_eq!(
+        (direct.mode(), cached.mode()),
+        (OpenMode::Direct, OpenMode::Cached)
+    );
+    assert!(matches!(
+        direct.write_at(100, &[1u8; 512]),
+        Err(stripefs::FsError::Invalid(_))
+    ));
+    assert_eq!(cached.write_at(100, &[2u8; 512]).unwrap(), 512);
+    let (tx, rx) = mpsc::channel();
+    fs.write(
+        direct.fh(),
+        700,
+        &[3u8; 10],
+        WriteOrigin::PageCache,
+        move |r| {
+            tx.send(r).unwrap();
+        },
+    );
+    assert!(matches!(rx.recv().unwrap(), Ok(10)));
+    // The data is in the cache, dirty: a cached read needs no target, a direct one does.
+    let mut b2 = vec![0u8; 710];
+    let read0 = fs.status().data_bytes_read;
+    assert_eq!(cached.read_at(0, &mut b2).unwrap(), 710);
+    assert_eq!(
+        fs.status().data_bytes_read,
+        read0,
+        "cached read went to a target"
+    );
+    let mut back = vec![0u8; 4096];
+    assert_eq!(direct.read_at(0, &mut back).unwrap(), 710);
+    assert!(
+        fs.status().data_bytes_read > read0,
+        "direct read came from the cache"
+    );
+    assert!(back[..100].iter().all(|&b| b == 0));
+    assert!(back[100..612].iter().all(|&b| b == 2));
+    assert!(back[700..710].iter().all(|&b| b == 3));
+    assert_eq!(&b2[..], &back[..710]);
+    let (tx, rx) = mpsc::channel();
+    fs.write(
+        stripefs::Fh(u64::MAX),
+        0,
+        &[0u8; 512],
+        WriteOrigin::Caller,
+        move |r| {
+            tx.send(r).unwrap();
+        },
+    );
+    assert!(matches!(
+        rx.recv().unwrap(),
+        Err(stripefs::FsError::Invalid(_))
+    ));
+    assert!(rx.try_recv().is_err());
+    drop((direct, cached));
     fs.unmount().unwrap();
 }

@@ -24,10 +24,9 @@ use fuser::{
     ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
     TimeOrNow, WriteFlags,
 };
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use stripefs::{
-    CreateParams, Fh, FileKind, Fs, FsError, Ino, RenameMode, SetAttr, TimeSet, Whence, XattrMode,
+    CreateParams, Fh, FileKind, Fs, FsError, Ino, OpenMode, RenameMode, SetAttr, TimeSet, Whence,
+    WriteOrigin, XattrMode,
 };
 
 pub use session::{
@@ -53,14 +52,6 @@ pub const MAX_WRITE: u32 = 16 << 20;
 /// I/O under `FUSE_ASYNC_DIO` counts here: at fuser's default (16) a program at queue
 /// depth 64 finds its `io_submit` sleeping in the kernel until earlier answers arrive.
 const MAX_BACKGROUND: u16 = 256;
-
-/// Per-open state the kernel does not keep for us.
-#[derive(Debug, Clone, Copy)]
-struct OpenFile {
-    fh: Fh,
-    /// Opened with `O_DIRECT`: reads and writes take the engine's direct path.
-    direct: bool,
-}
 
 /// What the kernel is asked for; see `docs/design/fuse.md`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -99,7 +90,6 @@ pub struct UringOffer {
 #[derive(Debug)]
 pub struct StripeFuse {
     fs: Arc<Fs>,
-    files: Mutex<HashMap<u64, OpenFile>>,
     /// Directories the kernel holds, pinned until it forgets them.
     dirs: kernel_refs::DirRefs,
     cfg: FuseConfig,
@@ -112,7 +102,6 @@ impl StripeFuse {
     pub fn new(fs: Arc<Fs>, cfg: FuseConfig) -> Self {
         Self {
             fs,
-            files: Mutex::new(HashMap::new()),
             dirs: kernel_refs::DirRefs::default(),
             cfg,
             uring: None,
@@ -208,8 +197,13 @@ impl StripeFuse {
         );
     }
 
-    fn open_file(&self, fh: FileHandle) -> Result<OpenFile, Errno> {
-        self.files.lock().get(&fh.0).copied().ok_or(Errno::EBADF)
+    /// The engine's handle behind a FUSE file handle (they are the same number; the
+    /// engine keeps the handle's state, `O_DIRECT` included).
+    fn open_file(&self, fh: FileHandle) -> Result<Fh, Errno> {
+        self.fs
+            .handle_ino(Fh(fh.0))
+            .map(|_| Fh(fh.0))
+            .map_err(|_| Errno::EBADF)
     }
 
     fn register(
@@ -218,15 +212,19 @@ impl StripeFuse {
         ino: Ino,
         flags: i32,
     ) -> stripefs::Result<(FileHandle, FopenFlags)> {
-        let fh = self.fs.open(ino)?;
+        let direct = flags & libc::O_DIRECT != 0;
+        let mode = if direct {
+            OpenMode::Direct
+        } else {
+            OpenMode::Cached
+        };
+        let fh = self.fs.open_with(ino, mode)?;
         if flags & libc::O_TRUNC != 0 {
             if let Err(e) = self.truncate_on_open(req, ino) {
                 let _ = self.fs.release(fh);
                 return Err(e);
             }
         }
-        let direct = flags & libc::O_DIRECT != 0;
-        self.files.lock().insert(fh.0, OpenFile { fh, direct });
         let mut fo = FopenFlags::empty();
         if direct && self.cfg.fopen_direct_io {
             fo |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
@@ -619,7 +617,7 @@ impl Filesystem for StripeFuse {
     fn read(
         &self,
         _req: &Request,
-        i: INodeNo,
+        _i: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -627,24 +625,13 @@ impl Filesystem for StripeFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let of = match self.open_file(fh) {
-            Ok(of) => of,
-            Err(e) => return reply.error(e),
-        };
-        if of.direct {
-            // Answered from the targets' completion thread; this worker moves on.
-            return self
-                .fs
-                .submit_read_direct(ino(i), offset, size as usize, move |r| match r {
-                    Ok(data) => reply.data(&data),
-                    Err(e) => reply.error(err(&e)),
-                });
-        }
-        let mut buf = vec![0u8; size as usize];
-        match self.fs.read_at(ino(i), offset, &mut buf) {
-            Ok(n) => reply.data(&buf[..n]),
-            Err(e) => reply.error(err(&e)),
-        }
+        // An `O_DIRECT` handle is answered from the targets' completion thread (this
+        // worker moves on), a cached one before `read` returns.
+        self.fs
+            .read(Fh(fh.0), offset, size as usize, move |r| match r {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(err(&e)),
+            });
     }
 
     fn write(
@@ -659,8 +646,8 @@ impl Filesystem for StripeFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let of = match self.open_file(fh) {
-            Ok(of) => of,
+        let fh = match self.open_file(fh) {
+            Ok(fh) => fh,
             Err(e) => return reply.error(e),
         };
         // FUSE_HANDLE_KILLPRIV_V2: the kernel marks writers without CAP_FSETID; their
@@ -672,14 +659,14 @@ impl Filesystem for StripeFuse {
         }
         // Page-cache writeback (a shared mapping's dirty pages) may come through an
         // `O_DIRECT` handle; it is buffered data, not held to direct-I/O alignment.
-        let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
-        if of.direct && !from_cache {
-            // Answered from the targets' completion thread; this worker moves on.
-            return self
-                .fs
-                .submit_write_direct(ino(i), offset, data, move |r| written(reply, r));
-        }
-        written(reply, self.fs.write_at(ino(i), offset, data));
+        let origin = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            WriteOrigin::PageCache
+        } else {
+            WriteOrigin::Caller
+        };
+        // An `O_DIRECT` handle is answered from the targets' completion thread.
+        self.fs
+            .write(fh, offset, data, origin, move |r| written(reply, r));
     }
 
     fn flush(
@@ -708,10 +695,10 @@ impl Filesystem for StripeFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let Some(of) = self.files.lock().remove(&fh.0) else {
-            return reply.error(Errno::EBADF);
-        };
-        done(reply, self.fs.release(of.fh))
+        match self.open_file(fh) {
+            Ok(fh) => done(reply, self.fs.release(fh)),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn fsync(
@@ -722,11 +709,10 @@ impl Filesystem for StripeFuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let of = match self.open_file(fh) {
-            Ok(of) => of,
-            Err(e) => return reply.error(e),
-        };
-        done(reply, self.fs.fsync_handle(of.fh, datasync))
+        match self.open_file(fh) {
+            Ok(fh) => done(reply, self.fs.fsync_handle(fh, datasync)),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn fsyncdir(
