@@ -6,8 +6,6 @@
 //! checkpointed and the targets are closed. After a plain `umount` (which does not wait)
 //! the next mount waits for the old daemon ([`LockWait::WhileReleasing`]).
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -19,35 +17,12 @@ use stripefs_fuse::{serve, ServeOptions};
 
 use crate::targets::{lock_targets, open_all_with, LockWait};
 
-/// Keys of `-o` that the FUSE front end (not the engine) understands.
-const FUSE_KEYS: &str = "writeback_cache, fopen_direct_io, allow_other, ro, rw, threads=N, \
-transport=dev|uring|auto, uring_entries=N, \
-the access-time options relatime, strictatime, noatime, nodiratime, lazytime, and the generic \
-flags nodev, nosuid, noexec, sync, dirsync and their opposites";
-/// Generic `fstab` options that need nothing from us.
-const IGNORED: &[&str] = &[
-    "defaults",
-    "auto",
-    "noauto",
-    "nofail",
-    "_netdev",
-    "user",
-    "nouser",
-    "users",
-    "dev",
-    "suid",
-    "exec",
-    "async",
-    "x-systemd.automount",
-];
-
 /// Mount a stripefs file system through FUSE.
 #[derive(Debug, clap::Args)]
+#[command(after_help = format!("FUSE keys of -o: {}.", stripefs_fuse::FUSE_KEYS))]
 pub struct MountArgs {
-    /// Mount options: engine keys (see `stripefs io --help`), FUSE keys
-    /// (writeback_cache, fopen_direct_io, allow_other, ro, threads=N,
-    /// transport=dev|uring|auto, uring_entries=N) and NBD target keys
-    /// (nbd_timeout=SECS|NNms, nbd_conns=N).
+    /// Mount options: engine keys (see `stripefs io --help`), the FUSE front end's keys
+    /// (listed below) and NBD target keys (nbd_timeout=SECS|NNms, nbd_conns=N).
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Stay in the foreground (logs go to stderr; set STRIPEFS_LOG=info for more).
@@ -68,57 +43,19 @@ pub struct UmountArgs {
     mountpoint: PathBuf,
 }
 
-/// Splits `-o` into engine options and FUSE options.
+/// Splits `-o` into engine options and the FUSE front end's (parsed by it).
+///
+/// # Errors
+/// A sentence naming the unknown word or the bad value.
 pub fn split_options(list: &[String]) -> Result<(Vec<String>, ServeOptions), String> {
-    let mut serve_opts = ServeOptions::default();
-    let mut engine = Vec::new();
-    for item in list
-        .iter()
-        .flat_map(|s| s.split(','))
-        .filter(|s| !s.is_empty())
-    {
-        match item.split_once('=') {
-            None if item == "writeback_cache" => serve_opts.fuse.writeback_cache = true,
-            None if item == "fopen_direct_io" => serve_opts.fuse.fopen_direct_io = true,
-            None if item == "allow_other" => serve_opts.allow_other = true,
-            None if item == "ro" => serve_opts.read_only = true,
-            None if item == "rw" => serve_opts.read_only = false,
-            None if crate::mount_opts::atime_word(&mut stripefs::AtimePolicy::default(), item) => {
-                // The engine keeps access times (FUSE leaves them to the server); the
-                // kernel is told `noatime`/`atime` too, which `/proc/mounts` then shows.
-                engine.push(item.to_string());
-                if stripefs_fuse::generic_flag(item) {
-                    serve_opts.flags.push(item.to_string());
-                }
-            }
-            None if IGNORED.contains(&item) => {}
-            None if stripefs_fuse::generic_flag(item) => serve_opts.flags.push(item.to_string()),
-            Some(("threads", v)) => {
-                serve_opts.threads = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=256).contains(n))
-                    .ok_or_else(|| format!("threads must be 1 to 256, not {v:?}"))?;
-            }
-            Some(("transport", v)) => serve_opts.transport = v.parse()?,
-            Some(("uring_entries", v)) => {
-                serve_opts.uring_entries = Some(
-                    v.parse()
-                        .ok()
-                        .filter(|n| (1..=1024).contains(n))
-                        .ok_or_else(|| format!("uring_entries must be 1 to 1024, not {v:?}"))?,
-                );
-            }
-            Some(_) => engine.push(item.to_string()),
-            None => {
-                return Err(format!(
-                    "unknown mount option {item:?} (FUSE keys: {FUSE_KEYS}; engine keys: {})",
-                    crate::mount_opts::KEYS
-                ))
-            }
+    let engine_word =
+        |w: &str| crate::mount_opts::atime_word(&mut stripefs::AtimePolicy::default(), w);
+    stripefs_fuse::split_options(list, engine_word).map_err(|e| match e {
+        stripefs_fuse::OptionError::Unknown(_) => {
+            format!("{e}; engine keys: {}", crate::mount_opts::KEYS)
         }
-    }
-    Ok((engine, serve_opts))
+        stripefs_fuse::OptionError::BadValue(_) => e.to_string(),
+    })
 }
 
 /// The name `mount(8)` runs for `-t fuse.stripefs` (install it as a link to `stripefs`:
@@ -379,17 +316,10 @@ fn daemonize(a: &MountArgs, mp: &Path) -> Result<i32, String> {
 pub fn run_umount(a: &UmountArgs) -> Result<i32, String> {
     let mp = std::fs::canonicalize(&a.mountpoint)
         .map_err(|e| format!("{}: {e}", a.mountpoint.display()))?;
-    let source = stripefs_fuse::mount_source(&mp)
-        .ok_or_else(|| format!("{} is not a FUSE mount", mp.display()))?;
-    let c = CString::new(mp.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
-    // SAFETY: a valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
-        return Err(format!(
-            "cannot unmount {}: {}",
-            mp.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
+    let source = stripefs_fuse::unmount(&mp).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput => e.to_string(),
+        _ => format!("cannot unmount {}: {e}", mp.display()),
+    })?;
     // The daemon holds the targets' locks until its checkpoint is on disk and they are
     // closed. Sources not written by `stripefs mount` (absolute paths) are not waited on.
     let targets = crate::targets::split_source(&source);
@@ -441,26 +371,19 @@ mod tests {
     }
 
     #[test]
-    fn fuse_and_engine_options_split() {
+    fn engine_words_stay_with_the_engine_and_unknown_words_name_both_key_lists() {
         let (engine, s) = split_options(&[
-            "writeback_cache,threads=4,defaults".into(),
+            "writeback_cache,threads=4,noatime".into(),
             "dirty_tracking=folio".into(),
         ])
         .unwrap();
-        assert_eq!(engine, ["dirty_tracking=folio"]);
-        assert!(s.fuse.writeback_cache && !s.fuse.fopen_direct_io);
-        assert_eq!(s.threads, 4);
-        let (engine, s) = split_options(&["relatime,nodiratime,noatime,lazytime".into()]).unwrap();
-        assert_eq!(engine, ["relatime", "nodiratime", "noatime", "lazytime"]);
-        assert_eq!(s.flags, ["noatime"], "the kernel shows noatime");
-        assert!(split_options(&["threads=0".into()]).is_err());
-        let (_, s) = split_options(&["transport=uring,uring_entries=16".into()]).unwrap();
-        assert_eq!(s.transport, stripefs_fuse::TransportChoice::Uring);
-        assert_eq!(s.uring_entries, Some(16));
-        assert!(split_options(&["transport=fast".into()]).is_err());
-        assert!(split_options(&["uring_entries=0".into()]).is_err());
-        assert!(split_options(&["bogus".into()])
-            .unwrap_err()
-            .contains("unknown mount option"));
+        assert_eq!(engine, ["noatime", "dirty_tracking=folio"]);
+        assert_eq!((s.threads, s.flags), (4, vec!["noatime".to_string()]));
+        let e = split_options(&["bogus".into()]).unwrap_err();
+        assert!(
+            e.contains("unknown mount option") && e.contains("FUSE keys:"),
+            "{e}"
+        );
+        assert!(e.contains("engine keys: folio_size"), "{e}");
     }
 }

@@ -6,6 +6,7 @@
 
 mod convert;
 mod kernel_refs;
+mod options;
 mod privs;
 mod session;
 mod transport;
@@ -29,8 +30,9 @@ use stripefs::{
     WriteOrigin, XattrMode,
 };
 
+pub use options::{split_options, OptionError, FUSE_KEYS};
 pub use session::{
-    fuse_mounts, generic_flag, mount_source, serve, Mounted, ServeOptions, Unmounter,
+    fuse_mounts, generic_flag, mount_source, serve, unmount, Mounted, ServeOptions, Unmounter,
 };
 pub use transport::{Transport, TransportChoice};
 

@@ -145,15 +145,10 @@ impl Unmounter {
     /// The kernel refused (`EBUSY`: the mount is in use).
     pub fn unmount(&self) -> io::Result<()> {
         if mount_source(&self.mountpoint).is_some() {
-            let c = CString::new(self.mountpoint.as_os_str().as_bytes())
-                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-            // SAFETY: `c` is a valid C string naming our mount point.
-            if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
-                let e = io::Error::last_os_error();
+            match umount2(&self.mountpoint) {
                 // EINVAL: no longer a mount point (unmounted meanwhile).
-                if e.raw_os_error() != Some(libc::EINVAL) {
-                    return Err(e);
-                }
+                Err(e) if e.raw_os_error() != Some(libc::EINVAL) => return Err(e),
+                _ => {}
             }
         }
         // Disarm fuser's handle; it may still try umount itself and find nothing there.
@@ -162,6 +157,36 @@ impl Unmounter {
             r => r,
         }
     }
+}
+
+/// Unmounts the FUSE mount at `mountpoint` (an absolute, canonical path) served by
+/// another process, and returns its source (`fsname`) so that the caller can wait for
+/// the daemon to let go of it. The kernel ends that daemon's session; the daemon then
+/// unmounts its engine.
+///
+/// # Errors
+/// `InvalidInput` if `mountpoint` is no FUSE mount; the kernel's refusal (`EBUSY`: in
+/// use).
+pub fn unmount(mountpoint: &Path) -> io::Result<String> {
+    let source = mount_source(mountpoint).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a FUSE mount", mountpoint.display()),
+        )
+    })?;
+    umount2(mountpoint)?;
+    Ok(source)
+}
+
+/// One `umount2(2)` of `mountpoint`, no flags.
+fn umount2(mountpoint: &Path) -> io::Result<()> {
+    let c = CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c` is a valid C string naming a mount point.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The source (`fsname`) of the FUSE mount at `mountpoint` (an absolute, canonical
@@ -445,12 +470,19 @@ fn wait_registered(rx: &mpsc::Receiver<io::Result<()>>, queues: usize) -> io::Re
 
 #[cfg(test)]
 mod tests {
-    use super::unescape;
+    use super::{unescape, unmount};
 
     #[test]
     fn unescapes_proc_mounts_fields() {
         assert_eq!(unescape(r"/tmp/a\040b\134c"), b"/tmp/a b\\c");
         assert_eq!(unescape(r"/plain"), b"/plain");
         assert_eq!(unescape(r"trailing\04"), b"trailing\\04");
+    }
+
+    #[test]
+    fn unmounting_what_is_no_fuse_mount_says_so() {
+        let e = unmount(std::path::Path::new("/")).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert_eq!(e.to_string(), "/ is not a FUSE mount");
     }
 }
