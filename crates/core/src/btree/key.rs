@@ -206,6 +206,31 @@ impl Key {
         }
     }
 
+    /// The next key in order, or `None` for [`Key::MAX`].
+    #[must_use]
+    pub fn successor(self) -> Option<Key> {
+        let n = u128::from(self.a) << 64 | u128::from(self.b);
+        if let Some(n) = n.checked_add(1) {
+            return Some(Key {
+                a: (n >> 64) as u64,
+                b: n as u64,
+                ..self
+            });
+        }
+        let ok = u16::from(self.kind) + 1;
+        if let Ok(kind) = u8::try_from(ok) {
+            return Some(Key {
+                object: self.object,
+                kind,
+                a: 0,
+                b: 0,
+            });
+        }
+        self.object
+            .checked_add(1)
+            .map(|object| Key { object, ..Key::MIN })
+    }
+
     /// The first key of the range `[object, kind, a, *]`.
     #[must_use]
     pub fn first_of(object: u64, kind: KeyKind, a: u64) -> Key {
@@ -262,6 +287,28 @@ mod tests {
         for k in keys {
             assert_eq!(Key::from_bytes(&k.to_bytes()), k);
         }
+    }
+
+    #[test]
+    fn successor_is_the_next_key() {
+        let k = Key::new(4, KeyKind::Extent, 2, 9);
+        assert_eq!(k.successor(), Some(Key::new(4, KeyKind::Extent, 2, 10)));
+        let k = Key::new(4, KeyKind::Extent, 2, u64::MAX);
+        assert_eq!(k.successor(), Some(Key::new(4, KeyKind::Extent, 3, 0)));
+        let k = Key::new(4, KeyKind::Extent, u64::MAX, u64::MAX);
+        assert_eq!(k.successor().unwrap().kind, KeyKind::Extent as u8 + 1);
+        let k = Key {
+            kind: u8::MAX,
+            ..Key::new(4, KeyKind::Extent, u64::MAX, u64::MAX)
+        };
+        assert_eq!(
+            k.successor(),
+            Some(Key {
+                object: 5,
+                ..Key::MIN
+            })
+        );
+        assert_eq!(Key::MAX.successor(), None);
     }
 
     #[test]

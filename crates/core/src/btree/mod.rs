@@ -1,7 +1,9 @@
 //! Paged, copy-on-write B+trees for the metadata (format version 2): the pure part.
 //!
 //! - [`key`]: the ordered keyspace (25-byte big-endian keys, kinds, trees, name hash);
-//! - [`page`]: self-describing pages, encoded and verified on every read.
+//! - [`page`]: self-describing pages, encoded and verified on every read;
+//! - [`tree`]: the copy-on-write B+tree over an abstract page source, and the
+//!   generation bookkeeping of incremental checkpoints (freeze, plan, publish).
 //!
 //! Design, crash argument and failure cases: `docs/design/metadata.md`. Nothing here
 //! reads a device: the runtime (`stripefs-meta`) reads and writes pages through the
@@ -9,6 +11,7 @@
 
 pub mod key;
 pub mod page;
+pub mod tree;
 
 pub use key::{name_hash, Key, KeyKind, TreeId, KEY_BYTES, VALUE_MAX};
 pub use page::{

@@ -463,8 +463,17 @@ fn check_keys(body: &PageBody, want: &Expect) -> Result<(), (PageCheck, String)>
             format!("{k} outside {}..{high}", want.low),
         ));
     }
-    // A branch's first key is its subtree's lower bound, which may be any key
-    // (Key::MIN for the leftmost spine); only leaf keys must be of the tree's kinds.
+    // A branch's first key is its own lower bound (Key::MIN on the leftmost spine), so
+    // it may be of any kind; leaf keys must be of the tree's kinds.
+    if let PageBody::Branch(children) = body {
+        if children[0].0 != want.low {
+            let d = format!(
+                "first key {} is not the lower bound {}",
+                children[0].0, want.low
+            );
+            return Err((PageCheck::KeyBounds, d));
+        }
+    }
     if let PageBody::Leaf(items) = body {
         if let Some((k, _)) = items.iter().find(|(k, _)| !want.tree.holds(k.kind)) {
             return Err((PageCheck::KeyKind, format!("{k}")));
@@ -515,10 +524,9 @@ mod tests {
     fn branch() -> Page {
         let children = (0..30u64)
             .map(|i| {
-                (
-                    Key::new(i * 10, KeyKind::Inode, 0, 0),
-                    at(100 + i, 1 + i % 9),
-                )
+                // The first key of a branch is its lower bound.
+                let k = Key::new(i * 10, KeyKind::Inode, 0, 0);
+                (if i == 0 { Key::MIN } else { k }, at(100 + i, 1 + i % 9))
             })
             .collect();
         Page {
