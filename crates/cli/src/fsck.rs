@@ -6,7 +6,7 @@ use stripefs::fsck::{fsck, FsckStage};
 use stripefs::FsError;
 
 use crate::progress::spinner;
-use crate::targets::{lock_targets, open_all, LockWait};
+use crate::targets::open_all;
 
 /// Exit status bit: warnings only (damage the file system repairs by itself, such as a
 /// damaged inactive checkpoint area; as e2fsck's bit 1 for problems that need no repair by
@@ -38,9 +38,8 @@ Bits combine: 5 is problems and warnings. Invalid arguments exit 2.";
 /// Runs fsck; returns the exit status (see [`EXIT_HELP`]).
 pub fn run(a: &FsckArgs) -> Result<i32, String> {
     // Could not check is 8, never the generic 1, which here means warnings.
-    let opened = lock_targets(&a.targets, LockWait::WhileReleasing)
-        .and_then(|lock| Ok((lock, open_all(&a.targets)?)));
-    let (_lock, targets) = match opened {
+    // Each target is locked while open (`stripefs_target::TargetLock`).
+    let targets = match open_all(&a.targets) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("stripefs fsck: {e}");

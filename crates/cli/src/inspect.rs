@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use stripefs::fsck::inspect;
 
 use crate::size::human;
-use crate::targets::{lock_targets, open_all, LockWait};
+use crate::targets::open_all;
 
 /// Show the on-disk state of a stripefs file system (read-only).
 #[derive(Debug, clap::Args)]
@@ -17,7 +17,6 @@ pub struct InspectArgs {
 
 /// Runs inspect.
 pub fn run(a: &InspectArgs) -> Result<i32, String> {
-    let _lock = lock_targets(&a.targets, LockWait::WhileReleasing)?;
     let i = inspect(open_all(&a.targets)?).map_err(|e| e.to_string())?;
     let bs = u64::from(i.block_size);
     for (sb, name) in i.superblocks.iter().zip(&i.target_names) {

@@ -15,7 +15,7 @@ use stripefs::{
 };
 
 use crate::size::{human, parse_size};
-use crate::targets::{lock_targets, open_all_with, split_target_options, LockWait};
+use crate::targets::{open_all_with, split_target_options};
 
 const DEFAULT_BUF: u64 = 1 << 20;
 
@@ -70,7 +70,6 @@ struct Runner {
 
 /// Runs the commands; returns 0 if all succeeded, 1 otherwise.
 pub fn run(a: &IoArgs) -> Result<i32, String> {
-    let _lock = lock_targets(&a.targets, LockWait::WhileReleasing)?;
     let (engine, target_opts) = split_target_options(&a.options)?;
     let targets = open_all_with(&a.targets, &target_opts)?;
     let (fs, report) = Fs::mount(targets, crate::mount_opts::parse(&engine)?)

@@ -8,7 +8,7 @@ use stripefs_target::{Batch, IoBuf, IoOp, Target};
 
 use crate::progress::bytes_bar;
 use crate::size::{human, parse_size};
-use crate::targets::{lock_targets, open_one, LockWait};
+use crate::targets::open_one;
 
 /// Bytes per pre-zeroing write.
 const ZERO_CHUNK: u64 = 4 << 20;
@@ -58,7 +58,6 @@ pub fn run(a: &MkfsArgs) -> Result<i32, String> {
         u32::try_from(a.stripe_unit).map_err(|_| "stripe unit must be below 4 GiB".to_string())?;
     let mut targets = Vec::new();
     let mut to_zero = Vec::new();
-    let mut locks = Vec::new();
     for p in &a.targets {
         let existed = crate::targets::exists(p);
         if !existed && a.size.is_none() {
@@ -67,12 +66,8 @@ pub fn run(a: &MkfsArgs) -> Result<i32, String> {
                 p.display()
             ));
         }
+        // Never format targets a mounted file system is using: an open target is locked.
         let t = open_one(p, if existed { None } else { a.size })?;
-        // Never format targets a mounted file system is using.
-        locks.extend(lock_targets(
-            std::slice::from_ref(p),
-            LockWait::WhileReleasing,
-        )?);
         let regular = std::fs::metadata(p).map(|m| m.is_file()).unwrap_or(false);
         if regular && ((!existed && !a.no_prezero) || (existed && a.prezero_existing)) {
             to_zero.push(Arc::clone(&t));

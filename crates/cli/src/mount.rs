@@ -1,7 +1,7 @@
 //! `stripefs mount` and `stripefs umount`: serve a file system through FUSE.
 //!
-//! The daemon holds an exclusive `flock` on every target for as long as the engine is
-//! mounted: a second mount (or `io`, `fsck`, `inspect`) of the same targets is refused,
+//! Every open target holds an exclusive `flock` (`FileTarget::open`, `NbdTarget::open`),
+//! so the daemon holds them for as long as the engine is mounted: a second mount (or `io`, `fsck`, `inspect`) of the same targets is refused,
 //! and `stripefs umount` waits on the locks, so when it returns the journal is
 //! checkpointed and the targets are closed. After a plain `umount` (which does not wait)
 //! the next mount waits for the old daemon ([`LockWait::WhileReleasing`]).
@@ -155,7 +155,6 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
         drop(lock_targets(&abs, LockWait::WhileReleasing)?);
         return daemonize(a, mp);
     }
-    let _lock = lock_targets(&abs, LockWait::WhileReleasing)?;
     block_signals();
     let targets = open_all_with(&abs, &target_opts)?;
     let (fs, report) = Fs::mount(targets, mount_opts).map_err(|e| e.to_string())?;

@@ -2,13 +2,14 @@
 //! exports by URI (`nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`). Every
 //! command goes through here, so a URI is accepted wherever a target path is.
 
-use std::fs::File;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stripefs_target::{FileTarget, FileTargetOptions, NbdOptions, NbdTarget, NbdUri, Target};
+use stripefs_target::{
+    FileTarget, FileTargetOptions, NbdOptions, NbdTarget, NbdUri, Target, TargetError,
+    TargetErrorKind, TargetLock,
+};
 
 /// How targets are opened, from the `-o` keys `nbd_timeout=SECS|NNms` (default 30 s) and
 /// `nbd_conns=N` (default 2, used when the server advertises multi-conn).
@@ -155,19 +156,17 @@ fn open_with(
     create_size: Option<u64>,
     o: &TargetOptions,
 ) -> Result<Arc<dyn Target>, String> {
-    if is_uri(p) {
-        let uri = p.to_str().expect("URIs are UTF-8");
-        let t = NbdTarget::open(uri, o.nbd)
-            .map_err(|e| format!("cannot open target {uri}: {}", e.kind))?;
-        return Ok(Arc::new(t));
-    }
-    let opts = FileTargetOptions {
-        create_size,
-        ..FileTargetOptions::default()
-    };
-    let t = FileTarget::open(p, opts)
-        .map_err(|e| format!("cannot open target {}: {}", p.display(), e.kind))?;
-    Ok(Arc::new(t))
+    while_releasing(p, || -> Result<Arc<dyn Target>, TargetError> {
+        if is_uri(p) {
+            let uri = p.to_str().expect("URIs are UTF-8");
+            return Ok(Arc::new(NbdTarget::open(uri, o.nbd)?));
+        }
+        let opts = FileTargetOptions {
+            create_size,
+            ..FileTargetOptions::default()
+        };
+        Ok(Arc::new(FileTarget::open(p, opts)?))
+    })
 }
 
 /// What [`lock_targets`] does when another process holds a target's lock.
@@ -175,67 +174,57 @@ fn open_with(
 pub enum LockWait {
     /// Wait as long as it takes (`stripefs umount` waiting for its own daemon).
     Forever,
-    /// Refuse at once while a mount visible here serves the target; otherwise the holder
-    /// is a daemon finishing its unmount (after a plain `umount`, which returns before
-    /// the final checkpoint) or a command that is about to end: wait for it, up to
-    /// [`RELEASE_WAIT`], as a kernel mount waits for the old superblock to go.
+    /// As every open here: refuse at once while a mount visible here serves the target;
+    /// otherwise the holder is a daemon finishing its unmount (after a plain `umount`,
+    /// which returns before the final checkpoint) or a command that is about to end:
+    /// wait for it, up to [`RELEASE_WAIT`], as a kernel mount waits for the old
+    /// superblock to go.
     WhileReleasing,
 }
 
-/// How long [`LockWait::WhileReleasing`] waits for a holder that is not a mount.
+/// How long an open (or [`LockWait::WhileReleasing`]) waits for a holder that is not a
+/// mount.
 pub const RELEASE_WAIT: Duration = Duration::from_secs(30);
 
 const POLL: Duration = Duration::from_millis(10);
 
-/// Takes the exclusive advisory lock that every command using the engine holds on each
-/// target (`stripefs mount` for the daemon's lifetime), so that two engines never run on
-/// the same targets, whatever order they were named in. An NBD target's lock is a file
-/// named after its server address and export in the temporary directory: it excludes
-/// engines on this machine only (the protocol has no lock of its own).
+/// Takes the targets' exclusive locks without opening them (the lock every open target
+/// holds, `stripefs_target::TargetLock`): to check before starting a daemon, or to wait
+/// for one to let go.
 ///
 /// # Errors
 /// The targets are in use (see [`LockWait`]), or a file cannot be opened.
-pub fn lock_targets(paths: &[PathBuf], wait: LockWait) -> Result<Vec<File>, String> {
-    paths.iter().map(|p| lock_one(p, wait)).collect()
+pub fn lock_targets(paths: &[PathBuf], wait: LockWait) -> Result<Vec<TargetLock>, String> {
+    paths
+        .iter()
+        .map(|p| {
+            let name = p.to_string_lossy();
+            match wait {
+                LockWait::Forever => TargetLock::take(&name, stripefs_target::LockWait::Forever)
+                    .map_err(|e| format!("cannot lock {}: {}", p.display(), e.kind)),
+                LockWait::WhileReleasing => {
+                    while_releasing(p, || TargetLock::take(&name, stripefs_target::LockWait::No))
+                }
+            }
+        })
+        .collect()
 }
 
-fn lock_file(p: &Path) -> Result<File, String> {
-    if !is_uri(p) {
-        return File::open(p).map_err(|e| format!("cannot open {}: {e}", p.display()));
-    }
-    let uri = NbdUri::parse(&p.to_string_lossy())?;
-    // FNV-1a of the normalised address and export: stable across builds and runs.
-    let key = format!("{:?}\0{}", uri.addr, uri.export);
-    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    let dir = std::env::temp_dir().join("stripefs-locks");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let path = dir.join(format!("nbd-{hash:016x}.lock"));
-    std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))
-}
-
-fn lock_one(path: &Path, wait: LockWait) -> Result<File, String> {
-    let f = lock_file(path)?;
-    if wait == LockWait::Forever {
-        return flock(&f, libc::LOCK_EX)
-            .map(|()| f)
-            .map_err(|e| format!("cannot lock {}: {e}", path.display()));
-    }
+/// Runs `attempt` (an open, or a lock) until the target at `path` is not in use, with the
+/// policy of [`LockWait::WhileReleasing`].
+fn while_releasing<T>(
+    path: &Path,
+    mut attempt: impl FnMut() -> Result<T, TargetError>,
+) -> Result<T, String> {
     let deadline = Instant::now() + RELEASE_WAIT;
     loop {
-        match flock(&f, libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => return Ok(f),
-            Err(e) if e.raw_os_error() != Some(libc::EWOULDBLOCK) => {
-                return Err(format!("cannot lock {}: {e}", path.display()))
-            }
-            Err(_) => {}
-        }
+        let e = match attempt() {
+            Ok(t) => return Ok(t),
+            Err(e) => e,
+        };
+        let TargetErrorKind::InUse { holder } = &e.kind else {
+            return Err(format!("cannot open target {}: {}", path.display(), e.kind));
+        };
         if let Some(mp) = mounted_at(path) {
             return Err(format!(
                 "{} is in use by a stripefs mount (at {}); unmount it first",
@@ -245,23 +234,14 @@ fn lock_one(path: &Path, wait: LockWait) -> Result<File, String> {
         }
         if Instant::now() >= deadline {
             return Err(format!(
-                "{} is still in use after {} s, by no mount: a stripefs daemon still \
-                 writing back after its unmount, or a stripefs command; try again when it \
-                 has exited",
+                "{} is still in use after {} s, by {holder} and no mount: a stripefs daemon \
+                 still writing back after its unmount, or a stripefs command; try again \
+                 when it has exited",
                 path.display(),
                 RELEASE_WAIT.as_secs()
             ));
         }
         std::thread::sleep(POLL);
-    }
-}
-
-fn flock(f: &File, op: libc::c_int) -> std::io::Result<()> {
-    // SAFETY: flock on a file descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
     }
 }
 

@@ -66,7 +66,8 @@ fn mkfs_mount_write_verify_over_four_nbd_targets() {
     }
     fs.open_file(a).unwrap().sync_all().unwrap();
     fs.unmount().unwrap();
-    drop(fs);
+    // The old targets hold the exports' locks until dropped (`NbdTarget::open`).
+    drop((fs, targets));
     // Fresh connections, as another client process would have.
     let targets = open(&srv, Duration::from_secs(30));
     let (fs, _) = Fs::mount(targets.clone(), quiet()).expect("remount");

@@ -406,6 +406,7 @@ fn queue_depth_64_reaches_the_targets() {
         .unwrap();
     fs.write_direct(f.ino, 0, &vec![1u8; 64 << 16]).unwrap();
     fs.unmount().unwrap();
+    drop(fs); // Its targets stay open (and locked) until dropped.
     let (in_flight, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let views: Vec<Arc<dyn Target>> = s
         .targets()

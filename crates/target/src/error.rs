@@ -45,6 +45,9 @@ pub enum TargetErrorKind {
     Disconnected(String),
     /// A network target's server did not answer within the timeout (maps to `EIO`).
     TimedOut { after_ms: u64 },
+    /// Another open of the target holds its exclusive lock (maps to `EBUSY`); `holder`
+    /// says who (see `lock.rs`).
+    InUse { holder: String },
 }
 
 impl fmt::Display for TargetErrorKind {
@@ -66,6 +69,7 @@ impl fmt::Display for TargetErrorKind {
             TargetErrorKind::TimedOut { after_ms } => {
                 write!(f, "no reply from the server within {after_ms} ms")
             }
+            TargetErrorKind::InUse { holder } => write!(f, "in use by {holder}"),
         }
     }
 }
@@ -103,6 +107,7 @@ impl TargetError {
             TargetErrorKind::Short { .. } => libc::EIO,
             TargetErrorKind::Unusable(_) => libc::EINVAL,
             TargetErrorKind::Disconnected(_) | TargetErrorKind::TimedOut { .. } => libc::EIO,
+            TargetErrorKind::InUse { .. } => libc::EBUSY,
         }
     }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::pool::PoolEngine;
 use crate::uring::UringEngine;
 use crate::{fail_now, validate, Completion, IoDone, IoOp, Target, TargetError, TargetInfo};
-use crate::{FuaSupport, OpCounters, OpCounts, OpKind, TargetErrorKind};
+use crate::{FuaSupport, LockWait, OpCounters, OpCounts, OpKind, TargetErrorKind};
 
 /// Which submission engine serves a [`FileTarget`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -73,11 +73,13 @@ const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 const BLKDISCARD: libc::c_ulong = 0x1277;
 
 impl FileTarget {
-    /// Opens (and with `create_size`, creates) the target at `path`.
+    /// Opens (and with `create_size`, creates) the target at `path`, and holds its
+    /// exclusive lock (`flock`, see `lock.rs`) until dropped.
     ///
     /// # Errors
     /// `Open` errors for missing files, wrong file types, sector sizes above 4 KiB, or an
-    /// engine that cannot be started.
+    /// engine that cannot be started; `InUse`, naming the holder, when the target is open
+    /// elsewhere (another process, or another `FileTarget` here).
     pub fn open(path: &Path, opts: FileTargetOptions) -> Result<Self, TargetError> {
         let name: Arc<str> = Arc::from(path.display().to_string());
         let open_err = |e: std::io::Error| {
@@ -99,6 +101,9 @@ impl FileTarget {
             }
         }
         let (file, direct) = open_direct(path).map_err(open_err)?;
+        // Before anything else: a target open elsewhere is not touched (geometry ioctls
+        // and engine set-up included).
+        crate::lock::lock(&file, &name, LockWait::No)?;
         let meta = file.metadata().map_err(open_err)?;
         let block_device = meta.file_type().is_block_device();
         if !block_device && !meta.file_type().is_file() {
@@ -372,5 +377,53 @@ mod tests {
     #[test]
     fn threads_roundtrip() {
         roundtrip(EngineKind::Threads);
+    }
+
+    /// A target open once is locked: a second open, here or in another process, fails
+    /// with `InUse` naming the path and the holder; once the first is dropped (or the
+    /// other process exits) it opens.
+    #[test]
+    fn a_second_open_fails_naming_the_path_and_the_holder() {
+        let path = std::env::temp_dir().join(format!("stripefs-ft-lock-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let opts = FileTargetOptions {
+            create_size: Some(1 << 20),
+            ..FileTargetOptions::default()
+        };
+        let first = FileTarget::open(&path, opts).unwrap();
+        let e = FileTarget::open(&path, opts).unwrap_err();
+        assert!(matches!(e.kind, TargetErrorKind::InUse { .. }), "{e}");
+        assert_eq!(e.errno(), libc::EBUSY);
+        let msg = e.to_string();
+        assert!(msg.contains(&path.display().to_string()), "{msg}");
+        assert!(msg.contains("in use by this process"), "{msg}");
+        drop(first);
+        drop(FileTarget::open(&path, opts).expect("the lock goes with the target"));
+        // Another process: util-linux flock(1) holds the lock while its child sleeps.
+        let mut holder = std::process::Command::new("flock")
+            .args(["-x", "-o"])
+            .arg(&path)
+            .args(["sleep", "30"])
+            .spawn()
+            .expect("flock(1) from util-linux");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let e = loop {
+            match FileTarget::open(&path, opts) {
+                Err(e) => break e,
+                Ok(t) if std::time::Instant::now() < deadline => {
+                    drop(t);
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Ok(_) => panic!("flock(1) never took the lock"),
+            }
+        };
+        let msg = e.to_string();
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert!(
+            msg.contains(&format!("in use by process {} (flock)", holder.id())),
+            "{msg}"
+        );
+        std::fs::remove_file(&path).unwrap();
     }
 }

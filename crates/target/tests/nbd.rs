@@ -214,6 +214,24 @@ fn multi_conn_spreads_requests_and_flush_covers_them() {
     }
 }
 
+/// An export open here is locked on this machine: a second open fails before connecting,
+/// naming the URI and the holder; after the first is dropped it opens.
+#[test]
+fn a_second_open_of_an_export_fails_naming_the_holder() {
+    let dir = Scratch::new();
+    let srv = Server::start(&dir.0, "s", &["memory", "32M"]);
+    let t = NbdTarget::open(&srv.uri(), opts(10_000)).unwrap();
+    let e = NbdTarget::open(&srv.uri(), opts(10_000)).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&srv.uri()) && msg.contains("in use by this process"),
+        "{msg}"
+    );
+    assert_eq!(e.errno(), libc::EBUSY);
+    drop(t);
+    NbdTarget::open(&srv.uri(), opts(10_000)).expect("the lock goes with the target");
+}
+
 #[test]
 fn unreachable_server_names_the_uri() {
     let dir = Scratch::new();

@@ -124,6 +124,8 @@ pub struct NbdTarget {
     durability: Arc<Durability>,
     on_success: OnSuccess,
     counters: OpCounters,
+    /// The export's lock on this machine (`lock.rs`), held while the target is open.
+    _lock: std::fs::File,
 }
 
 impl std::fmt::Debug for NbdTarget {
@@ -137,15 +139,20 @@ impl std::fmt::Debug for NbdTarget {
 }
 
 impl NbdTarget {
-    /// Connects to the export named by `uri` (see [`NbdUri`]).
+    /// Connects to the export named by `uri` (see [`NbdUri`]), holding its lock on this
+    /// machine (`lock.rs`) until dropped.
     ///
     /// # Errors
     /// `Open` errors naming the URI: a malformed URI, an unreachable or refusing server,
-    /// or an export whose geometry stripefs cannot use.
+    /// or an export whose geometry stripefs cannot use; `InUse`, naming the holder, when
+    /// the export is open elsewhere on this machine.
     pub fn open(uri: &str, opts: NbdOptions) -> Result<Self, TargetError> {
         let name: Arc<str> = Arc::from(uri);
         let open_err = |kind| TargetError::new(name.clone(), OpKind::Open, 0, kind);
         let parsed = NbdUri::parse(uri).map_err(|e| open_err(TargetErrorKind::Unusable(e)))?;
+        let lock = crate::lock::nbd_lock_file(&parsed)
+            .map_err(|e| open_err(TargetErrorKind::Os(e.raw_os_error().unwrap_or(libc::EIO))))?;
+        crate::lock::lock(&lock, &name, crate::LockWait::No)?;
         let (sock, export) = connect(&parsed, opts.timeout)
             .map_err(|e| open_err(TargetErrorKind::Disconnected(e)))?;
         let (sector, max_payload) =
@@ -194,6 +201,7 @@ impl NbdTarget {
             durability,
             on_success,
             counters: OpCounters::default(),
+            _lock: lock,
         };
         let first = t
             .start_conn(0, sock)
