@@ -80,16 +80,17 @@ impl AtimePolicy {
 impl MetaCore {
     /// `ino`'s access time as `stat` shows it: a lazily kept one if newer.
     pub(crate) fn atime_of(&self, a: &InodeAttrs) -> Timespec {
-        self.lazy_atime
-            .get(&a.ino)
-            .map_or(a.atime, |&t| t.max(a.atime))
+        self.inodes
+            .get(a.ino)
+            .and_then(|c| c.lazy_atime)
+            .map_or(a.atime, |t| t.max(a.atime))
     }
 
     /// Puts a lazily kept access time into an `InodeSet` about to be logged (the inode
     /// is written anyway) and forgets it.
     pub(crate) fn fold_lazy_atime(&mut self, rec: &mut Record) {
         if let Record::InodeSet(a) = rec {
-            if let Some(t) = self.lazy_atime.remove(&a.ino) {
+            if let Some(t) = self.inodes.get_mut(a.ino).and_then(|c| c.lazy_atime.take()) {
                 a.atime = a.atime.max(t);
             }
         }
@@ -117,7 +118,8 @@ impl Fs {
             return;
         }
         if policy.write == AtimeWrite::Lazy && now.sec - i.attrs.atime.sec < DAY_SECS {
-            m.lazy_atime.insert(ino, now);
+            m.inodes.entry(ino).lazy_atime = Some(now);
+            self.inner.sweep_inodes_if_due(&mut m);
             return;
         }
         let mut a = i.attrs.clone();
@@ -134,16 +136,26 @@ impl Fs {
         m: &mut MetaCore,
         ino: Option<Ino>,
     ) -> crate::Result<()> {
+        let lazy = |c: &crate::icache::InCoreInode| c.lazy_atime.is_some();
         let inos: Vec<Ino> = match ino {
-            Some(i) if m.lazy_atime.contains_key(&i) => vec![i],
+            Some(i) if m.inodes.get(i).is_some_and(lazy) => vec![i],
             Some(_) => return Ok(()),
-            None => m.lazy_atime.keys().copied().collect(),
+            None => m
+                .inodes
+                .iter()
+                .filter(|(_, c)| lazy(c))
+                .map(|(i, _)| i)
+                .collect(),
         };
         let mut recs = Vec::new();
         for i in inos {
             match m.state.get(i) {
                 Some(n) => recs.push(Record::InodeSet(n.attrs.clone())),
-                None => drop(m.lazy_atime.remove(&i)),
+                None => {
+                    if let Some(c) = m.inodes.get_mut(i) {
+                        c.lazy_atime = None;
+                    }
+                }
             }
         }
         // Logging folds each inode's kept time in (`fold_lazy_atime`).

@@ -2,7 +2,7 @@
 //! background flusher, speculative preallocation, and `SEEK_DATA`/`SEEK_HOLE`.
 //!
 //! Sizes: the model's inode size is the on-disk size; buffered writes grow an in-core size
-//! (`MetaCore::isize`) and the on-disk size follows at writeback completion, in the same
+//! (the in-core inode's `isize`) and the on-disk size follows at writeback completion, in the same
 //! transaction as the extents that hold the data (ordered data, like ext4's `i_disksize`).
 
 use std::sync::Arc;
@@ -125,7 +125,7 @@ impl Fs {
         if !buf.is_empty() {
             self.touch_atime(ino);
         }
-        let fc = self.inner.cache.file(ino.0);
+        let fc = lock.file_cache(&self.inner.cache);
         iomap::read(&self.inner.cache, &mapper, &fc, off, buf)
     }
 
@@ -204,7 +204,7 @@ impl Fs {
             _excl = lock.write();
         }
         let mapper = FileMapper::new(self, ino)?;
-        let fc = self.inner.cache.file(ino.0);
+        let fc = lock.file_cache(&self.inner.cache);
         let n = iomap::write(
             &self.inner.cache,
             &mapper,
@@ -230,12 +230,12 @@ impl Fs {
         let before = m.size_of(ino).unwrap_or(disk);
         let size = before.max(end);
         if size != disk {
-            m.isize.insert(ino, size);
+            m.set_isize(ino, Some(size));
         }
         if size > before && self.inner.opts.speculative_prealloc {
             self.speculative_prealloc(&mut m, ino)?;
         }
-        m.last_write.insert(ino, Instant::now());
+        m.inodes.entry(ino).last_write = Some(Instant::now());
         let a = data_changed(&m, ino)?;
         self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
     }
@@ -263,19 +263,19 @@ impl Fs {
     /// would otherwise keep it short forever. Raising it can only expose blocks that read
     /// as zeros, never stale data.
     fn settle_size(&self, ino: Ino, fc: &stripefs_iomap::cache::FileCache) -> Result<()> {
-        let size = match self.inner.meta.lock().isize.get(&ino) {
-            Some(&s) => s,
+        let size = match self.inner.meta.lock().isize_of(ino) {
+            Some(s) => s,
             None => return Ok(()),
         };
         if fc.has_dirty_below(&self.inner.cache, size) {
             return Ok(());
         }
         let mut m = self.inner.meta.lock();
-        if m.isize.get(&ino) != Some(&size) || m.delalloc_blocks(ino) > 0 {
+        if m.isize_of(ino) != Some(size) || m.delalloc_blocks(ino) > 0 {
             return Ok(());
         }
         let mut a = inode(&m, ino)?.attrs.clone();
-        m.isize.remove(&ino);
+        m.set_isize(ino, None);
         if a.size < size {
             a.size = size;
             m.mark_data(ino);
@@ -297,14 +297,22 @@ impl Fs {
             .map(|fc| Ino(fc.key))
             .collect();
         // Files whose in-core size is ahead with nothing dirty still need settling.
-        files.extend(self.inner.meta.lock().isize.keys().copied());
+        files.extend(
+            self.inner
+                .meta
+                .lock()
+                .inodes
+                .iter()
+                .filter(|(_, c)| c.isize.is_some())
+                .map(|(i, _)| i),
+        );
         files.sort_unstable();
         files.dedup();
         let mut first = None;
         for ino in files {
             let r = match self.inner.cache.existing(ino.0) {
                 Some(_) => self.writeback_file(ino, wait),
-                None => self.settle_size(ino, &self.inner.cache.file(ino.0)),
+                None => self.settle_size(ino, &self.inner.file_cache(ino)),
             };
             if let Err(e) = r {
                 first.get_or_insert(e);
@@ -340,7 +348,7 @@ impl Fs {
         if grown > a.size {
             a.size = grown;
             if grown == size {
-                m.isize.remove(&ino);
+                m.set_isize(ino, None);
             }
             recs.push(Record::InodeSet(a));
         }
@@ -370,9 +378,7 @@ impl Fs {
             stripefs_core::extent::Lookup::Mapped { .. }
         );
         let delayed = m
-            .delalloc
-            .get(&ino)
-            .and_then(|v| v.get(next.object as usize))
+            .delalloc_of(ino, next.object as usize)
             .is_some_and(|d| d.covering(next_block).is_some());
         if mapped || delayed {
             return Ok(());
@@ -386,7 +392,7 @@ impl Fs {
             let (object, block, blocks) = (p.object, bs.block_of(p.obj_off), bs.block_of(p.len));
             pos += p.len;
             let map = &inode(m, ino)?.objects[object as usize];
-            let da = m.delalloc.get(&ino).and_then(|v| v.get(object as usize));
+            let da = m.delalloc_of(ino, object as usize);
             let free = map.range(block, blocks).next().is_none()
                 && da.is_none_or(|d| d.overlap(block, blocks) == 0);
             if !free {
@@ -419,6 +425,11 @@ impl Fs {
     /// preallocation (the speculative preallocation was not used).
     pub(crate) fn trim_prealloc(&self, m: &mut crate::inner::MetaCore, ino: Ino) -> Result<()> {
         let bs = self.inner.geo.block_size;
+        // Trimmed now: nothing is left for the idle trim (and the in-core inode is no
+        // longer pinned for it).
+        if let Some(c) = m.inodes.get_mut(ino) {
+            c.last_write = None;
+        }
         let Some(i) = m.state.get(ino) else {
             return Ok(());
         };
@@ -452,7 +463,12 @@ impl Fs {
         let (l, maps) = {
             let m = self.inner.meta.lock();
             let Some(i) = m.state.get(ino) else { return };
-            let Some(maps) = m.delalloc.get(&ino).cloned() else {
+            let Some(maps) = m
+                .inodes
+                .get(ino)
+                .filter(|c| !c.delalloc.is_empty())
+                .map(|c| c.delalloc.clone())
+            else {
                 return;
             };
             (i.attrs.layout, maps)
@@ -539,10 +555,10 @@ impl Fs {
     fn trim_idle(&self) {
         let idle: Vec<Ino> = {
             let m = self.inner.meta.lock();
-            m.last_write
+            m.inodes
                 .iter()
-                .filter(|(_, t)| t.elapsed() >= IDLE_TRIM)
-                .map(|(i, _)| *i)
+                .filter(|(_, c)| c.last_write.is_some_and(|t| t.elapsed() >= IDLE_TRIM))
+                .map(|(i, _)| i)
                 .collect()
         };
         for ino in idle {
@@ -551,7 +567,6 @@ impl Fs {
                 continue;
             };
             let mut m = self.inner.meta.lock();
-            m.last_write.remove(&ino);
             if let Err(e) = self.trim_prealloc(&mut m, ino) {
                 tracing::warn!(ino = ino.0, error = %e, "trimming preallocation failed");
             }
@@ -639,7 +654,7 @@ impl Fs {
         if size == 0 {
             return Ok(());
         }
-        let fc = self.inner.cache.file(ino.0);
+        let fc = lock.file_cache(&self.inner.cache);
         let cells = iomap::fill(&self.inner.cache, &mapper, &fc, size - 1, 1)?;
         let mut g = cells[0].lock();
         let off = (size - g.pos) as usize;

@@ -45,7 +45,7 @@ use stripefs_target::{BufPool, TargetError};
 
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
-use crate::inner::InodeIo;
+use crate::icache::InodeIo;
 use crate::mapping::{piece_record, DevAddr, FileMapper, Reservation};
 use crate::namespace::{data_changed, inode};
 use crate::options::UnalignedPolicy;
@@ -403,8 +403,8 @@ impl Fs {
         let mut a = inode(&m, ino)?.attrs.clone();
         if end > a.size {
             a.size = end;
-            if m.isize.get(&ino).is_some_and(|&s| s <= end) {
-                m.isize.remove(&ino);
+            if m.isize_of(ino).is_some_and(|s| s <= end) {
+                m.set_isize(ino, None);
             }
             m.mark_data(ino);
             recs.push(Record::InodeSet(a));
@@ -427,7 +427,7 @@ impl Fs {
         if to <= size {
             return Ok(false);
         }
-        let fc = self.inner.cache.file(mapper.ino.0);
+        let fc = self.inner.file_cache(mapper.ino);
         stripefs_iomap::zero_range(
             &self.inner.cache,
             mapper,

@@ -1,6 +1,5 @@
 //! `Fs`: creating, mounting and unmounting a file system, and whole-file-system calls.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -121,16 +120,9 @@ impl Fs {
             state: l.state,
             alloc,
             txn: Txn::new(l.next_seq),
-            open: HashMap::new(),
-            meta_seq: HashMap::new(),
-            data_seq: HashMap::new(),
             rotor: 0,
-            map_gen: HashMap::new(),
-            delalloc: HashMap::new(),
-            isize: HashMap::new(),
-            last_write: HashMap::new(),
+            inodes: crate::icache::InodeTable::default(),
             dead: Vec::new(),
-            lazy_atime: HashMap::new(),
         };
         opts.cache
             .validate(l.geo.block_size.bytes())
@@ -163,7 +155,7 @@ impl Fs {
             .state
             .inodes
             .values()
-            .filter(|i| i.attrs.nlink == 0 && !m.open.contains_key(&i.attrs.ino))
+            .filter(|i| i.attrs.nlink == 0 && m.open_count(i.attrs.ino) == 0)
             .map(|i| i.attrs.ino)
             .collect();
         for &ino in &orphans {
@@ -241,7 +233,7 @@ impl Fs {
         if self.inner.read_only() {
             return Ok(());
         }
-        self.settle(|m, ino| !m.open.contains_key(&ino))?;
+        self.settle(|m, ino| m.open_count(ino) == 0)?;
         self.inner
             .journal
             .commit(&self.inner, 0, CommitMode::Checkpoint)?;
@@ -349,7 +341,10 @@ impl Fs {
     /// written back, the speculative preallocation of the inodes `trim` selects is
     /// trimmed, and access times kept under `lazytime` are logged. The caller commits.
     fn settle(&self, trim: impl Fn(&MetaCore, Ino) -> bool) -> Result<()> {
-        let ios: Vec<_> = self.inner.io_locks.lock().values().cloned().collect();
+        let ios: Vec<_> = {
+            let m = self.inner.meta.lock();
+            m.inodes.iter().map(|(_, c)| Arc::clone(&c.io)).collect()
+        };
         for io in ios {
             io.dio.drain();
         }
@@ -499,7 +494,18 @@ impl Fs {
             dio_exclusive: self.inner.dio_exclusive.load(Ordering::Relaxed),
             dio_pieces: self.inner.dio_pieces.load(Ordering::Relaxed),
             map_lookups: self.inner.map_lookups.load(Ordering::Relaxed),
+            incore_inodes: m.inodes.len(),
+            incore_inodes_peak: m.inodes.peak(),
+            incore_inodes_evicted: m.inodes.evicted(),
         }
+    }
+
+    /// Test hook: sweeps the in-core inode table now (as it is swept whenever it has
+    /// doubled), returning how many inodes were evicted.
+    #[doc(hidden)]
+    pub fn debug_evict_inodes(&self) -> usize {
+        let mut m = self.inner.meta.lock();
+        self.inner.sweep_inodes(&mut m).evicted
     }
 
     /// The space books of every target (see [`SpaceAccount`]): allocator counters next to
@@ -527,7 +533,7 @@ impl Fs {
             for (object, map) in i.objects.iter().enumerate() {
                 let t = l.target_of(object as u32, n).index();
                 books[t].extent_blocks += map.mapped_blocks();
-                if let Some(da) = m.delalloc.get(ino).and_then(|v| v.get(object)) {
+                if let Some(da) = m.delalloc_of(*ino, object) {
                     books[t].delalloc_blocks += da.total();
                 }
             }
@@ -681,19 +687,14 @@ impl Fs {
         }
         recs.push(Record::InodeFree(ino));
         self.inner.log_all(m, recs)?;
-        m.open.remove(&ino);
         let n = self.inner.geo.target_count();
         let l = inode.attrs.layout;
-        if let Some(maps) = m.delalloc.remove(&ino) {
-            for (object, da) in maps.iter().enumerate() {
+        if let Some(c) = m.inodes.remove(ino) {
+            for (object, da) in c.delalloc.iter().enumerate() {
                 m.alloc.unreserve(l.target_of(object as u32, n), da.total());
             }
         }
-        m.isize.remove(&ino);
-        m.last_write.remove(&ino);
-        m.lazy_atime.remove(&ino);
         m.dead.push(ino);
-        self.inner.io_locks.lock().remove(&ino);
         Ok(())
     }
 

@@ -1,6 +1,8 @@
 //! The shared state of a mounted file system and the rules for changing it.
 //!
 //! Lock order: per-inode I/O lock, then the journal's commit lock, then the metadata lock.
+//! Per-inode runtime state lives in the in-core inode table (`icache.rs`), under the
+//! metadata lock; its I/O part (`InodeIo`) is reached through [`FsInner::io_lock`].
 //! The metadata lock is never held across I/O (the btrfs NOCOW lesson, I-001-2): paths look
 //! up or allocate under it, drop it, do their I/O, and take it again to record the result.
 
@@ -20,6 +22,7 @@ use stripefs_target::{
 
 use crate::dirty::DirtyTargets;
 use crate::error::{FsError, Result};
+use crate::icache::{InCoreInode, InodeIo, InodeTable, Swept};
 use crate::journal::Journal;
 
 /// The running transaction: records applied in memory, not yet in the journal.
@@ -49,36 +52,39 @@ pub(crate) struct MetaCore {
     pub state: MetaState,
     pub alloc: Allocator,
     pub txn: Txn,
-    /// Open handles per inode (unlinked inodes live while this is non-zero).
-    pub open: HashMap<Ino, u32>,
-    /// Last transaction that changed each inode (fsync needs it durable).
-    pub meta_seq: HashMap<Ino, u64>,
-    /// Last transaction that changed what fdatasync must persist (size, extents).
-    pub data_seq: HashMap<Ino, u64>,
     /// Next first-target for new files, so that files spread over the targets.
     pub rotor: u32,
-    /// Mapping generation per inode, bumped by every extent change: the validity cookie
-    /// carried by mappings (`Iomap::seq`).
-    pub map_gen: HashMap<Ino, u64>,
-    /// Delayed allocations per inode, one map per stripe object.
-    pub delalloc: HashMap<Ino, Vec<crate::delalloc::DelallocMap>>,
-    /// In-core size of inodes whose size in the model (the on-disk size) lags behind
-    /// buffered writes not yet written back.
-    pub isize: HashMap<Ino, u64>,
-    /// Last buffered write per inode (idle detection for trimming preallocation).
-    pub last_write: HashMap<Ino, std::time::Instant>,
+    /// The in-core inodes: every piece of per-inode runtime state (`icache.rs`).
+    pub inodes: InodeTable,
     /// Freed inodes whose page cache is still to be dropped (outside this lock: folio
     /// locks come before the metadata lock).
     pub dead: Vec<Ino>,
-    /// Access times kept in memory under `lazytime` (see `atime.rs`).
-    pub lazy_atime: HashMap<Ino, stripefs_core::inode::Timespec>,
 }
 
 impl MetaCore {
     /// In-core size: what `stat` and reads see.
     pub fn size_of(&self, ino: Ino) -> Option<u64> {
         let disk = self.state.get(ino)?.attrs.size;
-        Some(self.isize.get(&ino).copied().unwrap_or(disk))
+        Some(self.isize_of(ino).unwrap_or(disk))
+    }
+
+    /// The in-core size of `ino` when it is ahead of the on-disk size.
+    pub fn isize_of(&self, ino: Ino) -> Option<u64> {
+        self.inodes.get(ino).and_then(|c| c.isize)
+    }
+
+    /// Sets (`Some`) or forgets (`None`) the in-core size of `ino`.
+    pub fn set_isize(&mut self, ino: Ino, size: Option<u64>) {
+        match (size, self.inodes.get_mut(ino)) {
+            (Some(s), _) => self.inodes.entry(ino).isize = Some(s),
+            (None, Some(c)) => c.isize = None,
+            (None, None) => {}
+        }
+    }
+
+    /// Open handles of `ino`.
+    pub fn open_count(&self, ino: Ino) -> u32 {
+        self.inodes.get(ino).map_or(0, |c| c.open)
     }
 
     /// The delalloc map of `ino`'s object `object`.
@@ -88,18 +94,21 @@ impl MetaCore {
         object: u32,
         objects: u32,
     ) -> &mut crate::delalloc::DelallocMap {
-        let v = self
-            .delalloc
-            .entry(ino)
-            .or_insert_with(|| vec![crate::delalloc::DelallocMap::default(); objects as usize]);
+        let v = &mut self.inodes.entry(ino).delalloc;
+        if v.is_empty() {
+            *v = vec![crate::delalloc::DelallocMap::default(); objects as usize];
+        }
         &mut v[object as usize]
+    }
+
+    /// The delalloc map of `ino`'s object `object`, if it has delayed allocations.
+    pub fn delalloc_of(&self, ino: Ino, object: usize) -> Option<&crate::delalloc::DelallocMap> {
+        self.inodes.get(ino).and_then(|c| c.delalloc.get(object))
     }
 
     /// Delalloc blocks of `ino` in total.
     pub fn delalloc_blocks(&self, ino: Ino) -> u64 {
-        self.delalloc.get(&ino).map_or(0, |v| {
-            v.iter().map(crate::delalloc::DelallocMap::total).sum()
-        })
+        self.inodes.get(ino).map_or(0, InCoreInode::delalloc_blocks)
     }
 }
 
@@ -114,9 +123,10 @@ impl MetaCore {
         let needed_for_data = self.needed_to_reach_data(&rec);
         self.state.apply(&rec)?;
         let ino = rec.subject();
-        self.meta_seq.insert(ino, self.txn.seq);
+        let seq = self.txn.seq;
+        self.inodes.entry(ino).meta_seq = seq;
         if let Some(i) = needed_for_data {
-            self.data_seq.insert(i, self.txn.seq);
+            self.inodes.entry(i).data_seq = seq;
         }
         if let Record::InodeSet(a) = &rec {
             if let Some(&at) = self.txn.inode_set_at.get(&a.ino) {
@@ -129,8 +139,8 @@ impl MetaCore {
             rec,
             Record::ExtentSet { .. } | Record::ExtentClear { .. } | Record::InodeFree(_)
         ) {
-            self.data_seq.insert(ino, self.txn.seq);
-            *self.map_gen.entry(ino).or_default() += 1;
+            self.inodes.entry(ino).data_seq = seq;
+            self.inodes.bump_map_gen(ino);
         }
         self.txn.bytes += rec.encoded_len();
         self.txn.records.push(rec);
@@ -156,33 +166,7 @@ impl MetaCore {
 
     /// Marks `ino`'s size as changed in the running transaction (fdatasync must commit).
     pub fn mark_data(&mut self, ino: Ino) {
-        self.data_seq.insert(ino, self.txn.seq);
-    }
-}
-
-/// Per-inode I/O serialisation: the inode lock (shared or exclusive) and the count of
-/// direct I/Os in flight, which exclusive operations drain (`dio.drain()`,
-/// `inode_dio_wait`).
-#[derive(Debug, Default)]
-pub(crate) struct InodeIo {
-    lock: RwLock<()>,
-    pub dio: stripefs_iomap::direct::DioCount,
-}
-
-impl InodeIo {
-    /// The inode lock, shared.
-    pub fn read(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
-        self.lock.read()
-    }
-
-    /// The inode lock, exclusive.
-    pub fn write(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
-        self.lock.write()
-    }
-
-    /// The inode lock, exclusive, if free now.
-    pub fn try_write(&self) -> Option<parking_lot::RwLockWriteGuard<'_, ()>> {
-        self.lock.try_write()
+        self.inodes.entry(ino).data_seq = self.txn.seq;
     }
 }
 
@@ -212,7 +196,6 @@ pub(crate) struct FsInner {
     pub targets: Vec<Arc<dyn Target>>,
     pub meta: Mutex<MetaCore>,
     pub journal: Journal,
-    pub io_locks: Mutex<HashMap<Ino, Arc<InodeIo>>>,
     /// Targets with completed writes not yet covered by a completed flush.
     pub dirty: DirtyTargets,
     poisoned: AtomicBool,
@@ -239,8 +222,6 @@ pub(crate) struct FsInner {
     /// Open handles by number.
     pub handles: Mutex<HashMap<u64, Handle>>,
     pub next_fh: std::sync::atomic::AtomicU64,
-    /// Error sequence seen by inode-based `fsync` calls (no handle).
-    pub anon_seen: Mutex<HashMap<Ino, u64>>,
     /// Bytes written to targets for file data (writeback and direct writes).
     pub data_bytes_written: std::sync::atomic::AtomicU64,
     /// Bytes read from targets for file data.
@@ -285,7 +266,6 @@ impl FsInner {
             targets,
             meta: Mutex::new(meta),
             journal,
-            io_locks: Mutex::new(HashMap::new()),
             dirty,
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(None),
@@ -301,7 +281,6 @@ impl FsInner {
             opts,
             handles: Mutex::new(HashMap::new()),
             next_fh: std::sync::atomic::AtomicU64::new(1),
-            anon_seen: Mutex::new(HashMap::new()),
             data_bytes_written: std::sync::atomic::AtomicU64::new(0),
             data_bytes_read: std::sync::atomic::AtomicU64::new(0),
             meta_bytes_written: std::sync::atomic::AtomicU64::new(0),
@@ -366,12 +345,54 @@ impl FsInner {
                 return Err(e.into());
             }
         }
+        self.sweep_inodes_if_due(m);
         Ok(())
     }
 
-    /// The I/O lock of `ino` (created on first use).
+    /// The lock, direct-I/O count and page cache of `ino`'s in-core inode (created on
+    /// first use); holding it pins the in-core inode. Takes the metadata lock: never call
+    /// it holding that.
     pub fn io_lock(&self, ino: Ino) -> Arc<InodeIo> {
-        Arc::clone(self.io_locks.lock().entry(ino).or_default())
+        let mut m = self.meta.lock();
+        let io = Arc::clone(&m.inodes.entry(ino).io);
+        self.sweep_inodes_if_due(&mut m);
+        io
+    }
+
+    /// The page cache of `ino` (through its in-core inode, which owns it). Takes the
+    /// metadata lock: never call it holding that.
+    pub fn file_cache(&self, ino: Ino) -> Arc<stripefs_iomap::cache::FileCache> {
+        self.io_lock(ino).file_cache(&self.cache)
+    }
+
+    /// Sweeps the in-core inode table if it has doubled since the last sweep.
+    pub fn sweep_inodes_if_due(&self, m: &mut MetaCore) {
+        if m.inodes.sweep_due() {
+            self.sweep_inodes(m);
+        }
+    }
+
+    /// Evicts every unreferenced, clean in-core inode; a lazily kept access time of an
+    /// otherwise evictable inode is logged first (as Linux writes a `lazytime` inode when
+    /// it is evicted), unless the file system is read-only or shut down.
+    pub fn sweep_inodes(&self, m: &mut MetaCore) -> Swept {
+        if !self.is_poisoned() && !self.read_only() {
+            for ino in m.inodes.pinned_by_atime_only() {
+                let Some(i) = m.state.get(ino) else {
+                    if let Some(c) = m.inodes.get_mut(ino) {
+                        c.lazy_atime = None;
+                    }
+                    continue;
+                };
+                // Logging folds the kept time in (`fold_lazy_atime`).
+                let rec = Record::InodeSet(i.attrs.clone());
+                if let Err(e) = m.log(rec) {
+                    self.poison(&e.to_string());
+                    break;
+                }
+            }
+        }
+        m.inodes.sweep(&self.cache)
     }
 
     /// Records that `target` has completed writes needing a flush.

@@ -57,7 +57,7 @@ impl Fs {
         let mut a = data_changed(&m, ino)?;
         a.size = size;
         recs.push(Record::InodeSet(a));
-        m.isize.remove(&ino);
+        m.set_isize(ino, None);
         m.mark_data(ino);
         self.inner.log_all(&mut m, recs)
     }
@@ -140,7 +140,7 @@ impl Fs {
             }
             FallocMode::ZeroRange { keep_size } => {
                 if self.inner.opts.force_zero_via_cache {
-                    let fc = self.inner.cache.file(ino.0);
+                    let fc = self.inner.file_cache(ino);
                     if off < size {
                         stripefs_iomap::zero_range(
                             &self.inner.cache,
@@ -220,9 +220,7 @@ impl Fs {
                 .map(|(s, e)| (s + e.len).min(b1) - s.max(b0))
                 .sum();
             let delayed = m
-                .delalloc
-                .get(&mapper.ino)
-                .and_then(|v| v.get(object as usize))
+                .delalloc_of(mapper.ino, object as usize)
                 .map_or(0, |d| d.overlap(b0, b1 - b0));
             need[l.target_of(object, n).index()] += (b1 - b0) - mapped - delayed;
         }
@@ -281,7 +279,7 @@ impl Fs {
         }
         if !keep && end > size {
             a.size = end;
-            m.isize.remove(&ino);
+            m.set_isize(ino, None);
             m.mark_data(ino);
         }
         self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
@@ -298,7 +296,7 @@ impl Fs {
     ) -> Result<(u64, u64)> {
         let bs = self.inner.geo.block_size;
         let (a, b) = (bs.round_up(off), bs.round_down(end));
-        let fc = self.inner.cache.file(mapper.ino.0);
+        let fc = self.inner.file_cache(mapper.ino);
         let mode = self.inner.opts.eof_zeroing;
         let zero = |s: u64, e: u64| -> Result<()> {
             let e = e.min(size);
@@ -388,9 +386,12 @@ impl Fs {
     /// # Errors
     /// `WritebackFailed`, I/O errors (the file system is then poisoned) or `Poisoned`.
     pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
-        let mut seen = self.inner.anon_seen.lock().get(&ino).copied().unwrap_or(0);
+        // The in-core inode is pinned meanwhile, so what it has seen is not lost.
+        let io = self.inner.io_lock(ino);
+        let mut seen = self.inner.meta.lock().inodes.entry(ino).anon_seen;
         let r = self.sync_file(ino, datasync, &mut seen);
-        self.inner.anon_seen.lock().insert(ino, seen);
+        self.inner.meta.lock().inodes.entry(ino).anon_seen = seen;
+        drop(io);
         r
     }
 
@@ -404,14 +405,15 @@ impl Fs {
             if !datasync {
                 self.write_lazy_atimes(&mut m, Some(ino))?;
             }
-            if datasync {
-                m.data_seq.get(&ino).copied()
-            } else {
-                m.meta_seq.get(&ino).copied()
-            }
+            // An inode without in-core state gets it at the table's floor: an evicted
+            // inode's unflushed change still commits.
+            let c = m.inodes.entry(ino);
+            let seq = if datasync { c.data_seq } else { c.meta_seq };
+            self.inner.sweep_inodes_if_due(&mut m);
+            seq
         };
         match need {
-            Some(seq) if seq > self.inner.journal.committed() => {
+            seq if seq > self.inner.journal.committed() => {
                 self.inner
                     .journal
                     .commit(&self.inner, seq, CommitMode::Append)?

@@ -32,6 +32,7 @@ pub mod faults;
 mod file;
 mod fs;
 pub mod fsck;
+mod icache;
 mod inner;
 mod io;
 mod journal;

@@ -400,9 +400,7 @@ impl<'a> FileMapper<'a> {
                 .find(|(_, e)| e.state == ExtentState::Written)
                 .map(|(s, _)| s.max(b0));
             let delayed = m
-                .delalloc
-                .get(&self.ino)
-                .and_then(|v| v.get(object as usize))
+                .delalloc_of(self.ino, object as usize)
                 .and_then(|d| d.covering(b0).map(|_| b0).or_else(|| d.next_after(b0)))
                 .filter(|&b| b < b1);
             if let Some(b) = [written, delayed].into_iter().flatten().min() {
@@ -434,7 +432,7 @@ impl IomapOps for FileMapper<'_> {
         let want = bs.block_of(piece.len);
         self.fs.inner.map_lookups.fetch_add(1, Ordering::Relaxed);
         let mut m = self.fs.inner.meta.lock();
-        let seq = m.map_gen.get(&self.ino).copied().unwrap_or(0);
+        let seq = m.inodes.entry(self.ino).map_gen;
         let found = inode(&m, self.ino)?.objects[object as usize].lookup(obj_block);
         let (kind, flags, phys, blocks) = match found {
             Lookup::Mapped { start: es, ext } => {
@@ -541,11 +539,9 @@ impl IomapOps for FileMapper<'_> {
             .inner
             .meta
             .lock()
-            .map_gen
-            .get(&self.ino)
-            .copied()
-            .unwrap_or(0)
-            == map.seq
+            .inodes
+            .get(self.ino)
+            .is_some_and(|c| c.map_gen == map.seq)
     }
 }
 

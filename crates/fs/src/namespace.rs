@@ -518,7 +518,7 @@ impl Fs {
         a.ctime = now;
         let gone = a.nlink == 0;
         self.inner.log_all(m, vec![Record::InodeSet(a)])?;
-        if gone && m.open.get(&ino).copied().unwrap_or(0) == 0 {
+        if gone && m.open_count(ino) == 0 {
             self.free_inode(m, ino)?;
         }
         Ok(())
@@ -790,7 +790,9 @@ impl Fs {
         };
         if let Some(t) = s.atime {
             a.atime = pick(t);
-            m.lazy_atime.remove(&ino); // Set, not folded in.
+            if let Some(c) = m.inodes.get_mut(ino) {
+                c.lazy_atime = None; // Set, not folded in.
+            }
         }
         if let Some(t) = s.mtime {
             a.mtime = pick(t);
@@ -941,7 +943,8 @@ impl Fs {
         self.inner.check()?;
         let mut m = self.inner.meta.lock();
         inode(&m, ino)?;
-        *m.open.entry(ino).or_default() += 1;
+        m.inodes.entry(ino).open += 1;
+        self.inner.sweep_inodes_if_due(&mut m);
         drop(m);
         let seen = self
             .inner
@@ -1002,21 +1005,20 @@ impl Fs {
             return Ok(());
         };
         let mut m = self.inner.meta.lock();
-        let Some(n) = m.open.get_mut(&ino) else {
+        let Some(c) = m.inodes.get_mut(ino).filter(|c| c.open > 0) else {
             return Ok(());
         };
-        *n -= 1;
-        if *n > 0 {
+        c.open -= 1;
+        if c.open > 0 {
             return Ok(());
         }
-        m.open.remove(&ino);
         self.inner.check()?;
         drop(m);
         // Queued direct I/O may still be in flight on this inode: its blocks must not be
         // freed or trimmed under it. Completions take the metadata lock, so wait without it.
         self.inner.io_lock(ino).dio.drain();
         let mut m = self.inner.meta.lock();
-        if m.open.contains_key(&ino) {
+        if m.open_count(ino) > 0 {
             return Ok(()); // Reopened meanwhile.
         }
         if self.inner.read_only() {

@@ -248,6 +248,11 @@ pub struct FsStatus {
     pub dio_pieces: u64,
     /// Mapping lookups since mount (every I/O path and zeroing pass makes them).
     pub map_lookups: u64,
+    /// In-core inodes now, the most at once since mount, and those evicted since mount
+    /// (see `docs/design/cache.md`, "In-core inodes").
+    pub incore_inodes: usize,
+    pub incore_inodes_peak: usize,
+    pub incore_inodes_evicted: u64,
 }
 
 /// One target's space.

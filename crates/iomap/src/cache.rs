@@ -256,6 +256,12 @@ impl FileCache {
         containing(&self.folios.read(), pos).cloned()
     }
 
+    /// Whether no folio of the file is cached.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.folios.read().is_empty()
+    }
+
     /// Cached folios overlapping `[from, to)`, ascending.
     #[must_use]
     pub fn overlapping(&self, from: u64, to: u64) -> Vec<Arc<FolioCell>> {
