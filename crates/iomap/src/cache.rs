@@ -375,6 +375,8 @@ pub struct CacheStats {
     pub clean_folios: u64,
     pub dirty_folios: u64,
     pub writeback_folios: u64,
+    /// Files with a cache (an empty one included): the index reclaim walks.
+    pub files: u64,
 }
 
 /// What reclaim did with the oldest clean folio.
@@ -760,6 +762,7 @@ impl PageCache {
     /// Counters.
     #[must_use]
     pub fn stats(&self) -> CacheStats {
+        let files = self.files.lock().len() as u64;
         let lru = self.lru.lock();
         CacheStats {
             resident_bytes: self.resident.load(Ordering::Relaxed),
@@ -770,6 +773,7 @@ impl PageCache {
             clean_folios: lru.len(LruList::Clean) as u64,
             dirty_folios: lru.len(LruList::Dirty) as u64,
             writeback_folios: lru.len(LruList::Writeback) as u64,
+            files,
         }
     }
 }
