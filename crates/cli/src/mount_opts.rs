@@ -10,7 +10,7 @@ use stripefs::{AtimePolicy, AtimeUpdate, AtimeWrite, DirAtime, MountOptions};
 use crate::size::parse_size;
 
 /// The keys `-o` understands, for help texts and errors.
-pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, readahead=SIZE, writeback_depth=N (batches in flight, 1: wait for each), \
+pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, readahead=SIZE, readahead_mode=async|sync (sync: wait for the window inside the read), writeback_depth=N (batches in flight, 1: wait for each), \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
 commit_interval=SECS (0: off), writeback_interval=SECS (0: off), \
 relatime (default), strictatime, noatime, nodiratime, lazytime and their opposites";
@@ -73,6 +73,13 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
             "cache_size" => o.cache.budget_bytes = parse_size(v)?,
             "dirty_limit" => o.cache.dirty_limit_bytes = parse_size(v)?,
             "readahead" => o.cache.readahead_bytes = parse_size(v)?,
+            "readahead_mode" => {
+                o.cache.readahead = match v {
+                    "async" => stripefs::ReadaheadMode::Async,
+                    "sync" => stripefs::ReadaheadMode::Sync,
+                    _ => return Err(format!("readahead_mode must be async or sync, not {v:?}")),
+                }
+            }
             "writeback_depth" => {
                 o.cache.writeback_depth = match v.parse::<u32>() {
                     Ok(n) if n >= 1 => stripefs::WbDepth(n),
@@ -149,6 +156,16 @@ mod tests {
         assert!(parse(&["dirty_tracking=page".into()])
             .unwrap_err()
             .contains("block or folio"));
+        assert_eq!(
+            parse(&["readahead_mode=sync".into()])
+                .unwrap()
+                .cache
+                .readahead,
+            stripefs::ReadaheadMode::Sync
+        );
+        assert!(parse(&["readahead_mode=later".into()])
+            .unwrap_err()
+            .contains("async or sync"));
         assert!(parse(&["bogus=1".into()])
             .unwrap_err()
             .contains("unknown mount option"));

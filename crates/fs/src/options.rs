@@ -54,7 +54,8 @@ pub enum UnalignedPolicy {
 pub struct MountOptions {
     /// Page cache: largest folio size and how folios are sized (`folio_sizing = fixed`
     /// brings back one size for all), memory budget, dirty limit, dirty tracking
-    /// (`dirty_tracking = folio` brings back whole-folio writeback), readahead.
+    /// (`dirty_tracking = folio` brings back whole-folio writeback), readahead (size, and
+    /// `readahead_mode = sync` brings back readahead waited for inside the read).
     pub cache: CacheConfig,
     /// How zero range and EOF zeroing treat dirty cache over holes and unwritten extents
     /// (`Flush` brings back the Linux 6.12 flush per extending write).

@@ -39,6 +39,53 @@ struct Cfg {
     folio_tracking: bool,
     /// Every folio `folio_bytes` (`folio_sizing = fixed`) instead of sized by the file.
     fixed_folios: bool,
+    /// Reads complete on a thread of their own, later ([`LateReads`]): readahead left in
+    /// flight meets the operations that follow it.
+    late_reads: bool,
+}
+
+/// Completes reads on one thread per target, in submission order, after the submitter
+/// has gone on (the simulated target completes inline, so without this an asynchronous
+/// readahead would have completed before its read returned).
+#[derive(Debug)]
+struct LateReads {
+    inner: std::sync::Arc<stripefs_target::SimTarget>,
+    tx: std::sync::Mutex<
+        std::sync::mpsc::Sender<(stripefs_target::Completion, stripefs_target::IoDone)>,
+    >,
+}
+
+impl LateReads {
+    fn new(inner: std::sync::Arc<stripefs_target::SimTarget>) -> Self {
+        let (tx, rx) =
+            std::sync::mpsc::channel::<(stripefs_target::Completion, stripefs_target::IoDone)>();
+        std::thread::spawn(move || {
+            for (done, d) in rx {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                done(d);
+            }
+        });
+        Self {
+            inner,
+            tx: std::sync::Mutex::new(tx),
+        }
+    }
+}
+
+impl Target for LateReads {
+    fn info(&self) -> &stripefs_target::TargetInfo {
+        self.inner.info()
+    }
+    fn submit(&self, op: stripefs_target::IoOp, done: stripefs_target::Completion) {
+        if !matches!(op, stripefs_target::IoOp::Read { .. }) {
+            return self.inner.submit(op, done);
+        }
+        let tx = self.tx.lock().expect("sender").clone();
+        self.inner.submit(
+            op,
+            Box::new(move |d| tx.send((done, d)).expect("completer runs")),
+        );
+    }
 }
 
 impl Cfg {
@@ -79,6 +126,11 @@ struct Run {
     sut: Sut,
     targets: Vec<std::sync::Arc<dyn Target>>,
     ops: u64,
+    /// File and end of the last read: half the reads go on from there (a sequential
+    /// stream, so readahead runs, asynchronously by default).
+    last_read: Option<(u32, u64)>,
+    /// Bytes asynchronous readahead submitted, over every mount of the run.
+    readahead_async_bytes: u64,
 }
 
 impl Run {
@@ -276,11 +328,21 @@ impl Run {
         let Some((name, id)) = self.existing() else {
             return;
         };
-        let size = self.model.data[&id].len() as u64;
-        let off = self.rng.below(size + 4096);
+        let (name, id, off) = match self.last_read {
+            Some((last, end))
+                if self.rng.one_in(2) && self.model.names.values().any(|&v| v == last) =>
+            {
+                ((0, "(last read)".to_string()), last, end)
+            }
+            _ => {
+                let size = self.model.data[&id].len() as u64;
+                (name, id, self.rng.below(size + 4096))
+            }
+        };
         let len = self.rng.range(1, 200_000);
         self.log
             .push(format!("read {}/{} off={off} len={len}", name.0, name.1));
+        self.last_read = Some((id, off + len));
         self.check_range(id, off, len);
     }
 
@@ -569,6 +631,7 @@ impl Run {
         for id in ids {
             self.forget_if_unreferenced(id);
         }
+        self.readahead_async_bytes += self.sut.fs.status().cache.readahead_async_bytes;
         if let Err(e) = self.sut.fs.unmount() {
             self.fail(&format!("unmount failed: {e}"));
         }
@@ -627,7 +690,15 @@ impl Run {
 }
 
 fn run_model(c: Cfg, seed: u64, ops: u64) -> u64 {
-    run_model_on(dyns(&sims(TARGETS, TARGET_BYTES)), c, seed, ops)
+    let s = sims(TARGETS, TARGET_BYTES);
+    let targets = if c.late_reads {
+        s.into_iter()
+            .map(|t| std::sync::Arc::new(LateReads::new(t)) as std::sync::Arc<dyn Target>)
+            .collect()
+    } else {
+        dyns(&s)
+    };
+    run_model_on(targets, c, seed, ops)
 }
 
 fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops: u64) -> u64 {
@@ -660,11 +731,18 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
         },
         targets,
         ops: 0,
+        last_read: None,
+        readahead_async_bytes: 0,
     };
     for _ in 0..ops {
         run.step();
     }
     run.verify_all();
+    run.readahead_async_bytes += run.sut.fs.status().cache.readahead_async_bytes;
+    assert!(
+        !c.late_reads || run.readahead_async_bytes > 0,
+        "({c:?}): no asynchronous readahead ran: the configuration tests nothing"
+    );
     run.sut.handles.clear();
     run.sut.fs.unmount().expect("unmount");
     let report = stripefs::fsck::fsck(run.targets.clone(), &mut |_| {}).expect("fsck");
@@ -698,6 +776,7 @@ fn cfg(stripe_count: u32, block_size: u32, folio_bytes: u32) -> Cfg {
         force_zero: false,
         folio_tracking: false,
         fixed_folios: false,
+        late_reads: false,
     }
 }
 
@@ -803,6 +882,24 @@ model_case!(
     folio_tracking_bs1k_folio4k,
     Cfg {
         folio_tracking: true,
+        force_zero: true,
+        ..cfg(8, 1024, 4096)
+    }
+);
+
+// Reads completing late: asynchronous readahead in flight under every operation.
+model_case!(
+    late_reads_stripes3,
+    Cfg {
+        late_reads: true,
+        pollute: true,
+        ..cfg(3, 4096, 65536)
+    }
+);
+model_case!(
+    late_reads_bs1k_folio4k,
+    Cfg {
+        late_reads: true,
         force_zero: true,
         ..cfg(8, 1024, 4096)
     }

@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use stripefs_target::{Batch, IoBuf};
 
-use crate::cache::{FileCache, Folio, FolioCell, PageCache};
+use crate::cache::{FileCache, Folio, FolioCell, PageCache, ReadaheadMode};
 use crate::folio::DirtyTracking;
+use crate::readahead;
 use crate::zero::{zero_range, ZeroMode};
 use crate::{iterate, CacheIo, FileIo, IoDir, Iomap, IomapOp, IterError};
 
@@ -90,7 +91,9 @@ pub fn fill<O: FileIo>(
         cur = cell.end();
         cells.push(cell);
     }
-    let mut guards: Vec<_> = cells.iter().map(|c| c.lock()).collect();
+    // Ascending; a folio with a readahead read in flight is waited for (its read may be
+    // the very data wanted), and if that read failed its blocks are read again here.
+    let mut guards: Vec<_> = cells.iter().map(|c| c.lock_settled()).collect();
     let size = ops.size();
     let size_blocks_end = size.div_ceil(bs) * bs;
     // Runs of blocks that are not uptodate, as file byte ranges.
@@ -155,7 +158,7 @@ pub fn fill<O: FileIo>(
     }
 }
 
-fn mark_uptodate(g: &mut Folio, off: usize, len: usize, bs: u64) {
+pub(crate) fn mark_uptodate(g: &mut Folio, off: usize, len: usize, bs: u64) {
     let b0 = (off as u64 / bs) as u32;
     let b1 = ((off + len) as u64).div_ceil(bs) as u32;
     g.state.set_uptodate(b0, b1);
@@ -163,7 +166,7 @@ fn mark_uptodate(g: &mut Folio, off: usize, len: usize, bs: u64) {
 
 /// Calls `f(folio, offset in folio, len)` for each folio piece of `[p, p + n)`; `guards`
 /// are contiguous folios, ascending, covering the range.
-fn for_each_span(
+pub(crate) fn for_each_span(
     guards: &mut [parking_lot::MutexGuard<'_, Folio>],
     p: u64,
     n: u64,
@@ -211,12 +214,26 @@ pub fn read<O: FileIo>(
         .config()
         .readahead_bytes
         .min(cache.config().budget_bytes / 8);
+    // Readahead the read itself waits for (`Sync`), or none: the window goes in flight.
+    let sync_ahead = match cache.config().readahead {
+        ReadaheadMode::Sync => readahead,
+        ReadaheadMode::Async => {
+            // At least as large as the reads, so one window is always ahead of the copy.
+            let want = match (sequential, readahead) {
+                (false, _) => None,
+                (true, 0) => Some(0),
+                (true, r) => Some(r.max(n.min(window)).min(cache.config().budget_bytes / 8)),
+            };
+            start_readahead(cache, ops, fc, pos + n, size, want);
+            0
+        }
+    };
     let mut done = 0u64;
     while done < n {
         let at = pos + done;
         let chunk = (n - done).min(window - at % fb);
         let ahead = if sequential && done + chunk == n {
-            readahead.min(size - at - chunk)
+            sync_ahead.min(size - at - chunk)
         } else {
             0
         };
@@ -237,6 +254,26 @@ pub fn read<O: FileIo>(
         done += chunk;
     }
     Ok(n as usize)
+}
+
+/// Asynchronous readahead for a read ending at `end`: a sequential reader (`want`: the
+/// window size) that reached the marker gets its next window submitted before it waits
+/// for its own data; any other read (`None`) forgets the window.
+fn start_readahead<O: FileIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+    end: u64,
+    size: u64,
+    want: Option<u64>,
+) {
+    let Some(want) = want else {
+        readahead::reset(fc);
+        return;
+    };
+    if let Some((a, b)) = readahead::next_window(fc, end, size, want) {
+        readahead::submit(cache, ops, fc, a, b);
+    }
 }
 
 /// Writes `data` at `pos` into the cache; returns the bytes written (short only if an
@@ -301,7 +338,7 @@ fn copy_in<O: FileIo>(
     let end = p + src.len() as u64;
     while cur < end {
         let cell = cache.folio(fc, cur, end - cur);
-        let mut g = cell.lock();
+        let mut g = cell.lock_settled();
         let off = cur - g.pos;
         let len = (g.len() - off).min(end - cur);
         let b0 = (off / bs) as u32;

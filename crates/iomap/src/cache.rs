@@ -31,6 +31,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 use crate::folio::{DirtyTracking, FolioState};
 use crate::lru::{LruKey, LruList, LruLists, LruSlot};
+use crate::readahead::{RaWindow, ReadShared};
 
 /// Most folios one eviction pass skips (in use, locked) before it gives up: the budget is
 /// a target, not a hard limit, so a pass never scans more than this beyond what it evicts.
@@ -49,8 +50,11 @@ pub struct CacheConfig {
     pub dirty_limit_bytes: u64,
     /// Per-block or per-folio dirty tracking.
     pub dirty_tracking: DirtyTracking,
-    /// Most bytes read ahead on sequential reads.
+    /// Most bytes read ahead on sequential reads (0: no readahead).
     pub readahead_bytes: u64,
+    /// Whether readahead waits for its device reads inside the read that triggers it
+    /// (`Sync`, the behaviour before) or leaves the next window in flight (`Async`).
+    pub readahead: ReadaheadMode,
     /// Writeback batches in flight at once: the next batch is collected, mapped and
     /// submitted while earlier ones are on the device (1: submit a batch and wait for it
     /// before the next, the behaviour before pipelining).
@@ -70,6 +74,7 @@ impl Default for CacheConfig {
             dirty_limit_bytes: 64 << 20,
             dirty_tracking: DirtyTracking::Block,
             readahead_bytes: 2 << 20,
+            readahead: ReadaheadMode::Async,
             writeback_depth: WbDepth(2),
         }
     }
@@ -105,6 +110,19 @@ impl CacheConfig {
     }
 }
 
+/// How sequential readahead runs (see `docs/design/cache.md`, "Readahead").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadaheadMode {
+    /// The read that detects a sequential stream reads its own data and the readahead
+    /// window together and waits for both (the behaviour before asynchronous readahead).
+    Sync,
+    /// The next window's device reads are submitted and left in flight while the read
+    /// returns the current data; a later read entering that window submits the one after
+    /// (Linux's `PG_readahead` marker idea).
+    #[default]
+    Async,
+}
+
 /// How big a new folio is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FolioSizing {
@@ -128,6 +146,11 @@ pub struct Folio {
     pub(crate) state: FolioState,
     /// Blocks of this folio are being written back.
     pub(crate) writeback: bool,
+    /// Read in flight: an asynchronous readahead owns this folio's blocks that are not
+    /// uptodate until its completion fills them (or leaves them not uptodate on error).
+    /// Nothing else changes the folio's data or block state meanwhile: every such user
+    /// waits ([`FolioCell::lock_settled`], [`FolioCell::lock_idle`]) or skips it.
+    pub(crate) reading: bool,
     /// This folio's node on the reclaim lists.
     lru: LruSlot,
 }
@@ -168,6 +191,12 @@ impl Folio {
         self.writeback
     }
 
+    /// True while an asynchronous readahead read is in flight into the folio.
+    #[must_use]
+    pub fn read_in_flight(&self) -> bool {
+        self.reading
+    }
+
     /// The reclaim list the folio belongs on.
     fn wanted_list(&self) -> LruList {
         if self.state.folio_dirty() {
@@ -180,14 +209,15 @@ impl Folio {
     }
 }
 
-/// A folio, its (fixed) extent in the file, and the condition variable its writeback
-/// completion signals.
+/// A folio, its (fixed) extent in the file, the condition variable its writeback
+/// completion signals, and the cache's read-settlement signal.
 #[derive(Debug)]
 pub struct FolioCell {
     pos: u64,
     len: u64,
     folio: Mutex<Folio>,
     wb_done: Condvar,
+    reads: Arc<ReadShared>,
 }
 
 impl FolioCell {
@@ -220,13 +250,45 @@ impl FolioCell {
         self.folio.lock()
     }
 
-    /// Locks the folio once no writeback is in flight on it.
+    /// Locks the folio once neither writeback nor a readahead read is in flight on it
+    /// (invalidation, dropping a file).
     pub fn lock_idle(&self) -> MutexGuard<'_, Folio> {
+        loop {
+            let mut g = self.lock_settled();
+            if !g.writeback {
+                return g;
+            }
+            while g.writeback {
+                self.wb_done.wait(&mut g);
+            }
+            // Waiting released the lock: a readahead may have taken the folio meanwhile.
+            if !g.reading {
+                return g;
+            }
+        }
+    }
+
+    /// Locks the folio once no writeback is in flight on it (a readahead read may be:
+    /// writeback touches only dirty blocks, which a readahead never reads into).
+    pub(crate) fn lock_wb_idle(&self) -> MutexGuard<'_, Folio> {
         let mut g = self.folio.lock();
         while g.writeback {
             self.wb_done.wait(&mut g);
         }
         g
+    }
+
+    /// Locks the folio once no readahead read is in flight on it: what every user that
+    /// reads or changes the data or block state of blocks that may not be uptodate does
+    /// (buffered read, write, zeroing).
+    pub fn lock_settled(&self) -> MutexGuard<'_, Folio> {
+        loop {
+            let g = self.folio.lock();
+            if !g.reading {
+                return g;
+            }
+            self.reads.wait_settled(g);
+        }
     }
 }
 
@@ -246,6 +308,8 @@ pub struct FileCache {
     folios: RwLock<BTreeMap<u64, Arc<FolioCell>>>,
     /// End of the last read, for sequential readahead detection.
     pub next_read: AtomicU64,
+    /// Asynchronous readahead: the window submitted last and its marker.
+    pub(crate) ra: Mutex<RaWindow>,
     wb_err: Mutex<ErrSeq>,
 }
 
@@ -375,8 +439,12 @@ pub struct CacheStats {
     pub clean_folios: u64,
     pub dirty_folios: u64,
     pub writeback_folios: u64,
-    /// Files with a cache (an empty one included): the index reclaim walks.
-    pub files: u64,
+    /// Folios with an asynchronous readahead read in flight now.
+    pub reading_folios: u64,
+    /// Bytes asynchronous readahead submitted to the device, and its reads that failed
+    /// (their blocks were left not uptodate).
+    pub readahead_async_bytes: u64,
+    pub readahead_failed_reads: u64,
 }
 
 /// What reclaim did with the oldest clean folio.
@@ -398,6 +466,9 @@ pub struct PageCache {
     scanned: AtomicU64,
     /// The reclaim lists (innermost lock: nothing is locked while holding it).
     lru: Mutex<LruLists>,
+    /// Asynchronous readahead: settlement signal, buffers, counters (shared with the
+    /// completions, which run on the targets' threads).
+    reads: Arc<ReadShared>,
     /// Signalled when dirty bytes drop (throttled writers wait on it).
     dirty_fell: (Mutex<()>, Condvar),
     /// Data buffers of dropped folios by size (log2), reused for new ones (at most 1/8 of
@@ -426,6 +497,10 @@ impl PageCache {
             evicted: AtomicU64::new(0),
             scanned: AtomicU64::new(0),
             lru: Mutex::new(LruLists::new()),
+            reads: Arc::new(ReadShared::new(
+                usize::try_from(cfg.readahead_bytes.min(cfg.budget_bytes / 8) * 2)
+                    .unwrap_or(usize::MAX),
+            )),
             dirty_fell: (Mutex::new(()), Condvar::new()),
             spare: Mutex::new(Spare::default()),
         }
@@ -450,6 +525,7 @@ impl PageCache {
                 key,
                 folios: RwLock::new(BTreeMap::new()),
                 next_read: AtomicU64::new(u64::MAX),
+                ra: Mutex::new(RaWindow::default()),
                 wb_err: Mutex::new(ErrSeq::default()),
             })
         }))
@@ -519,9 +595,11 @@ impl PageCache {
                 data: self.spare.lock().take(size),
                 state: FolioState::new(blocks, self.cfg.dirty_tracking),
                 writeback: false,
+                reading: false,
                 lru: self.lru.lock().insert(LruList::Clean, (fc.key, start)),
             }),
             wb_done: Condvar::new(),
+            reads: Arc::clone(&self.reads),
         });
         map.insert(start, Arc::clone(&cell));
         cell
@@ -615,6 +693,11 @@ impl PageCache {
         self.spare.lock().put(data, self.cfg.budget_bytes / 8);
     }
 
+    /// The asynchronous readahead's shared state.
+    pub(crate) fn reads(&self) -> &Arc<ReadShared> {
+        &self.reads
+    }
+
     /// Moves a folio to the front of its reclaim list (it was just used).
     pub fn touch(&self, f: &Folio) {
         self.lru.lock().touch(f.lru);
@@ -659,7 +742,7 @@ impl PageCache {
         let Some(g) = cell.folio.try_lock() else {
             return rotate();
         };
-        if g.lru != slot {
+        if g.lru != slot || g.reading {
             drop(g);
             return rotate();
         }
@@ -684,6 +767,7 @@ impl PageCache {
         let Some(cell) = map.get(&pos) else { return };
         let empty = cell.folio.try_lock().is_some_and(|g| {
             !g.writeback
+                && !g.reading
                 && !g.state.folio_dirty()
                 && !(0..g.state.blocks()).any(|b| g.state.is_uptodate(b))
         });
@@ -695,7 +779,11 @@ impl PageCache {
 
     /// Drops the clean, idle folios overlapping `[from, to)` (after a direct write: cached
     /// copies of the old bytes must go; dirty ones are left alone, they belong to a
-    /// concurrent buffered writer and will be written back).
+    /// concurrent buffered writer and will be written back). Never waits: it runs on
+    /// targets' completion threads. A folio with a readahead read in flight is skipped
+    /// like one in use; a direct write waited for those before it started
+    /// (`invalidate_range`), so only a read racing the write itself can be in flight here,
+    /// as with a synchronous read holding its folios.
     pub fn drop_clean(&self, fc: &FileCache, from: u64, to: u64) {
         let mut map = fc.folios.write();
         let first = containing(&map, from).map_or(from, |c| c.pos);
@@ -705,7 +793,7 @@ impl PageCache {
                 Arc::strong_count(c) == 1
                     && c.folio
                         .try_lock()
-                        .is_some_and(|g| !g.writeback && !g.state.folio_dirty())
+                        .is_some_and(|g| !g.writeback && !g.reading && !g.state.folio_dirty())
             })
             .map(|(&i, _)| i)
             .collect();
@@ -762,7 +850,6 @@ impl PageCache {
     /// Counters.
     #[must_use]
     pub fn stats(&self) -> CacheStats {
-        let files = self.files.lock().len() as u64;
         let lru = self.lru.lock();
         CacheStats {
             resident_bytes: self.resident.load(Ordering::Relaxed),
@@ -773,7 +860,9 @@ impl PageCache {
             clean_folios: lru.len(LruList::Clean) as u64,
             dirty_folios: lru.len(LruList::Dirty) as u64,
             writeback_folios: lru.len(LruList::Writeback) as u64,
-            files,
+            reading_folios: self.reads.reading_folios(),
+            readahead_async_bytes: self.reads.submitted_bytes(),
+            readahead_failed_reads: self.reads.failed_reads(),
         }
     }
 }

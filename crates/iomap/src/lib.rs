@@ -15,6 +15,7 @@ pub mod direct;
 pub mod folio;
 mod iter;
 pub mod lru;
+mod readahead;
 mod writeback;
 mod zero;
 

@@ -263,7 +263,8 @@ fn collect<O: CacheIo>(
     let mut cur: Option<Staging> = None;
     for cell in folios {
         let mut g = match wait {
-            WbWait::Busy => cell.lock_idle(),
+            // Only dirty blocks are taken, never the ones a readahead reads into.
+            WbWait::Busy => cell.lock_wb_idle(),
             WbWait::SkipBusy => {
                 let g = cell.lock();
                 if g.writeback {

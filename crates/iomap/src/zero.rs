@@ -103,7 +103,7 @@ fn zero_piece<O: CacheIo>(
     } else {
         None
     };
-    let mut g = cell.lock();
+    let mut g = cell.lock_settled();
     if !ops.still_valid(map) {
         return Ok(Step::Stale); // Extents changed under us: look again.
     }
@@ -180,7 +180,7 @@ pub fn zero_cached(fc: &FileCache, pos: u64, end: u64) {
         return;
     }
     for cell in fc.overlapping(pos, end) {
-        let mut g = cell.lock();
+        let mut g = cell.lock_settled();
         let start = g.pos;
         let a = pos.max(start) - start;
         let b = end.min(g.end()) - start;

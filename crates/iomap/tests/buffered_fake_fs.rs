@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use stripefs_iomap::cache::{CacheConfig, FolioSizing, PageCache, WbDepth};
+use stripefs_iomap::cache::{CacheConfig, FolioSizing, PageCache, ReadaheadMode, WbDepth};
 use stripefs_iomap::folio::DirtyTracking;
 use stripefs_iomap::{
     self as iomap, CacheIo, FileIo, IoDir, Iomap, IomapFlags, IomapKind, IomapOp, IomapOps, WbEnd,
@@ -230,6 +230,11 @@ fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32, folio_sizing: Folio
         dirty_limit_bytes: 256 << 10,
         dirty_tracking: tracking,
         readahead_bytes: 16 << 10,
+        readahead: if seed.is_multiple_of(2) {
+            ReadaheadMode::Async
+        } else {
+            ReadaheadMode::Sync
+        },
         writeback_depth: WbDepth(1 + (seed % 3) as u32),
     };
     let cache = PageCache::new(cfg, BS as u32);
@@ -246,6 +251,8 @@ fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32, folio_sizing: Folio
     let mut rng = Rng::new(seed);
     let mut model: Vec<u8> = Vec::new();
     let max = 200 * BS;
+    // End of the last read: half the reads go on from there (sequential: readahead).
+    let mut next_read = 0;
     for step in 0..1500 {
         let size = model.len() as u64;
         match rng.below(10) {
@@ -264,8 +271,13 @@ fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32, folio_sizing: Folio
                 model[off as usize..(off + len) as usize].copy_from_slice(&data);
             }
             4..=5 => {
-                let off = rng.below(size + BS);
+                let off = if rng.one_in(2) {
+                    next_read
+                } else {
+                    rng.below(size + BS)
+                };
                 let len = rng.range(1, 8 * BS);
+                next_read = off + len;
                 let mut buf = vec![0u8; len as usize];
                 let n = iomap::read(&cache, &fake, &fc, off, &mut buf).unwrap();
                 let want = (size.saturating_sub(off)).min(len) as usize;
