@@ -381,4 +381,25 @@ mod tests {
         }
         assert!(t.peak() <= SWEEP_MIN + 1, "peak {}", t.peak());
     }
+
+    /// What one in-core inode costs: the table slot, its `InodeIo` allocation and, once
+    /// created, its `FileCache` and the page cache's index slot. Printed for the record;
+    /// the bound keeps a million-entry regression visible.
+    #[test]
+    fn an_in_core_inode_is_small() {
+        use std::mem::size_of;
+        let arc = 2 * size_of::<usize>();
+        let slot = size_of::<(Ino, InCoreInode)>() + 1;
+        let io = arc + size_of::<InodeIo>();
+        let fc = arc + size_of::<FileCache>() + size_of::<(u64, Arc<FileCache>)>() + 1;
+        eprintln!(
+            "in-core inode: table slot {slot} B + InodeIo {io} B (+ FileCache and index slot {fc} B once cached) = {} B",
+            slot + io + fc
+        );
+        assert!(
+            slot + io + fc <= 512,
+            "{} bytes per in-core inode",
+            slot + io + fc
+        );
+    }
 }
