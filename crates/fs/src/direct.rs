@@ -127,6 +127,10 @@ impl DioOps for FileMapper<'_> {
         })
     }
 
+    fn read_submit(&self) -> DioSubmit {
+        self.fs.inner.opts.dio_submit
+    }
+
     fn ends_short(&self, e: &FsError) -> bool {
         matches!(e, FsError::NoSpace(_))
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use common::*;
 use stripefs::{
-    CreateParams, FallocMode, Fs, Ino, MkfsOptions, MountOptions, OpenMode, StripeLayout,
+    CreateParams, DioSubmit, FallocMode, Fs, Ino, MkfsOptions, MountOptions, OpenMode, StripeLayout,
     WriteOrigin,
 };
 use stripefs_target::fault::{Persistence, PointMatch};
@@ -157,7 +157,51 @@ fn every_stripe_piece_is_in_flight_before_the_wait() {
     fs.unmount().unwrap();
 }
 
-/// Counts writes submitted and holds their completions: each is deferred by 20 ms and
+/// `dio_submit = serial` covers reads as it covers writes (Lustre before 2.15, the other
+/// side of seed 003's comparison): one piece in flight at a time, and the same bytes back;
+/// `parallel` has all eight pieces of an 8 MiB read in flight before the wait.
+#[test]
+fn serial_submission_reads_one_piece_at_a_time() {
+    let sims = sims(8, 8 << 20);
+    let fs = fresh(&sims, 4096, 1 << 20);
+    let layout = StripeLayout {
+        count: 8,
+        unit_bytes: 1 << 20,
+        first_target: 0,
+    };
+    let f = fs
+        .create(
+            Ino::ROOT,
+            "wide".as_ref(),
+            CreateParams {
+                layout: Some(layout),
+                ..p()
+            },
+        )
+        .unwrap();
+    let data: Vec<u8> = (0..8u8).flat_map(|u| vec![u + 1; 1 << 20]).collect();
+    fs.write_direct(f.ino, 0, &data).unwrap();
+    fs.unmount().unwrap();
+    for (mode, hold_until, want_peak) in [(DioSubmit::Serial, 1, 1), (DioSubmit::Parallel, 8, 8)] {
+        let opts = MountOptions {
+            dio_submit: mode,
+            ..quiet()
+        };
+        let (fs, _, peak) = mount_counting_with(&sims, hold_until, is_unit_read, opts);
+        let mut back = vec![0u8; 8 << 20];
+        assert_eq!(fs.read_direct(f.ino, 0, &mut back).unwrap(), 8 << 20);
+        assert_eq!(
+            peak.load(Ordering::SeqCst),
+            want_peak,
+            "{mode:?}: direct-read pieces in flight at once"
+        );
+        assert!(back == data, "{mode:?}: read back what was written");
+        fs.unmount().unwrap();
+    }
+}
+
+/// Counts writes (or the ops `counted` picks) submitted and holds their completions: each
+/// is deferred by 20 ms and
 /// then until `hold_until` writes have been in flight at once (or 10 s have passed), a
 /// point a caller waiting per piece would never reach. The gate, not the pause, is what
 /// the assertions on the peak rely on: a loaded machine may take longer than the pause
@@ -168,6 +212,16 @@ struct CountingView {
     in_flight: Arc<AtomicUsize>,
     peak: Arc<AtomicUsize>,
     hold_until: usize,
+    counted: fn(&IoOp) -> bool,
+}
+
+fn is_write(op: &IoOp) -> bool {
+    matches!(op, IoOp::Write { .. })
+}
+
+/// A read of a whole 1 MiB stripe unit: a data piece, not the mount's metadata reads.
+fn is_unit_read(op: &IoOp) -> bool {
+    matches!(op, IoOp::Read { .. }) && op.len() == 1 << 20
 }
 
 impl Target for CountingView {
@@ -175,7 +229,7 @@ impl Target for CountingView {
         self.inner.info()
     }
     fn submit(&self, op: IoOp, done: Completion) {
-        if !matches!(op, IoOp::Write { .. }) {
+        if !(self.counted)(&op) {
             return self.inner.submit(op, done);
         }
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -200,10 +254,20 @@ impl Target for CountingView {
 }
 
 /// Mounts `sims` behind [`CountingView`]s sharing one in-flight counter and one peak;
-/// completions are held until `hold_until` writes were in flight at once (or 10 s).
+/// completions of writes are held until `hold_until` were in flight at once (or 10 s).
 fn mount_counting(
     sims: &[Arc<SimTarget>],
     hold_until: usize,
+) -> (Fs, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    mount_counting_with(sims, hold_until, is_write, quiet())
+}
+
+/// [`mount_counting`] for the ops `counted` picks, with mount options `opts`.
+fn mount_counting_with(
+    sims: &[Arc<SimTarget>],
+    hold_until: usize,
+    counted: fn(&IoOp) -> bool,
+    opts: MountOptions,
 ) -> (Fs, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let in_flight = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
@@ -215,10 +279,11 @@ fn mount_counting(
                 in_flight: Arc::clone(&in_flight),
                 peak: Arc::clone(&peak),
                 hold_until,
+                counted,
             }) as Arc<dyn Target>
         })
         .collect();
-    let (fs, _) = Fs::mount(views, quiet()).unwrap();
+    let (fs, _) = Fs::mount(views, opts).unwrap();
     (fs, in_flight, peak)
 }
 

@@ -8,8 +8,8 @@
 //!    system's exclusive operations drain;
 //! 3. fan-out: one device I/O per mapping piece ([`iterate`]), every piece of a window
 //!    submitted before one wait (I-003-1), or, with [`DioSubmit::Serial`], one piece at a
-//!    time (a mapping error the file system calls "short" after progress ends the write
-//!    there: a contiguous short write, I-003-3);
+//!    time, reads and writes alike (a mapping error the file system calls "short" after
+//!    progress ends a write there: a contiguous short write, I-003-3);
 //! 4. one completion fan-in: the first error wins; on success the file system records the
 //!    write ([`DioEndIo::write_done`]); buffers go back, the in-flight count drops, and for
 //!    writes the clean cache over the range is dropped (a buffered reader may have cached
@@ -43,7 +43,7 @@ use crate::{iterate, CacheIo, IoDir, Iomap, IomapOp, IterError};
 /// Most bytes of one direct I/O in flight at once (bounce buffers included).
 pub const DIO_WINDOW_BYTES: u64 = 64 << 20;
 
-/// How a direct write submits its pieces.
+/// How a direct read or write submits its pieces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DioSubmit {
     /// Submit every piece of a window, then wait once (Lustre LU-13798).
@@ -114,6 +114,10 @@ pub trait DioOps: CacheIo {
     /// # Errors
     /// The file system's error.
     fn prepare_write(&self, pos: u64, len: u64) -> Result<DioSubmit, Self::Error>;
+
+    /// How a direct read submits its pieces: every piece of a window before one wait, or
+    /// one piece at a time.
+    fn read_submit(&self) -> DioSubmit;
 
     /// True when this mapping error, met by a serial write after some bytes were written,
     /// ends the write short rather than failing it (out of space).
@@ -406,6 +410,10 @@ fn read_fan_out<O: DioOps>(
     run.bytes = n as usize;
     run.started = true;
     end.in_flight().begin();
+    if ops.read_submit() == DioSubmit::Serial {
+        read_serial(ops, end, pos, span, buf, &mut run);
+        return Fanned::Waited(run);
+    }
     let windows = span.div_ceil(DIO_WINDOW_BYTES);
     for w in 0..windows {
         let at = pos + w * DIO_WINDOW_BYTES;
@@ -435,6 +443,28 @@ fn read_fan_out<O: DioOps>(
         }
     }
     Fanned::Waited(run)
+}
+
+/// One piece at a time: submit, wait, copy into `buf`, next.
+fn read_serial<O: DioOps>(
+    ops: &O,
+    end: &O::End,
+    pos: u64,
+    span: u64,
+    buf: &mut [u8],
+    run: &mut ReadRun<O::Error>,
+) {
+    let walked = iterate(ops, pos, span, IomapOp::Read, |map, p, m| {
+        let batch = Batch::new();
+        let slot = map
+            .is_written()
+            .then(|| ops.submit(&batch, map, p, IoDir::Read, ops.buffers().get(m as usize)));
+        let piece = [(slot, (p - pos) as usize, m as usize)];
+        copy_out(end, &piece, batch.wait(), buf).map(|()| m)
+    });
+    if let Err(e) = walked {
+        run.error = Some(e.into_parts(|m| ops.contract_error(m)).1);
+    }
 }
 
 /// The one completion of a read: the last window's bytes, accounting, the answer.
