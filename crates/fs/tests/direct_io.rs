@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use common::*;
 use stripefs::{
-    CreateParams, DioSubmit, FallocMode, Fs, Ino, MkfsOptions, MountOptions, OpenMode, StripeLayout,
-    WriteOrigin,
+    CreateParams, DioSubmit, FallocMode, Fs, Ino, MkfsOptions, MountOptions, OpenMode,
+    StripeLayout, WriteOrigin,
 };
 use stripefs_target::fault::{Persistence, PointMatch};
 use stripefs_target::{
