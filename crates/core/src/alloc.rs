@@ -27,6 +27,26 @@ struct TargetSpace {
     blocks: u64,
 }
 
+impl TargetSpace {
+    /// The counts' invariant after every change: promises never exceed the free blocks
+    /// (so "available" = free - reserved is never negative) and the free blocks never
+    /// exceed the data area.
+    fn debug_check(&self, target: TargetId) {
+        debug_assert!(
+            self.reserved <= self.free_blocks,
+            "target {target}: {} blocks reserved but only {} free",
+            self.reserved,
+            self.free_blocks
+        );
+        debug_assert!(
+            self.free_blocks <= self.blocks - self.data_start,
+            "target {target}: {} free blocks in a {}-block data area",
+            self.free_blocks,
+            self.blocks - self.data_start
+        );
+    }
+}
+
 /// A freed range that may not be reused before transaction `seq` is durable.
 #[derive(Debug, Clone, Copy)]
 struct Busy {
@@ -108,6 +128,7 @@ impl Allocator {
             t.free.insert(end, fs + fl - end);
         }
         t.free_blocks -= len;
+        t.debug_check(target);
         Ok(())
     }
 
@@ -135,6 +156,7 @@ impl Allocator {
             t.free.insert(start + len, fs + fl - start - len);
         }
         t.free_blocks -= len;
+        t.debug_check(target);
         Some((start, len))
     }
 
@@ -146,6 +168,7 @@ impl Allocator {
             return false;
         }
         t.reserved += n;
+        t.debug_check(target);
         true
     }
 
@@ -161,6 +184,7 @@ impl Allocator {
             t.reserved
         );
         t.reserved -= n;
+        t.debug_check(target);
     }
 
     /// Blocks promised to delayed allocations on `target`.
@@ -208,6 +232,7 @@ impl Allocator {
         }
         t.free.insert(s, l);
         t.free_blocks += len;
+        t.debug_check(target);
     }
 
     /// Frees a range once transaction `seq` is durable (see [`Self::release_busy`]).
@@ -302,6 +327,22 @@ mod tests {
             mkfs_time_sec: 0,
         })
         .unwrap()
+    }
+
+    /// Marking blocks used that were promised to delayed allocations would leave more
+    /// reserved than free (a negative "available"): the counts' check stops it where it
+    /// happens, in debug builds.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "reserved but only")]
+    fn promises_never_exceed_the_free_blocks() {
+        let g = geo();
+        let mut a = Allocator::new(&g);
+        let t = TargetId(0);
+        let all = a.available_blocks(t);
+        assert!(a.reserve(t, all));
+        let start = g.targets[0].data_start;
+        a.mark_used(t, start, 1).unwrap();
     }
 
     #[test]

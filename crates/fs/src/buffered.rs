@@ -232,10 +232,17 @@ impl Fs {
         if size != disk {
             m.set_isize(ino, Some(size));
         }
-        if size > before && self.inner.opts.speculative_prealloc {
-            self.speculative_prealloc(&mut m, ino)?;
+        let added = if size > before && self.inner.opts.speculative_prealloc {
+            self.speculative_prealloc(&mut m, ino)?
+        } else {
+            0
+        };
+        // Idle detection (and the in-core inode's pin) only while the file holds
+        // speculative preallocation its last trim has not seen.
+        let c = m.inodes.entry(ino);
+        if added > 0 || c.last_write.is_some() {
+            c.last_write = Some(Instant::now());
         }
-        m.inodes.entry(ino).last_write = Some(Instant::now());
         let a = data_changed(&m, ino)?;
         self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
     }
@@ -359,12 +366,13 @@ impl Fs {
     /// right after the new EOF, allocates unwritten extents beyond it, as much as the file's
     /// size (64 KiB to 8 MiB, so it grows with the file). Later extending writes land in
     /// them without allocating; unused space is trimmed at last close, when idle, and at
-    /// unmount. Best effort: a full target just means no preallocation.
-    fn speculative_prealloc(&self, m: &mut crate::inner::MetaCore, ino: Ino) -> Result<()> {
+    /// unmount. Best effort: a full target just means no preallocation. Returns the
+    /// extents added.
+    fn speculative_prealloc(&self, m: &mut crate::inner::MetaCore, ino: Ino) -> Result<usize> {
         let bs = self.inner.geo.block_size;
         let i = inode(m, ino)?;
         if i.attrs.flags & FLAG_PREALLOC != 0 {
-            return Ok(());
+            return Ok(0);
         }
         let size = m.size_of(ino).unwrap_or(i.attrs.size);
         let (from, want) = (
@@ -381,7 +389,7 @@ impl Fs {
             .delalloc_of(ino, next.object as usize)
             .is_some_and(|d| d.covering(next_block).is_some());
         if mapped || delayed {
-            return Ok(());
+            return Ok(0);
         }
         let l = i.attrs.layout;
         let n = self.inner.geo.target_count();
@@ -418,7 +426,9 @@ impl Fs {
                 refcount: 1,
             });
         }
-        self.inner.log_all(m, recs)
+        let added = recs.len();
+        self.inner.log_all(m, recs)?;
+        Ok(added)
     }
 
     /// Frees unwritten extents wholly beyond EOF unless the file has explicit

@@ -99,7 +99,7 @@ impl Fs {
     ///
     /// # Errors
     /// As [`Fs::read_at`] or [`Fs::read_direct`].
-    pub fn read_into(&self, fh: Fh, off: u64, buf: &mut [u8]) -> Result<usize> {
+    pub(crate) fn read_into(&self, fh: Fh, off: u64, buf: &mut [u8]) -> Result<usize> {
         let h = self.handle(fh)?;
         match h.mode {
             OpenMode::Direct => self.read_direct(h.ino, off, buf),
@@ -127,7 +127,8 @@ impl File {
         self.fh
     }
 
-    /// Reads by the handle's mode (see [`Fs::read_into`]).
+    /// Reads by the handle's mode, waiting, into `buf` (as [`Fs::read`] without an
+    /// intermediate vector).
     ///
     /// # Errors
     /// As [`Fs::read_at`] or [`Fs::read_direct`].

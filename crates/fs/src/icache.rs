@@ -292,6 +292,10 @@ impl InodeTable {
             if !c.reclaimable() {
                 return true;
             }
+            debug_assert!(
+                c.io.dio.is_idle(),
+                "evicting inode {ino} with direct I/O in flight"
+            );
             floor = floor.max(c.meta_seq).max(c.data_seq);
             if c.io.cache.get().is_some() {
                 pc.forget(ino.0);

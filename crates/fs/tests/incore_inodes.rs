@@ -13,7 +13,10 @@ mod common;
 use std::collections::VecDeque;
 
 use common::*;
-use stripefs::{CreateParams, Fs, Ino, MkfsOptions, SetAttr};
+use stripefs::{
+    AtimePolicy, AtimeWrite, CreateParams, Fs, Ino, MkfsOptions, MountOptions, SetAttr, TimeSet,
+    Timespec,
+};
 use stripefs_target::CrashMode;
 
 const BS: u32 = 1024;
@@ -24,6 +27,13 @@ const WINDOW: usize = 20_000;
 const SWEEP_MIN: u64 = 1024;
 
 fn mount_small_cache(s: &[std::sync::Arc<stripefs_target::SimTarget>]) -> Fs {
+    mount_small_cache_with(s, quiet())
+}
+
+fn mount_small_cache_with(
+    s: &[std::sync::Arc<stripefs_target::SimTarget>],
+    mut o: MountOptions,
+) -> Fs {
     Fs::mkfs(
         &dyns(s),
         &MkfsOptions {
@@ -35,7 +45,6 @@ fn mount_small_cache(s: &[std::sync::Arc<stripefs_target::SimTarget>]) -> Fs {
         },
     )
     .unwrap();
-    let mut o = quiet();
     o.cache.folio_bytes = 4096;
     o.cache.budget_bytes = BUDGET;
     o.cache.dirty_limit_bytes = BUDGET / 4;
@@ -94,12 +103,13 @@ fn churn(files: usize) -> usize {
     }
     let st = fs.status();
     eprintln!(
-        "{files} files touched in {:.1?}: in-core inodes peak {} (table's own peak {}), now {}, evicted {}; cache budget {} KiB, peak resident {} KiB",
+        "{files} files touched in {:.1?}: in-core inodes peak {} (table's own peak {}), now {}, evicted {}; files in the page cache's index {}; cache budget {} KiB, peak resident {} KiB",
         started.elapsed(),
         peak,
         st.incore_inodes_peak,
         st.incore_inodes,
         st.incore_inodes_evicted,
+        st.cache.files,
         BUDGET >> 10,
         st.cache.peak_resident_bytes >> 10
     );
@@ -115,6 +125,12 @@ fn churn(files: usize) -> usize {
         WINDOW
     );
     assert!(st.incore_inodes_evicted > 0);
+    assert!(
+        st.cache.files <= st.incore_inodes as u64,
+        "the page cache's index ({} files) lives only as long as the in-core inodes ({})",
+        st.cache.files,
+        st.incore_inodes
+    );
     fs.unmount().unwrap();
     st.incore_inodes_peak
 }
@@ -216,5 +232,75 @@ fn pinned_inodes_are_not_evicted() {
     let mut buf = [0u8; 5];
     fs.read_at(a, 0, &mut buf).unwrap();
     assert_eq!(&buf, b"dirty");
+    fs.unmount().unwrap();
+}
+
+/// Under `lazytime`, reads keep access times in memory; an inode pinned only by one is not
+/// kept forever: the sweep logs the time and evicts it, so reading many files keeps the
+/// table bounded, no access time is lost, and `fsync` after eviction makes it durable.
+#[test]
+fn lazy_access_times_are_logged_at_eviction() {
+    let s = sims(4, 32 << 20);
+    let lazy = AtimePolicy {
+        write: AtimeWrite::Lazy,
+        ..AtimePolicy::default()
+    };
+    let fs = mount_small_cache_with(
+        &s,
+        MountOptions {
+            atime: lazy,
+            // Written without a close, which trims: keep the space per file at a block.
+            speculative_prealloc: false,
+            ..quiet()
+        },
+    );
+    let now = stripefs::time_now().sec;
+    let at = |sec: i64| Timespec { sec, nsec: 0 };
+    let old = SetAttr {
+        // Older than the modification: relatime updates it on the next read.
+        atime: Some(TimeSet::At(at(now - 7200))),
+        mtime: Some(TimeSet::At(at(now - 3600))),
+        ctime: Some(at(now - 3600)),
+        ..SetAttr::default()
+    };
+    let files: Vec<Ino> = (0..6000)
+        .map(|n| {
+            let f = fs
+                .create(
+                    Ino::ROOT,
+                    format!("f{n}").as_ref(),
+                    CreateParams::with_perm(0o644),
+                )
+                .unwrap()
+                .ino;
+            fs.write_at(f, 0, &pattern(n, 0, BS as usize)).unwrap();
+            fs.setattr(f, &old).unwrap();
+            f
+        })
+        .collect();
+    fs.sync().unwrap();
+    let mut buf = vec![0u8; BS as usize];
+    for &f in &files {
+        fs.read_at(f, 0, &mut buf).unwrap();
+    }
+    let st = fs.status();
+    let bound = 2 * (BUDGET / u64::from(BS) + 16).max(SWEEP_MIN) + 1;
+    assert!(
+        (st.incore_inodes_peak as u64) <= bound,
+        "in-core inodes peaked at {} over {bound}: lazily kept access times pinned them",
+        st.incore_inodes_peak
+    );
+    assert!(st.incore_inodes_evicted > 0);
+    assert!(
+        fs.getattr(files[0]).unwrap().atime.sec >= now,
+        "the first file's access time survived its eviction"
+    );
+    fs.fsync(files[0], false).unwrap();
+    std::mem::forget(fs);
+    for t in &s {
+        t.crash(CrashMode::DropUnflushed);
+    }
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).unwrap();
+    assert!(fs.getattr(files[0]).unwrap().atime.sec >= now);
     fs.unmount().unwrap();
 }

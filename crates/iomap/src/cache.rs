@@ -439,6 +439,8 @@ pub struct CacheStats {
     pub clean_folios: u64,
     pub dirty_folios: u64,
     pub writeback_folios: u64,
+    /// Files with a cache (an empty one included): the index reclaim walks.
+    pub files: u64,
     /// Folios with an asynchronous readahead read in flight now.
     pub reading_folios: u64,
     /// Bytes asynchronous readahead submitted to the device, and its reads that failed
@@ -850,6 +852,7 @@ impl PageCache {
     /// Counters.
     #[must_use]
     pub fn stats(&self) -> CacheStats {
+        let files = self.files.lock().len() as u64;
         let lru = self.lru.lock();
         CacheStats {
             resident_bytes: self.resident.load(Ordering::Relaxed),
@@ -860,6 +863,7 @@ impl PageCache {
             clean_folios: lru.len(LruList::Clean) as u64,
             dirty_folios: lru.len(LruList::Dirty) as u64,
             writeback_folios: lru.len(LruList::Writeback) as u64,
+            files,
             reading_folios: self.reads.reading_folios(),
             readahead_async_bytes: self.reads.submitted_bytes(),
             readahead_failed_reads: self.reads.failed_reads(),

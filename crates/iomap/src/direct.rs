@@ -67,6 +67,12 @@ impl DioCount {
         *self.n.lock() += 1;
     }
 
+    /// Whether no direct I/O is in flight.
+    #[must_use]
+    pub fn is_idle(&self) -> bool {
+        *self.n.lock() == 0
+    }
+
     /// A direct I/O finished, completion work included.
     pub fn end(&self) {
         let mut n = self.n.lock();
