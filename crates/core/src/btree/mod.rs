@@ -2,6 +2,7 @@
 //!
 //! - [`key`]: the ordered keyspace (25-byte big-endian keys, kinds, trees, name hash);
 //! - [`page`]: self-describing pages, encoded and verified on every read;
+//! - [`root`]: the root record, the commit point of a checkpoint (two slots);
 //! - [`tree`]: the copy-on-write B+tree over an abstract page source, and the
 //!   generation bookkeeping of incremental checkpoints (freeze, plan, publish).
 //!
@@ -11,6 +12,7 @@
 
 pub mod key;
 pub mod page;
+pub mod root;
 pub mod tree;
 
 pub use key::{name_hash, Key, KeyKind, TreeId, KEY_BYTES, VALUE_MAX};

@@ -1,0 +1,516 @@
+//! stripefs-meta: the runtime of the paged metadata trees (`docs/design/metadata.md`).
+//!
+//! [`Store`] holds the trees of `stripefs_core::btree`, a [`PageCache`] of clean pages
+//! under a byte budget, and reads and writes pages only through the `Target` trait.
+//! Page addresses come from a [`PageAlloc`] (the file system's allocator after
+//! integration). [`Store::checkpoint`] writes the pages dirtied since the last one to
+//! fresh addresses, flushes, and commits with a FUA write of the root record.
+//!
+//! Concurrency rule: no lock is held across a page read or write. An operation that
+//! misses the cache drops its locks, reads and verifies the page, inserts it and
+//! restarts from the root; lookups of other pages proceed meanwhile. A checkpoint takes
+//! the tree locks only to freeze and to publish.
+
+mod cache;
+pub mod region;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use stripefs_core::btree::page::{decode, Generation, PageAddr, PageRef, PageSize};
+use stripefs_core::btree::root::{RootRecord, ROOT_RECORD_BYTES};
+use stripefs_core::btree::tree::{Miss, Node, PageSource, RootRef, Tree, WritePlan};
+use stripefs_core::btree::{Key, TreeId};
+use stripefs_core::{BlockSize, CoreError, TargetId, Uuid};
+use stripefs_target::{Batch, IoBuf, IoOp, Target, TargetError};
+
+pub use cache::{CacheStats, PageCache};
+
+/// An error of the metadata store.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum MetaError {
+    /// A page or root record failed verification.
+    #[error(transparent)]
+    Corrupted(#[from] CoreError),
+    /// A device operation failed.
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    /// No page could be allocated for a checkpoint.
+    #[error("no space for metadata pages: {0}")]
+    NoSpace(String),
+    /// An earlier checkpoint failed; the trees must be reopened.
+    #[error("metadata store poisoned by an earlier failed checkpoint")]
+    Poisoned,
+}
+
+/// Where pages come from and go back to.
+pub trait PageAlloc: Send + Sync + fmt::Debug {
+    /// `n` page addresses that no durable or in-flight tree reaches.
+    ///
+    /// # Errors
+    /// `NoSpace` when fewer are free.
+    fn alloc(&self, n: usize) -> Result<Vec<PageAddr>, MetaError>;
+
+    /// Pages no tree reaches any more (their generation's successor is durable).
+    fn free(&self, pages: &[PageAddr]);
+}
+
+/// Where the two root record slots are: byte offsets on one target, each one sector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootSlots {
+    pub target: TargetId,
+    pub offsets: [u64; 2],
+}
+
+/// What a store needs to know about its file system.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreConfig {
+    pub uuid: Uuid,
+    pub page_size: PageSize,
+    /// The file-system block size: a page address is a block number.
+    pub block_size: BlockSize,
+    /// Bytes of pages the cache may hold, pinned dirty and frozen pages included.
+    pub cache_bytes: usize,
+    pub slots: RootSlots,
+}
+
+/// The metadata trees of one file system.
+#[derive(Debug)]
+pub struct Store {
+    cfg: StoreConfig,
+    targets: Vec<Arc<dyn Target>>,
+    alloc: Arc<dyn PageAlloc>,
+    trees: Vec<RwLock<Tree>>,
+    cache: PageCache,
+    /// Serialises checkpoints.
+    checkpoint: Mutex<()>,
+    poisoned: AtomicBool,
+}
+
+/// Counters and shapes, for `inspect` and tests.
+#[derive(Debug, Clone, Default)]
+pub struct StoreStats {
+    pub cache: CacheStats,
+    /// Per tree: root level, dirty pages, frozen pages.
+    pub trees: Vec<(TreeId, u8, usize, usize)>,
+}
+
+impl Store {
+    /// New empty trees (nothing on disk until the first [`Store::checkpoint`], which
+    /// writes generation 1).
+    #[must_use]
+    pub fn create(
+        cfg: StoreConfig,
+        targets: Vec<Arc<dyn Target>>,
+        alloc: Arc<dyn PageAlloc>,
+    ) -> Store {
+        let trees = TreeId::ALL
+            .iter()
+            .map(|t| RwLock::new(Tree::create(*t, cfg.page_size, Generation(1))))
+            .collect();
+        Store::with_trees(cfg, targets, alloc, trees)
+    }
+
+    /// The trees as the newest valid root record leaves them. Reads two sectors: its
+    /// time does not depend on the size of the trees.
+    ///
+    /// # Errors
+    /// The read's error, or `Corrupted` when neither slot holds a valid record or the
+    /// record does not fit the configuration.
+    pub fn open(
+        cfg: StoreConfig,
+        targets: Vec<Arc<dyn Target>>,
+        alloc: Arc<dyn PageAlloc>,
+    ) -> Result<Store, MetaError> {
+        let rec = read_root(&cfg, &targets)?;
+        if rec.page_size != cfg.page_size {
+            let d = format!("page size {} on disk", rec.page_size.bytes());
+            return Err(CoreError::corrupted("metadata root record", d).into());
+        }
+        let open = rec.generation.next();
+        let mut trees = Vec::new();
+        for t in TreeId::ALL {
+            let Some(root) = rec.root(t) else {
+                let d = format!("no root for tree {t}");
+                return Err(CoreError::corrupted("metadata root record", d).into());
+            };
+            trees.push(RwLock::new(Tree::open(t, cfg.page_size, root, open)));
+        }
+        Ok(Store::with_trees(cfg, targets, alloc, trees))
+    }
+
+    fn with_trees(
+        cfg: StoreConfig,
+        targets: Vec<Arc<dyn Target>>,
+        alloc: Arc<dyn PageAlloc>,
+        trees: Vec<RwLock<Tree>>,
+    ) -> Store {
+        Store {
+            cache: PageCache::new(cfg.cache_bytes, cfg.page_size.bytes()),
+            cfg,
+            targets,
+            alloc,
+            trees,
+            checkpoint: Mutex::new(()),
+            poisoned: AtomicBool::new(false),
+        }
+    }
+
+    fn tree(&self, t: TreeId) -> &RwLock<Tree> {
+        &self.trees[TreeId::ALL
+            .iter()
+            .position(|x| *x == t)
+            .expect("every tree")]
+    }
+
+    fn live(&self) -> Result<(), MetaError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(MetaError::Poisoned);
+        }
+        Ok(())
+    }
+
+    /// Bytes of pages pinned in memory (dirty and frozen).
+    fn pinned(&self) -> usize {
+        let pages: usize = self
+            .trees
+            .iter()
+            .map(|t| {
+                let t = t.read();
+                t.dirty_count() + t.frozen_count()
+            })
+            .sum();
+        pages * self.cfg.page_size.bytes()
+    }
+
+    /// Reads, verifies and caches the page a traversal missed. No lock is held.
+    /// Returns the page for the operation's [`Held`] set.
+    fn fill(&self, m: Miss) -> Result<(PageRef, Arc<Node>), MetaError> {
+        let e = m.0;
+        let target = self.targets.get(e.at.addr.target.index()).ok_or_else(|| {
+            CoreError::corrupted(
+                format!("metadata page of tree {} at {}", e.tree, e.at.addr),
+                "no such target",
+            )
+        })?;
+        let offset = self.cfg.block_size.to_bytes(e.at.addr.block.0);
+        let buf = target.read_sync(offset, self.cfg.page_size.bytes())?;
+        let page = decode(self.cfg.page_size, self.cfg.uuid, &e, &buf).map_err(CoreError::from)?;
+        let pinned = self.pinned();
+        let node = Arc::new(Node::from_page(page));
+        self.cache.insert(e.at, Arc::clone(&node), pinned);
+        Ok((e.at, node))
+    }
+
+    /// Runs `op` on tree `t` under its read lock, filling misses without any lock.
+    fn read_op<T>(
+        &self,
+        t: TreeId,
+        op: impl Fn(&Tree, &Held<'_>) -> Result<T, Miss>,
+    ) -> Result<T, MetaError> {
+        let mut held = Held::new(&self.cache);
+        loop {
+            self.live()?;
+            let r = op(&self.tree(t).read(), &held);
+            match r {
+                Ok(v) => return Ok(v),
+                Err(m) => held.pages.push(self.fill(m)?),
+            }
+        }
+    }
+
+    /// Runs `op` on tree `t` under its write lock, filling misses without any lock.
+    fn write_op<T>(
+        &self,
+        t: TreeId,
+        mut op: impl FnMut(&mut Tree, &Held<'_>) -> Result<T, Miss>,
+    ) -> Result<T, MetaError> {
+        let mut held = Held::new(&self.cache);
+        loop {
+            self.live()?;
+            let r = op(&mut self.tree(t).write(), &held);
+            match r {
+                Ok(v) => return Ok(v),
+                Err(m) => held.pages.push(self.fill(m)?),
+            }
+        }
+    }
+
+    /// The value of `key` (in the tree its kind belongs to).
+    ///
+    /// # Errors
+    /// A page read's error or verification failure; `Poisoned`.
+    pub fn get(&self, key: &Key) -> Result<Option<Vec<u8>>, MetaError> {
+        self.read_op(tree_of(key), |t, src| t.get(src, key))
+    }
+
+    /// Items of tree `tree` with keys in `from..to`, at most `limit`.
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    pub fn scan(
+        &self,
+        tree: TreeId,
+        from: Key,
+        to: Option<Key>,
+        limit: usize,
+    ) -> Result<Vec<(Key, Vec<u8>)>, MetaError> {
+        let mut out = Vec::new();
+        let mut at = from;
+        let mut held = Held::new(&self.cache);
+        loop {
+            self.live()?;
+            let s = self
+                .tree(tree)
+                .read()
+                .scan(&held, at, to, limit - out.len());
+            if !s.items.is_empty() {
+                // Progress is kept by key: only the path to the next leaf needs holding.
+                held.pages.clear();
+            }
+            out.extend(s.items);
+            if let Some(m) = s.miss {
+                held.pages.push(self.fill(m)?);
+            }
+            match s.resume {
+                Some(k) if out.len() < limit => at = k,
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// Inserts or replaces; returns the previous value.
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    pub fn insert(&self, key: Key, value: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
+        self.write_op(tree_of(&key), |t, src| t.insert(src, key, value.to_vec()))
+    }
+
+    /// Removes `key`; returns its value.
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    pub fn remove(&self, key: &Key) -> Result<Option<Vec<u8>>, MetaError> {
+        self.write_op(tree_of(key), |t, src| t.remove(src, key))
+    }
+
+    /// The generation of the last durable checkpoint (0: none yet).
+    #[must_use]
+    pub fn durable_generation(&self) -> Generation {
+        let open = self.trees[0].read().open_generation();
+        let frozen = usize::from(self.trees[0].read().frozen_count() > 0) as u64;
+        Generation(open.0 - 1 - frozen)
+    }
+
+    /// Counters and tree shapes.
+    #[must_use]
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            cache: self.cache.stats(),
+            trees: self
+                .trees
+                .iter()
+                .map(|t| {
+                    let t = t.read();
+                    (t.id(), t.root_level(), t.dirty_count(), t.frozen_count())
+                })
+                .collect(),
+        }
+    }
+
+    /// Writes every page dirtied since the last checkpoint and commits them with the
+    /// root record; returns the generation now durable. A failure poisons the store.
+    ///
+    /// # Errors
+    /// The first allocation, write or flush error; `Poisoned`.
+    pub fn checkpoint(&self) -> Result<Generation, MetaError> {
+        let _serial = self.checkpoint.lock();
+        self.live()?;
+        // Freeze: each tree's lock for a moment; nothing is copied.
+        let frozen: Vec<_> = self.trees.iter().map(|t| t.write().freeze()).collect();
+        let generation = frozen[0].generation;
+        let result = self.write_generation(&frozen);
+        let plans = match result {
+            Ok(p) => p,
+            Err(e) => {
+                self.poisoned.store(true, Ordering::Release);
+                return Err(e);
+            }
+        };
+        // Publish: each tree's lock for a moment.
+        for (t, plan) in self.trees.iter().zip(&plans) {
+            let out = t.write().publish(plan);
+            for a in &out.freed {
+                self.cache.remove(*a);
+            }
+            self.alloc.free(&out.freed);
+            let pinned = self.pinned();
+            for (at, node) in out.clean {
+                self.cache.insert(at, node, pinned);
+            }
+        }
+        Ok(generation)
+    }
+
+    /// Steps 2 and 3 of the protocol, with no tree lock held.
+    fn write_generation(
+        &self,
+        frozen: &[Arc<stripefs_core::btree::tree::Frozen>],
+    ) -> Result<Vec<WritePlan>, MetaError> {
+        let generation = frozen[0].generation;
+        let mut plans = Vec::with_capacity(frozen.len());
+        for (f, tree) in frozen.iter().zip(TreeId::ALL) {
+            let addrs = self.alloc.alloc(f.page_count())?;
+            plans.push(f.plan(tree, self.cfg.page_size, self.cfg.uuid, &addrs));
+        }
+        let batch = Batch::new();
+        let mut touched = vec![false; self.targets.len()];
+        for p in plans.iter().flat_map(|p| &p.pages) {
+            let t = p.at.addr.target.index();
+            touched[t] = true;
+            let offset = self.cfg.block_size.to_bytes(p.at.addr.block.0);
+            let bufs = vec![IoBuf::from_slice(&p.bytes)];
+            batch.submit(&*self.targets[t], IoOp::Write { offset, bufs });
+        }
+        batch.wait().into_iter().try_for_each(|d| d.result)?;
+        let flushes = Batch::new();
+        for (t, _) in touched.iter().enumerate().filter(|(_, x)| **x) {
+            flushes.submit(&*self.targets[t], IoOp::Flush);
+        }
+        flushes.wait().into_iter().try_for_each(|d| d.result)?;
+        let slot = RootRecord::slot_of(generation);
+        let rec = RootRecord {
+            slot,
+            generation,
+            page_size: self.cfg.page_size,
+            journal_tail: 0,
+            journal_seq: 0,
+            roots: TreeId::ALL
+                .iter()
+                .copied()
+                .zip(plans.iter().map(WritePlan::root_ref))
+                .collect(),
+        };
+        let target = &self.targets[self.cfg.slots.target.index()];
+        let mut sector = vec![0u8; (target.info().sector_size as usize).max(ROOT_RECORD_BYTES)];
+        sector[..ROOT_RECORD_BYTES].copy_from_slice(&rec.encode(self.cfg.uuid));
+        let offset = self.cfg.slots.offsets[slot as usize];
+        target.write_fua_sync(offset, IoBuf::from_slice(&sector))?;
+        Ok(plans)
+    }
+
+    /// Visits every page of tree `tree` reachable from its last durable root, depth
+    /// first, reading and verifying each from disk (not through the cache; memory is
+    /// bounded by the depth). For fsck and for rebuilding an allocator at open.
+    ///
+    /// # Errors
+    /// The first read error or verification failure.
+    ///
+    /// # Panics
+    /// Panics if the tree has changes not yet checkpointed (call it on an opened store).
+    pub fn walk(
+        &self,
+        tree: TreeId,
+        visit: &mut dyn FnMut(PageAddr, &Node),
+    ) -> Result<(), MetaError> {
+        let root = self
+            .tree(tree)
+            .read()
+            .clean_root()
+            .expect("walk a checkpointed tree");
+        self.walk_page(tree, root, Key::MIN, None, visit)
+    }
+
+    fn walk_page(
+        &self,
+        tree: TreeId,
+        r: RootRef,
+        low: Key,
+        high: Option<Key>,
+        visit: &mut dyn FnMut(PageAddr, &Node),
+    ) -> Result<(), MetaError> {
+        let e = stripefs_core::btree::Expect {
+            tree,
+            at: r.at,
+            level: r.level,
+            low,
+            high,
+        };
+        let target = &self.targets[r.at.addr.target.index()];
+        let buf = target.read_sync(
+            self.cfg.block_size.to_bytes(r.at.addr.block.0),
+            self.cfg.page_size.bytes(),
+        )?;
+        let page = decode(self.cfg.page_size, self.cfg.uuid, &e, &buf).map_err(CoreError::from)?;
+        let node = Node::from_page(page);
+        visit(r.at.addr, &node);
+        if let stripefs_core::btree::tree::Items::Branch(v) = &node.items {
+            for (i, (k, c)) in v.iter().enumerate() {
+                let stripefs_core::btree::tree::Child::Page(at) = c else {
+                    unreachable!("a page's children are pages")
+                };
+                let clow = if i == 0 { low } else { *k };
+                let chigh = v.get(i + 1).map_or(high, |(k, _)| Some(*k));
+                self.walk_page(
+                    tree,
+                    RootRef {
+                        at: *at,
+                        level: r.level - 1,
+                    },
+                    clow,
+                    chigh,
+                    visit,
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The pages one operation has read, held until it completes: the cache may evict them
+/// (its budget can be smaller than a path when dirty pages fill it), but the restarted
+/// operation still finds them, so every restart makes progress.
+struct Held<'a> {
+    cache: &'a PageCache,
+    pages: Vec<(PageRef, Arc<Node>)>,
+}
+
+impl<'a> Held<'a> {
+    fn new(cache: &'a PageCache) -> Held<'a> {
+        Held {
+            cache,
+            pages: Vec::new(),
+        }
+    }
+}
+
+impl PageSource for Held<'_> {
+    fn page(&self, r: &PageRef) -> Option<Arc<Node>> {
+        let held = self.pages.iter().find(|(at, _)| at == r);
+        held.map(|(_, n)| Arc::clone(n))
+            .or_else(|| self.cache.page(r))
+    }
+}
+
+fn tree_of(key: &Key) -> TreeId {
+    stripefs_core::btree::KeyKind::from_code(key.kind)
+        .map_or_else(|| panic!("key {key} of no known kind"), |k| k.tree())
+}
+
+/// Reads both slots and returns the newest valid record.
+fn read_root(cfg: &StoreConfig, targets: &[Arc<dyn Target>]) -> Result<RootRecord, MetaError> {
+    let target = targets
+        .get(cfg.slots.target.index())
+        .ok_or_else(|| CoreError::corrupted("metadata root records", "no such target"))?;
+    let len = (target.info().sector_size as usize).max(ROOT_RECORD_BYTES);
+    let mut found = [None, None];
+    for (slot, offset) in cfg.slots.offsets.iter().enumerate() {
+        let buf = target.read_sync(*offset, len)?;
+        found[slot] = RootRecord::decode(&buf, cfg.uuid, slot as u32)?;
+    }
+    let [a, b] = found;
+    Ok(RootRecord::newest(a, b)?)
+}
