@@ -68,7 +68,10 @@ fn run(seed: u64, steps: usize) -> Run {
             );
         }
         let s = store.stats();
-        assert!(s.cache.bytes <= CACHE_PAGES * PAGE, "cache over budget: {s:?}");
+        assert!(
+            s.cache.bytes <= CACHE_PAGES * PAGE,
+            "cache over budget: {s:?}"
+        );
         if rng.one_in(80) {
             let g = store.checkpoint().expect("checkpoint");
             out.commits.push((out.recorder.events().len() - 1, g));
@@ -78,7 +81,10 @@ fn run(seed: u64, steps: usize) -> Run {
     assert_eq!(contents(&store), oracle, "seed {seed}: final contents");
     let s = store.stats().cache;
     eprintln!("seed {seed}: {s:?}");
-    assert!(s.evictions > 500 && s.misses > 500, "the cache evicts constantly: {s:?}");
+    assert!(
+        s.evictions > 500 && s.misses > 500,
+        "the cache evicts constantly: {s:?}"
+    );
     out
 }
 
@@ -133,7 +139,11 @@ fn tree_survives_a_crash_at_every_flush_point() {
         );
         let initial = vec![vec![0u8; TARGET_BYTES as usize]; 2];
         let points = r.recorder.durability_points();
-        eprintln!("seed {seed}: {} checkpoints, {} crash points", r.commits.len(), points.len());
+        eprintln!(
+            "seed {seed}: {} checkpoints, {} crash points",
+            r.commits.len(),
+            points.len()
+        );
         for &at in &points {
             check_point(&r, &initial, at, UnflushedPolicy::Drop, seed);
             let tear = UnflushedPolicy::Tear {
