@@ -216,7 +216,7 @@ impl Store {
             let r = op(&self.tree(t).read(), &held);
             match r {
                 Ok(v) => return Ok(v),
-                Err(m) => held.pages.push(self.fill(m)?),
+                Err(m) => held.take(self, m)?,
             }
         }
     }
@@ -233,7 +233,7 @@ impl Store {
             let r = op(&mut self.tree(t).write(), &held);
             match r {
                 Ok(v) => return Ok(v),
-                Err(m) => held.pages.push(self.fill(m)?),
+                Err(m) => held.take(self, m)?,
             }
         }
     }
@@ -272,7 +272,7 @@ impl Store {
             }
             out.extend(s.items);
             if let Some(m) = s.miss {
-                held.pages.push(self.fill(m)?);
+                held.take(self, m)?;
             }
             match s.resume {
                 Some(k) if out.len() < limit => at = k,
@@ -476,6 +476,8 @@ impl Store {
 struct Held<'a> {
     cache: &'a PageCache,
     pages: Vec<(PageRef, Arc<Node>)>,
+    /// A page that failed verification once.
+    suspect: Option<PageRef>,
 }
 
 impl<'a> Held<'a> {
@@ -483,6 +485,25 @@ impl<'a> Held<'a> {
         Held {
             cache,
             pages: Vec::new(),
+            suspect: None,
+        }
+    }
+
+    /// Reads the missed page into the set. A page that fails verification is reported
+    /// only when the restarted operation needs the same page again: a checkpoint may have
+    /// freed it and a later one rewritten it while this operation was reading (no lock
+    /// is held across the read), and then the restart from the root no longer reaches it.
+    fn take(&mut self, store: &Store, m: Miss) -> Result<(), MetaError> {
+        match store.fill(m) {
+            Ok(page) => {
+                self.pages.push(page);
+                Ok(())
+            }
+            Err(MetaError::Corrupted(_)) if self.suspect != Some(m.0.at) => {
+                self.suspect = Some(m.0.at);
+                Ok(())
+            }
+            Err(e) => Err(e),
         }
     }
 }
