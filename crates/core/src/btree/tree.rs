@@ -441,18 +441,23 @@ impl Tree {
         drop(path);
         let leaf = self.node_mut(*ids.last().expect("path"));
         let items = leaf.leaf_mut();
-        let old = match items.binary_search_by(|(k, _)| k.cmp(&key)) {
-            Ok(i) => Some(std::mem::replace(&mut items[i].1, value)),
+        let (old, at) = match items.binary_search_by(|(k, _)| k.cmp(&key)) {
+            Ok(i) => (Some(std::mem::replace(&mut items[i].1, value)), i),
             Err(i) => {
                 items.insert(i, (key, value));
-                None
+                (None, i)
             }
+        };
+        let at_end = if at + 1 == items.len() {
+            Fill::Append
+        } else {
+            Fill::Even
         };
         if shrink > 0 {
             self.rebalance_upward(&ids, &fixes, &sib_ids);
             self.collapse_root();
         } else {
-            self.split_upward(&ids);
+            self.split_upward(&ids, at_end);
         }
         Ok(old)
     }
@@ -591,12 +596,12 @@ impl Tree {
     }
 
     /// Splits overflowing nodes from the leaf up, growing a new root if needed.
-    fn split_upward(&mut self, ids: &[NodeId]) {
+    fn split_upward(&mut self, ids: &[NodeId], mut fill: Fill) {
         for d in (0..ids.len()).rev() {
             if self.node(ids[d]).encoded_len() <= self.size.body() {
                 return;
             }
-            let (sep, right) = self.split(ids[d]);
+            let (sep, right) = self.split(ids[d], fill);
             if d == 0 {
                 let level = self.node(ids[0]).level + 1;
                 let root = Node {
@@ -613,25 +618,31 @@ impl Tree {
             let parent = self.node_mut(ids[d - 1]);
             let at = parent.child_index(&sep) + 1;
             parent.branch_mut().insert(at, (sep, Child::Mem(right)));
+            fill = if at + 1 == parent.len() {
+                Fill::Append
+            } else {
+                Fill::Even
+            };
         }
     }
 
-    /// Moves the upper half of node `id` into a new node; returns its lowest key and id.
-    fn split(&mut self, id: NodeId) -> (Key, NodeId) {
+    /// Moves the upper part of node `id` into a new node; returns its lowest key and id.
+    fn split(&mut self, id: NodeId, fill: Fill) -> (Key, NodeId) {
+        let floor = self.size.body() / 4;
         let node = self.node_mut(id);
         let level = node.level;
         let items = match &mut node.items {
             Items::Leaf(v) => {
-                let total: usize = v.iter().map(|(_, x)| page::ITEM_OVERHEAD + x.len()).sum();
-                let mut acc = 0;
-                let mut at = 0;
-                while at < v.len() - 1 && acc + page::ITEM_OVERHEAD + v[at].1.len() <= total / 2 {
-                    acc += page::ITEM_OVERHEAD + v[at].1.len();
-                    at += 1;
-                }
-                Items::Leaf(v.split_off(at.max(1)))
+                let sizes: Vec<usize> = v
+                    .iter()
+                    .map(|(_, x)| page::ITEM_OVERHEAD + x.len())
+                    .collect();
+                Items::Leaf(v.split_off(split_point(&sizes, floor, fill)))
             }
-            Items::Branch(v) => Items::Branch(v.split_off(v.len() / 2)),
+            Items::Branch(v) => {
+                let sizes = vec![page::BRANCH_ENTRY_BYTES; v.len()];
+                Items::Branch(v.split_off(split_point(&sizes, floor, fill)))
+            }
         };
         let sep = match &items {
             Items::Leaf(v) => v[0].0,
@@ -903,6 +914,43 @@ fn child_range(node: &Node, idx: usize, low: Key, high: Option<Key>) -> (Key, Op
     let clow = if idx == 0 { low } else { v[idx].0 };
     let chigh = v.get(idx + 1).map_or(high, |(k, _)| Some(*k));
     (clow, chigh)
+}
+
+/// How a split divides a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// At the byte midpoint.
+    Even,
+    /// The insert that overflowed the node was at its end (keys arriving in order, as
+    /// new inodes do): the new right node gets just over a quarter, so the left one
+    /// stays about three quarters full instead of half.
+    Append,
+}
+
+/// Index of the first entry of the right node when a node of entries of `sizes` bytes
+/// splits. Both parts are at least `floor` bytes (entries are at most `floor`, the node
+/// is over four `floor`s) and at most the page body.
+fn split_point(sizes: &[usize], floor: usize, fill: Fill) -> usize {
+    let total: usize = sizes.iter().sum();
+    let at = match fill {
+        Fill::Even => {
+            let (mut acc, mut at) = (0, 0);
+            while at < sizes.len() - 1 && acc + sizes[at] <= total / 2 {
+                acc += sizes[at];
+                at += 1;
+            }
+            at
+        }
+        Fill::Append => {
+            let (mut acc, mut at) = (0, sizes.len());
+            while at > 1 && acc < floor {
+                at -= 1;
+                acc += sizes[at];
+            }
+            at
+        }
+    };
+    at.clamp(1, sizes.len() - 1)
 }
 
 fn append(into: &mut Items, from: Items) {
