@@ -246,6 +246,15 @@ impl Store {
         self.read_op(tree_of(key), |t, src| t.get(src, key))
     }
 
+    /// The item with the greatest key at or below `key`, in the tree of `key`'s kind
+    /// (it may be of another object or kind: callers check the prefix).
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    pub fn floor(&self, key: &Key) -> Result<Option<(Key, Vec<u8>)>, MetaError> {
+        self.read_op(tree_of(key), |t, src| t.floor(src, key))
+    }
+
     /// Items of tree `tree` with keys in `from..to`, at most `limit`.
     ///
     /// # Errors

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::*;
-use stripefs_core::btree::Generation;
+use stripefs_core::btree::{Generation, Key, KeyKind};
 use stripefs_meta::Store;
 use stripefs_target::{Recorder, RecordingTarget, Rng, SimTarget, Target, UnflushedPolicy};
 
@@ -66,6 +66,10 @@ fn run(seed: u64, steps: usize) -> Run {
                 oracle.get(&q),
                 "seed {seed} step {step}"
             );
+            let tree = |k: &Key| KeyKind::from_code(k.kind).map(KeyKind::tree);
+            let want = oracle.range(..=q).rev().find(|(k, _)| tree(k) == tree(&q));
+            let want = want.map(|(k, v)| (*k, v.clone()));
+            assert_eq!(store.floor(&q).unwrap(), want, "seed {seed} step {step}");
         }
         let s = store.stats();
         assert!(

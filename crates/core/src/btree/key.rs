@@ -231,6 +231,29 @@ impl Key {
             .map(|object| Key { object, ..Key::MIN })
     }
 
+    /// The previous key in order, or `None` for [`Key::MIN`].
+    #[must_use]
+    pub fn predecessor(self) -> Option<Key> {
+        let n = u128::from(self.a) << 64 | u128::from(self.b);
+        if let Some(n) = n.checked_sub(1) {
+            return Some(Key {
+                a: (n >> 64) as u64,
+                b: n as u64,
+                ..self
+            });
+        }
+        if let Some(kind) = self.kind.checked_sub(1) {
+            return Some(Key { kind, ..Key::MAX }.with_object(self.object));
+        }
+        self.object
+            .checked_sub(1)
+            .map(|object| Key { object, ..Key::MAX })
+    }
+
+    fn with_object(self, object: u64) -> Key {
+        Key { object, ..self }
+    }
+
     /// The first key of the range `[object, kind, a, *]`.
     #[must_use]
     pub fn first_of(object: u64, kind: KeyKind, a: u64) -> Key {
@@ -309,6 +332,19 @@ mod tests {
             })
         );
         assert_eq!(Key::MAX.successor(), None);
+        for k in [
+            Key::new(4, KeyKind::Extent, 2, 9),
+            Key::new(4, KeyKind::Extent, 3, 0),
+            Key::new(4, KeyKind::Extent, 0, 0),
+            Key {
+                object: 5,
+                ..Key::MIN
+            },
+            Key::MAX,
+        ] {
+            assert_eq!(k.predecessor().unwrap().successor(), Some(k), "{k}");
+        }
+        assert_eq!(Key::MIN.predecessor(), None);
     }
 
     #[test]

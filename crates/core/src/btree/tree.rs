@@ -368,6 +368,31 @@ impl Tree {
             .map(|i| items[i].1.clone()))
     }
 
+    /// The item with the greatest key at or below `key` (an extent lookup: the extent
+    /// starting at or before a block).
+    ///
+    /// # Errors
+    /// [`Miss`] when a page on the way is not in memory.
+    pub fn floor(&self, src: &dyn PageSource, key: &Key) -> Result<Option<(Key, Vec<u8>)>, Miss> {
+        let mut at = *key;
+        loop {
+            let path = self.descend(src, &at)?;
+            let leaf = path.last().expect("a path reaches a leaf");
+            let Items::Leaf(items) = &leaf.node.items else {
+                unreachable!("level 0 is a leaf")
+            };
+            let n = items.partition_point(|(k, _)| *k <= at);
+            if n > 0 {
+                return Ok(Some(items[n - 1].clone()));
+            }
+            // Everything here is above `at`: look in the leaf before this one.
+            match leaf.low.predecessor() {
+                Some(p) => at = p,
+                None => return Ok(None),
+            }
+        }
+    }
+
     /// Items with keys in `from..to` (`to: None`: to the end), at most `limit` of them.
     /// A miss ends the scan early with what was found before it; scan again from
     /// `resume` after reading the page (progress is kept across misses).

@@ -284,6 +284,12 @@ fn run(seed: u64, steps: usize, cache_pages: usize) -> (usize, u64, u8) {
                 "get {q} seed {seed} step {step}"
             );
         }
+        if rng.below(8) == 0 {
+            let q = random_key(&mut rng, space);
+            let got = retry(&h, &mut rng, || t.floor(&h, &q));
+            let want = oracle.range(..=q).next_back().map(|(k, v)| (*k, v.clone()));
+            assert_eq!(got, want, "floor {q} seed {seed} step {step}");
+        }
         if rng.below(64) == 0 {
             let a = random_key(&mut rng, space);
             let b = Key::new(a.object + 1 + rng.below(200), KeyKind::Inode, 0, 0);
