@@ -243,30 +243,24 @@ fn w3_raw(paths: &[PathBuf], io: u64, write: bool) -> Result<f64, String> {
         .iter()
         .map(|p| open_one(p, None))
         .collect::<Result<_, _>>()?;
-    let n = targets.len() as u64;
-    // Per target: W3_REGION / n bytes (whole units) from 1 MiB on (past the superblock).
-    let span = (W3_REGION / n / STRIPE_UNIT).max(1) * STRIPE_UNIT;
+    let n = targets.len();
     let mut idle: HashMap<usize, Vec<IoBuf>> = HashMap::new();
     let mut one = |file_off: u64| -> Result<(), String> {
         let batch = Batch::new();
-        let mut pos = file_off;
-        while pos < file_off + io {
-            let len = (STRIPE_UNIT - pos % STRIPE_UNIT).min(file_off + io - pos);
-            let u = pos / STRIPE_UNIT;
-            let offset = (1 << 20) + (u / n * STRIPE_UNIT + pos % STRIPE_UNIT) % span;
-            let buf = idle.get_mut(&(len as usize)).and_then(Vec::pop);
+        for p in raw_pieces(file_off, io, n) {
+            let buf = idle.get_mut(&p.len).and_then(Vec::pop);
             let bufs = vec![buf.unwrap_or_else(|| {
-                let mut b = IoBuf::zeroed(len as usize);
+                let mut b = IoBuf::zeroed(p.len);
                 b.fill(0x3c);
                 b
             })];
+            let offset = p.offset;
             let op = if write {
                 IoOp::Write { offset, bufs }
             } else {
                 IoOp::Read { offset, bufs }
             };
-            batch.submit(targets[(u % n) as usize].as_ref(), op);
-            pos += len;
+            batch.submit(targets[p.target].as_ref(), op);
         }
         for d in batch.wait() {
             d.result.map_err(|e| e.to_string())?;
@@ -282,6 +276,36 @@ fn w3_raw(paths: &[PathBuf], io: u64, write: bool) -> Result<f64, String> {
         one(off)?;
     }
     Ok(W3_REGION as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// One raw request: `len` bytes at `offset` of target `target`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RawPiece {
+    target: usize,
+    offset: u64,
+    len: usize,
+}
+
+/// The pieces striping makes of `io` bytes at file offset `file_off` over `n` targets:
+/// split at stripe-unit boundaries, unit `u` on target `u % n` at unit `u / n` of that
+/// target's span (`W3_REGION / n` rounded down to whole units, wrapping), which starts at
+/// 1 MiB, past the superblock.
+fn raw_pieces(file_off: u64, io: u64, n: usize) -> Vec<RawPiece> {
+    let n = n as u64;
+    let span = (W3_REGION / n / STRIPE_UNIT).max(1) * STRIPE_UNIT;
+    let mut out = Vec::new();
+    let mut pos = file_off;
+    while pos < file_off + io {
+        let len = (STRIPE_UNIT - pos % STRIPE_UNIT).min(file_off + io - pos);
+        let u = pos / STRIPE_UNIT;
+        out.push(RawPiece {
+            target: (u % n) as usize,
+            offset: (1 << 20) + (u / n * STRIPE_UNIT) % span + pos % STRIPE_UNIT,
+            len: len as usize,
+        });
+        pos += len;
+    }
+    out
 }
 
 /// What `w3-striped-dio` runs on.
@@ -382,4 +406,45 @@ pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, json: bool) -> Result<St
             .collect::<Vec<_>>()
             .join(",")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Raw pieces cover the operation exactly, each inside one stripe unit, on the
+    /// target striping puts it, past the superblock and within the target's span, and
+    /// no two pieces of one operation overlap on a target.
+    #[test]
+    fn raw_pieces_are_the_stripe_pieces_within_each_span() {
+        for n in [1usize, 2, 3, 8] {
+            let span = (W3_REGION / n as u64 / STRIPE_UNIT).max(1) * STRIPE_UNIT;
+            for io in [4096u64, 1 << 20, 3 << 19, 16 << 20, 64 << 20] {
+                for file_off in (0..W3_REGION).step_by(io as usize).take(40) {
+                    let ps = raw_pieces(file_off, io, n);
+                    assert_eq!(ps.iter().map(|p| p.len as u64).sum::<u64>(), io);
+                    let mut pos = file_off;
+                    let mut used: Vec<(usize, u64, u64)> = Vec::new();
+                    for p in &ps {
+                        assert_eq!(p.target, (pos / STRIPE_UNIT) as usize % n);
+                        assert_eq!(p.offset % STRIPE_UNIT, pos % STRIPE_UNIT);
+                        assert!(pos % STRIPE_UNIT + p.len as u64 <= STRIPE_UNIT);
+                        assert!(p.offset >= 1 << 20);
+                        assert!(p.offset + p.len as u64 <= (1 << 20) + span);
+                        let (a, b) = (p.offset, p.offset + p.len as u64);
+                        if io.div_ceil(n as u64) + STRIPE_UNIT <= span {
+                            assert!(
+                                used.iter()
+                                    .all(|&(t, c, d)| t != p.target || b <= c || d <= a),
+                                "n={n} io={io} off={file_off}: overlap on target {}",
+                                p.target
+                            );
+                        }
+                        used.push((p.target, a, b));
+                        pos += p.len as u64;
+                    }
+                }
+            }
+        }
+    }
 }
