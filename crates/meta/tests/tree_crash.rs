@@ -135,7 +135,22 @@ fn check_point(r: &Run, initial: &[Vec<u8>], at: usize, policy: UnflushedPolicy,
 #[test]
 fn tree_survives_a_crash_at_every_flush_point() {
     for seed in [1, 2] {
-        let r = run(seed, 2500);
+        crash_everywhere(seed, 2500);
+    }
+}
+
+/// The same over 20 more seeds and twice the steps (about 4 minutes here).
+#[test]
+#[ignore = "long: cargo test -p stripefs-meta --test tree_crash -- --ignored"]
+fn tree_survives_a_crash_at_every_flush_point_many_seeds() {
+    for seed in 3..=22 {
+        crash_everywhere(seed, 5000);
+    }
+}
+
+fn crash_everywhere(seed: u64, steps: usize) {
+    {
+        let r = run(seed, steps);
         assert!(
             r.commits.len() >= 15,
             "seed {seed}: {} checkpoints",
