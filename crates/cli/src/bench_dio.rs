@@ -278,6 +278,15 @@ fn w3_raw(paths: &[PathBuf], io: u64, write: bool) -> Result<f64, String> {
     Ok(W3_REGION as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64())
 }
 
+/// `io` in MiB when whole, else in KiB (sizes are multiples of 4 KiB).
+fn size_label(io: u64) -> String {
+    if io % (1 << 20) == 0 {
+        format!("{} MiB", io >> 20)
+    } else {
+        format!("{} KiB", io >> 10)
+    }
+}
+
 /// One raw request: `len` bytes at `offset` of target `target`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RawPiece {
@@ -390,8 +399,8 @@ pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, json: bool) -> Result<St
         println!("|---|---|---|---|---|---|---|---|");
         for ((t, io, w, p, s), raw) in rows.iter().zip(&raws) {
             println!(
-                "| {t} | {} MiB | {} | {p:.0} | {s:.0} | {:.2}x | {raw:.0} | {:.2} |",
-                io >> 20,
+                "| {t} | {} | {} | {p:.0} | {s:.0} | {:.2}x | {raw:.0} | {:.2} |",
+                size_label(*io),
                 if *w { "write" } else { "read" },
                 p / s,
                 p / raw
@@ -415,6 +424,13 @@ mod tests {
     /// Raw pieces cover the operation exactly, each inside one stripe unit, on the
     /// target striping puts it, past the superblock and within the target's span, and
     /// no two pieces of one operation overlap on a target.
+    #[test]
+    fn sizes_are_labelled_exactly() {
+        assert_eq!(size_label(64 << 20), "64 MiB");
+        assert_eq!(size_label(3 << 19), "1536 KiB");
+        assert_eq!(size_label(4096), "4 KiB");
+    }
+
     #[test]
     fn raw_pieces_are_the_stripe_pieces_within_each_span() {
         for n in [1usize, 2, 3, 8] {
