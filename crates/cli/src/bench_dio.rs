@@ -280,7 +280,7 @@ fn w3_raw(paths: &[PathBuf], io: u64, write: bool) -> Result<f64, String> {
 
 /// `io` in MiB when whole, else in KiB (sizes are multiples of 4 KiB).
 fn size_label(io: u64) -> String {
-    if io % (1 << 20) == 0 {
+    if io.is_multiple_of(1 << 20) {
         format!("{} MiB", io >> 20)
     } else {
         format!("{} KiB", io >> 10)
