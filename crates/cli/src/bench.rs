@@ -13,6 +13,10 @@
 //!   1, 4 and 8 targets; `dio_submit = parallel` vs `serial`, and the raw backing files.
 //!   With `--target` it runs on the given targets (files, devices or NBD URIs) instead of
 //!   files it creates; `--counts` and `--sizes` choose the rows.
+//! - `meta` (issue 11): metadata at scale, see `bench_meta.rs`; `--files`, `--dirs`,
+//!   `--file-size`, `--target-size`, `--steps`, `--plot`. One run, not variants.
+//! - `plot`: only draws `--plot` from `--plot-series` files (what `scripts/bench-meta`
+//!   uses to put the mount's and XFS's series on one chart).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -30,7 +34,8 @@ use crate::targets::open_one;
 /// NBD URIs included: see --target).
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Workloads: w2-subblock-dirty, w4-metamix (default: both).
+    /// Workloads: w2-subblock-dirty, w4-metamix (default: both), w1-unaligned-dio,
+    /// w3-striped-dio, meta, plot.
     #[arg(short = 'w', long = "workload")]
     workloads: Vec<String>,
     /// Runs per variant; the median is reported.
@@ -60,6 +65,48 @@ pub struct BenchArgs {
     /// w3-striped-dio: I/O sizes, comma-separated (default 1m,16m,64m).
     #[arg(long, value_delimiter = ',', value_parser = crate::size::parse_size)]
     sizes: Vec<u64>,
+    /// meta: files to create (all threads together).
+    #[arg(long, default_value_t = 100_000)]
+    files: u64,
+    /// meta: directories the files are spread over.
+    #[arg(long, default_value_t = 1000)]
+    dirs: u64,
+    /// meta: bytes written to each file (0: empty files).
+    #[arg(long, default_value = "0", value_parser = crate::size::parse_size)]
+    file_size: u64,
+    /// meta: number of targets.
+    #[arg(long, default_value_t = 4)]
+    target_count: usize,
+    /// meta: size of each target (sparse files, not pre-zeroed).
+    #[arg(long, default_value = "4g", value_parser = crate::size::parse_size)]
+    target_size: u64,
+    /// meta: measurement points as the file count grows (10: at 10%, 20%, ...).
+    #[arg(long, default_value_t = 10)]
+    steps: u64,
+    /// meta, plot: write an SVG of fsync latency against files created.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// meta, plot: another series for the plot, from a file of
+    /// `files_created latency_seconds` lines (repeatable).
+    #[arg(long, value_name = "LABEL=FILE", value_parser = crate::bench_meta::parse_series)]
+    plot_series: Vec<(String, PathBuf)>,
+}
+
+impl BenchArgs {
+    /// The `meta` workload's parameters.
+    fn meta_params(&self) -> crate::bench_meta::MetaParams {
+        crate::bench_meta::MetaParams {
+            files: self.files,
+            dirs: self.dirs,
+            threads: self.threads,
+            file_size: self.file_size,
+            targets: self.target_count,
+            target_size: self.target_size,
+            steps: self.steps,
+            plot: self.plot.clone(),
+            plot_series: self.plot_series.clone(),
+        }
+    }
 }
 
 /// One variant's results over all runs.
@@ -99,9 +146,11 @@ pub fn run(a: &BenchArgs) -> Result<i32, String> {
             "w4-metamix" => w4(&a.dir, runs, a.ops.unwrap_or(12), a.threads.max(1), a.json)?,
             "w1-unaligned-dio" => crate::bench_dio::w1(&a.dir, runs, a.threads.max(1), a.json)?,
             "w3-striped-dio" => crate::bench_dio::w3(&a.dir, &w3_params(a)?, runs, a.json)?,
+            "meta" => crate::bench_meta::run(&a.dir, &a.meta_params(), a.json)?,
+            "plot" => crate::bench_meta::plot_only(&a.meta_params())?,
             other => {
                 return Err(format!(
-                    "unknown workload {other:?} (w2-subblock-dirty, w4-metamix)"
+                    "unknown workload {other:?} (w2-subblock-dirty, w4-metamix, w1-unaligned-dio, w3-striped-dio, meta, plot)"
                 ))
             }
         };
@@ -436,4 +485,72 @@ fn w4(dir: &Path, runs: usize, files: u64, threads: usize, json: bool) -> Result
             v.name, v.median(0), v.runs.iter().map(|r| (r[0] * 100.0).round() / 100.0).collect::<Vec<_>>()
         )).collect::<Vec<_>>().join(",")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BenchArgs;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.bench)
+    }
+
+    #[test]
+    fn meta_arguments() {
+        let a = parse(&[
+            "-w",
+            "meta",
+            "--files",
+            "300000",
+            "--dirs",
+            "500",
+            "--threads",
+            "3",
+            "--file-size",
+            "4k",
+            "--target-size",
+            "16g",
+            "--plot",
+            "out.svg",
+            "--plot-series",
+            "xfs=x.txt",
+        ])
+        .unwrap();
+        let p = a.meta_params();
+        assert_eq!(
+            (p.files, p.dirs, p.threads, p.file_size, p.target_size),
+            (300_000, 500, 3, 4096, 16 << 30)
+        );
+        assert_eq!((p.targets, p.steps), (4, 10));
+        assert_eq!(p.plot.as_deref(), Some("out.svg".as_ref()));
+        assert_eq!(p.plot_series, vec![("xfs".to_string(), "x.txt".into())]);
+        assert!(p.check().is_ok());
+
+        // Defaults: issue 11's shape, empty files.
+        let p = parse(&["-w", "meta"]).unwrap().meta_params();
+        assert_eq!(
+            (p.files, p.dirs, p.threads, p.file_size),
+            (100_000, 1000, 2, 0)
+        );
+
+        let e = parse(&["-w", "meta", "--plot-series", "nolabel"]).unwrap_err();
+        assert!(e.to_string().contains("LABEL=FILE"), "{e}");
+        for (args, msg) in [
+            (&["--files", "0"][..], "--files"),
+            (&["--files", "10", "--dirs", "11"][..], "--dirs"),
+            (&["--threads", "0"][..], "--threads"),
+            (&["--steps", "0"][..], "--steps"),
+            (&["--target-size", "1m"][..], "--target-size"),
+        ] {
+            let e = parse(args).unwrap().meta_params().check().unwrap_err();
+            assert!(e.contains(msg), "{args:?}: {e}");
+        }
+    }
 }

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_dio;
+mod bench_meta;
 mod fsck;
 mod inspect;
 mod io;

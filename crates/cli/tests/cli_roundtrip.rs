@@ -307,3 +307,61 @@ fn queued_direct_io_from_the_command_line() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// The value of `"key":` in a flat JSON text (the first occurrence), as text.
+fn json_field<'a>(j: &'a str, key: &str) -> &'a str {
+    let at = j
+        .find(&format!("\"{key}\":"))
+        .unwrap_or_else(|| panic!("{key} in {j}"))
+        + key.len()
+        + 3;
+    let rest = &j[at..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// `bench -w meta` at a tiny size, so the workload cannot rot: every phase runs, the
+/// crash is recovered by replaying the journal, the plot is drawn; and a run that fills
+/// today's checkpoint area stops with the count reached instead of failing.
+#[test]
+fn bench_meta_runs_and_reports_enospc() {
+    let d = dir("bench-meta");
+    let svg = d.join("p.svg");
+    let (code, out, err) = run(bin()
+        .args(["bench", "-w", "meta", "--files", "2000", "--dirs", "10"])
+        .args(["--target-size", "32m", "--json", "--dir"])
+        .arg(&d)
+        .arg("--plot")
+        .arg(&svg));
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(json_field(&out, "files_created"), "2000", "{out}");
+    assert_eq!(json_field(&out, "enospc"), "null", "{out}");
+    assert_eq!(json_field(&out, "count"), "2", "two timed fsyncs: {out}");
+    assert_eq!(
+        out.matches("\"files\":").count(),
+        1 + 10,
+        "ten steps: {out}"
+    );
+    let crash = &out[out.find("\"mount_crash\"").unwrap()..];
+    let replayed: u64 = json_field(crash, "replayed_txns").parse().unwrap();
+    assert!(replayed > 0, "the crash left transactions to replay: {out}");
+    let fill: f64 = json_field(crash, "journal_fill").parse().unwrap();
+    assert!((0.3..0.75).contains(&fill), "journal fill {fill}: {out}");
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(plot.matches("<circle").count(), 2 + 1, "{plot}");
+    assert!(!d.join("meta-t0").exists(), "targets removed");
+
+    // 8 MiB targets: a 256 KiB checkpoint area holds about 1,500 empty files.
+    let (code, out, err) = run(bin()
+        .args(["bench", "-w", "meta", "--files", "4000", "--dirs", "10"])
+        .args(["--target-size", "8m", "--json", "--dir"])
+        .arg(&d));
+    assert_eq!(code, 0, "{out}{err}");
+    let created: u64 = json_field(&out, "files_created").parse().unwrap();
+    assert!((500..4000).contains(&created), "{out}");
+    assert!(
+        json_field(&out, "enospc").contains("metadata area is full"),
+        "{out}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -489,6 +489,8 @@ impl Fs {
             data_bytes_written: self.inner.data_bytes_written.load(Ordering::Relaxed),
             data_bytes_read: self.inner.data_bytes_read.load(Ordering::Relaxed),
             meta_bytes_written: self.inner.meta_bytes_written.load(Ordering::Relaxed),
+            ckpt_bytes_written: self.inner.ckpt_bytes_written.load(Ordering::Relaxed),
+            checkpoints: self.inner.checkpoints.load(Ordering::Relaxed),
             cache: self.inner.cache.stats(),
             dio_shared: self.inner.dio_shared.load(Ordering::Relaxed),
             dio_exclusive: self.inner.dio_exclusive.load(Ordering::Relaxed),

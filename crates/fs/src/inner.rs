@@ -228,6 +228,10 @@ pub(crate) struct FsInner {
     pub data_bytes_read: std::sync::atomic::AtomicU64,
     /// Bytes written to the journal and checkpoints.
     pub meta_bytes_written: std::sync::atomic::AtomicU64,
+    /// Of those, bytes written by checkpoints (payload and header), and checkpoints
+    /// written.
+    pub ckpt_bytes_written: std::sync::atomic::AtomicU64,
+    pub checkpoints: std::sync::atomic::AtomicU64,
     /// Direct writes run under the shared / exclusive inode lock, and stripe pieces they
     /// submitted.
     pub dio_shared: std::sync::atomic::AtomicU64,
@@ -284,6 +288,8 @@ impl FsInner {
             data_bytes_written: std::sync::atomic::AtomicU64::new(0),
             data_bytes_read: std::sync::atomic::AtomicU64::new(0),
             meta_bytes_written: std::sync::atomic::AtomicU64::new(0),
+            ckpt_bytes_written: std::sync::atomic::AtomicU64::new(0),
+            checkpoints: std::sync::atomic::AtomicU64::new(0),
             dio_shared: std::sync::atomic::AtomicU64::new(0),
             dio_exclusive: std::sync::atomic::AtomicU64::new(0),
             dio_pieces: std::sync::atomic::AtomicU64::new(0),

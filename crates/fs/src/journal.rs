@@ -216,10 +216,10 @@ impl Journal {
             time_sec: crate::clock::time_now().sec,
         };
         write_checkpoint(fs.targets[0].as_ref(), &fs.geo, hdr, snap)?;
-        fs.meta_bytes_written.fetch_add(
-            snap.len() as u64 + u64::from(fs.geo.block_size.bytes()),
-            Ordering::Relaxed,
-        );
+        let written = snap.len() as u64 + u64::from(fs.geo.block_size.bytes());
+        fs.meta_bytes_written.fetch_add(written, Ordering::Relaxed);
+        fs.ckpt_bytes_written.fetch_add(written, Ordering::Relaxed);
+        fs.checkpoints.fetch_add(1, Ordering::Relaxed);
         *pos = JournalPosition {
             head: pos.head,
             tail: pos.head,

@@ -239,6 +239,10 @@ pub struct FsStatus {
     pub data_bytes_read: u64,
     /// Bytes written to the journal and checkpoints since mount.
     pub meta_bytes_written: u64,
+    /// Of those, bytes written by checkpoints (the whole metadata model each time), and
+    /// checkpoints written, since mount.
+    pub ckpt_bytes_written: u64,
+    pub checkpoints: u64,
     /// Page cache counters.
     pub cache: stripefs_iomap::cache::CacheStats,
     /// Direct writes run under the shared / exclusive inode lock since mount.

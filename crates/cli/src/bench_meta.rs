@@ -1,0 +1,957 @@
+//! `stripefs bench -w meta`: metadata at scale, in-process (issue 11's benchmark).
+//!
+//! T threads create N files (each `--file-size` bytes) over D directories in `--steps`
+//! equal steps; every 1000th file created is opened and `fsync`ed, and that call is
+//! timed. After each step, with no creates running: a sample of lookups (stat) and of
+//! directory reads, resident memory, checkpoint bytes written. Then, at N files: mount
+//! time after a clean unmount, lookups of every file, reads of every directory, mount
+//! time after a crash with the journal filled to just below its checkpoint trigger,
+//! and unlinks of every file. On `ENOSPC` (today's checkpoint-area limit) the creates
+//! stop, the count reached is reported, and the later phases run on what exists.
+//!
+//! The crash: the journal is filled with `chmod`s, 1000 per `sync`, until one more such
+//! commit would reach 75% (where a commit writes a checkpoint instead), then a journal-write fault is injected so the
+//! next commit fails, which poisons the file system; a poisoned file system is dropped
+//! without unmounting (no checkpoint, no further writes), leaving on the file targets
+//! exactly what the last durable commit left, as a power cut after it would.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use stripefs::{CreateParams, Fs, FsError, Ino, MkfsOptions, SetAttr};
+use stripefs_target::{FaultInjector, FaultKind, Persistence, PointMatch, Rng, Target};
+
+use crate::bench::{cleanup, quiet};
+use crate::targets::open_one;
+
+/// One `fsync` of a new file every this many creates.
+pub(crate) const FSYNC_EVERY: u64 = 1000;
+/// A bound on the `chmod`s the crash phase commits to fill the journal.
+const CRASH_MAX_CHMODS: u64 = 2_000_000;
+/// Lookups and directory reads sampled after each step.
+const STAT_SAMPLE: u64 = 5000;
+const READDIR_SAMPLE: u64 = 50;
+
+/// What `-w meta` runs.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct MetaParams {
+    pub files: u64,
+    pub dirs: u64,
+    pub threads: usize,
+    pub file_size: u64,
+    pub targets: usize,
+    pub target_size: u64,
+    pub steps: u64,
+    pub plot: Option<PathBuf>,
+    /// Extra series for the plot: (label, file of `files_created latency_seconds` lines).
+    pub plot_series: Vec<(String, PathBuf)>,
+}
+
+impl MetaParams {
+    /// Checks the arguments.
+    ///
+    /// # Errors
+    /// A sentence naming the bad argument.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.files == 0 {
+            return Err("--files must be at least 1".into());
+        }
+        if self.dirs == 0 || self.dirs > self.files {
+            return Err(format!("--dirs must be 1 to --files ({})", self.files));
+        }
+        if self.threads == 0 || self.threads > 1024 {
+            return Err("--threads must be 1 to 1024".into());
+        }
+        if self.steps == 0 || self.steps > self.files {
+            return Err(format!("--steps must be 1 to --files ({})", self.files));
+        }
+        if self.targets == 0 || self.targets > 256 {
+            return Err("--target-count must be 1 to 256".into());
+        }
+        if self.target_size < 8 << 20 {
+            return Err("--target-size must be at least 8 MiB".into());
+        }
+        if self.file_size > 1 << 30 {
+            return Err("--file-size must be at most 1 GiB".into());
+        }
+        Ok(())
+    }
+}
+
+/// Parses `LABEL=FILE` (`--plot-series`).
+pub(crate) fn parse_series(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((l, f)) if !l.is_empty() && !f.is_empty() => Ok((l.to_string(), PathBuf::from(f))),
+        _ => Err(format!("{s:?}: expected LABEL=FILE")),
+    }
+}
+
+/// Latency quantiles of a set of `fsync`s, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct Quantiles {
+    pub count: usize,
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Quantiles {
+    pub(crate) fn of(lat: &[f64]) -> Self {
+        if lat.is_empty() {
+            return Self::default();
+        }
+        let mut v = lat.to_vec();
+        v.sort_by(f64::total_cmp);
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        Self {
+            count: v.len(),
+            p50: at(0.5),
+            p99: at(0.99),
+            max: v[v.len() - 1],
+        }
+    }
+}
+
+/// The measurements at the end of one create step.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Step {
+    /// Files existing at the end of the step.
+    pub files: u64,
+    pub create_per_sec: f64,
+    pub fsync: Quantiles,
+    pub stat_per_sec: f64,
+    pub readdir_entries_per_sec: f64,
+    /// Checkpoint bytes written during the step per file created in it.
+    pub ckpt_bytes_per_file: f64,
+    pub checkpoints: u64,
+    /// The checkpoint payload bound: the serialised size of the metadata model.
+    pub model_bytes: u64,
+    pub vm_rss: u64,
+}
+
+/// A mount's time and what it replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct MountTime {
+    pub secs: f64,
+    pub replayed_txns: u64,
+    /// Fraction of the journal in use when the file system went down.
+    pub journal_fill: f64,
+}
+
+/// Everything `-w meta` measured.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct MetaReport {
+    pub params_files: u64,
+    pub dirs: u64,
+    pub threads: usize,
+    pub file_size: u64,
+    pub targets: usize,
+    pub target_size: u64,
+    pub files_created: u64,
+    /// The error that stopped the creates (`ENOSPC`), if any.
+    pub enospc: Option<String>,
+    pub steps: Vec<Step>,
+    pub create_per_sec: f64,
+    pub fsync: Quantiles,
+    pub stat_per_sec: f64,
+    pub readdir_entries_per_sec: f64,
+    pub unlink_per_sec: f64,
+    pub mount_clean: MountTime,
+    pub mount_crash: MountTime,
+    pub ckpt_bytes_per_file: f64,
+    pub vm_hwm: u64,
+    /// (files created when it was called, latency in seconds) of every timed `fsync`.
+    pub fsyncs: Vec<(u64, f64)>,
+}
+
+/// `VmRSS` and `VmHWM` of this process, in bytes (0 when unreadable).
+pub(crate) fn memory() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|k| k.parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn err(e: FsError) -> String {
+    e.to_string()
+}
+
+fn name(n: u64) -> OsString {
+    OsString::from(format!("f{n}"))
+}
+
+/// Creates the targets (sparse, not pre-zeroed: the metadata regions are written
+/// before they are read) and a file system on them.
+fn make_targets(dir: &Path, p: &MetaParams) -> Result<Vec<PathBuf>, String> {
+    let paths: Vec<PathBuf> = (0..p.targets)
+        .map(|i| dir.join(format!("meta-t{i}")))
+        .collect();
+    cleanup(&paths);
+    let targets: Vec<Arc<dyn Target>> = paths
+        .iter()
+        .map(|t| open_one(t, Some(p.target_size)))
+        .collect::<Result<_, _>>()?;
+    Fs::mkfs(&targets, &MkfsOptions::default()).map_err(err)?;
+    Ok(paths)
+}
+
+/// Mounts, timing the target opens and the mount together.
+fn timed_mount(
+    paths: &[PathBuf],
+    faults: Option<Arc<FaultInjector>>,
+) -> Result<(Fs, MountTime), String> {
+    let t = Instant::now();
+    let targets: Vec<Arc<dyn Target>> = paths
+        .iter()
+        .map(|p| open_one(p, None))
+        .collect::<Result<_, _>>()?;
+    let mut opts = quiet();
+    opts.faults = faults;
+    let (fs, report) = Fs::mount(targets, opts).map_err(err)?;
+    Ok((
+        fs,
+        MountTime {
+            secs: t.elapsed().as_secs_f64(),
+            replayed_txns: report.replayed_txns,
+            journal_fill: 0.0,
+        },
+    ))
+}
+
+/// What the create workers share.
+struct Creating<'a> {
+    fs: &'a Fs,
+    dirs: &'a [Ino],
+    threads: u64,
+    data: Vec<u8>,
+    stop: AtomicBool,
+}
+
+/// What one worker did in one step.
+#[derive(Default)]
+struct Created {
+    files: Vec<u64>,
+    fsyncs: Vec<(u64, f64)>,
+    enospc: Option<String>,
+}
+
+impl Creating<'_> {
+    /// Creates this worker's files among `range`.
+    fn worker(&self, th: u64, range: std::ops::Range<u64>) -> Result<Created, String> {
+        let mut out = Created::default();
+        let first = range.start + (th + self.threads - range.start % self.threads) % self.threads;
+        for n in (first..range.end).step_by(self.threads as usize) {
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            match self.one(n, &mut out) {
+                Ok(()) => out.files.push(n),
+                Err(FsError::NoSpace(why)) => {
+                    self.stop.store(true, Ordering::Relaxed);
+                    out.enospc = Some(format!("file {n}: {why}"));
+                    break;
+                }
+                Err(e) => return Err(format!("file {n}: {e}")),
+            }
+        }
+        Ok(out)
+    }
+
+    fn one(&self, n: u64, out: &mut Created) -> Result<(), FsError> {
+        let dir = self.dirs[(n % self.dirs.len() as u64) as usize];
+        let a = self
+            .fs
+            .create(dir, &name(n), CreateParams::with_perm(0o644))?;
+        let timed = n % FSYNC_EVERY == FSYNC_EVERY - 1;
+        if self.data.is_empty() && !timed {
+            return Ok(());
+        }
+        let f = self.fs.open_file(a.ino)?;
+        if !self.data.is_empty() {
+            f.write_at(0, &self.data)?;
+        }
+        if timed {
+            let t = Instant::now();
+            f.sync_all()?;
+            out.fsyncs.push((n + 1, t.elapsed().as_secs_f64()));
+        }
+        Ok(())
+    }
+}
+
+/// Runs `f(th)` on `threads` scoped threads and collects the results in thread order.
+fn on_threads<T: Send>(
+    threads: usize,
+    f: impl Fn(u64) -> Result<T, String> + Sync,
+) -> Result<Vec<T>, String> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads as u64)
+            .map(|th| {
+                let f = &f;
+                s.spawn(move || f(th))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
+            .collect()
+    })
+}
+
+/// Lookups of `names` (file index) on `threads` threads; returns lookups per second.
+fn stat_all(fs: &Fs, dirs: &[Ino], files: &[u64], threads: usize) -> Result<f64, String> {
+    let t = Instant::now();
+    on_threads(threads, |th| {
+        for &n in files.iter().skip(th as usize).step_by(threads) {
+            let dir = dirs[(n % dirs.len() as u64) as usize];
+            fs.lookup(dir, &name(n))
+                .map_err(|e| format!("lookup f{n}: {e}"))?;
+        }
+        Ok(())
+    })?;
+    Ok(files.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Reads `dirs` on `threads` threads; returns entries per second.
+fn readdir_all(fs: &Fs, dirs: &[Ino], threads: usize) -> Result<f64, String> {
+    let t = Instant::now();
+    let counts = on_threads(threads, |th| {
+        let mut entries = 0;
+        for &d in dirs.iter().skip(th as usize).step_by(threads) {
+            entries += fs.readdir(d).map_err(err)?.len() as u64;
+        }
+        Ok(entries)
+    })?;
+    Ok(counts.iter().sum::<u64>() as f64 / t.elapsed().as_secs_f64())
+}
+
+/// `n` items of `v` picked at random (all of them when `v` is smaller).
+fn sample<T: Copy>(v: &[T], n: u64, rng: &mut Rng) -> Vec<T> {
+    if v.len() as u64 <= n {
+        return v.to_vec();
+    }
+    (0..n)
+        .map(|_| v[rng.below(v.len() as u64) as usize])
+        .collect()
+}
+
+/// The create steps: returns the files created, in no particular order.
+fn create_phase(
+    fs: &Fs,
+    dirs: &[Ino],
+    p: &MetaParams,
+    r: &mut MetaReport,
+) -> Result<Vec<u64>, String> {
+    let work = Creating {
+        fs,
+        dirs,
+        threads: p.threads as u64,
+        data: vec![0x5a; p.file_size as usize],
+        stop: AtomicBool::new(false),
+    };
+    let mut files: Vec<u64> = Vec::with_capacity(p.files as usize);
+    let mut rng = Rng::new(11);
+    let mut create_secs = 0.0;
+    let ckpt_start = fs.status().ckpt_bytes_written;
+    for k in 1..=p.steps {
+        let range = p.files * (k - 1) / p.steps..p.files * k / p.steps;
+        let before = fs.status();
+        let t = Instant::now();
+        let done = on_threads(p.threads, |th| work.worker(th, range.clone()))?;
+        let secs = t.elapsed().as_secs_f64();
+        create_secs += secs;
+        let made: u64 = done.iter().map(|c| c.files.len() as u64).sum();
+        let mut lat = Vec::new();
+        for c in done {
+            files.extend(c.files);
+            lat.extend(c.fsyncs.iter().map(|f| f.1));
+            r.fsyncs.extend(c.fsyncs);
+            if r.enospc.is_none() {
+                r.enospc = c.enospc;
+            }
+        }
+        let after = fs.status();
+        let sampled = sample(&files, STAT_SAMPLE, &mut rng);
+        let sample_dirs = sample(dirs, READDIR_SAMPLE, &mut rng);
+        r.steps.push(Step {
+            files: files.len() as u64,
+            create_per_sec: made as f64 / secs,
+            fsync: Quantiles::of(&lat),
+            stat_per_sec: stat_all(fs, dirs, &sampled, 1)?,
+            readdir_entries_per_sec: readdir_all(fs, &sample_dirs, 1)?,
+            ckpt_bytes_per_file: (after.ckpt_bytes_written - before.ckpt_bytes_written) as f64
+                / made.max(1) as f64,
+            checkpoints: after.checkpoints - before.checkpoints,
+            model_bytes: after.metadata_bytes_bound,
+            vm_rss: memory().0,
+        });
+        if r.enospc.is_some() {
+            break;
+        }
+    }
+    let all = fs.status();
+    r.files_created = files.len() as u64;
+    r.create_per_sec = files.len() as f64 / create_secs;
+    r.ckpt_bytes_per_file =
+        (all.ckpt_bytes_written - ckpt_start) as f64 / files.len().max(1) as f64;
+    let lat: Vec<f64> = r.fsyncs.iter().map(|f| f.1).collect();
+    r.fsync = Quantiles::of(&lat);
+    r.fsyncs.sort_by_key(|f| f.0);
+    Ok(files)
+}
+
+/// Commits `chmod`s of `files`, [`FSYNC_EVERY`] per commit, until one more commit would
+/// make the journal write a checkpoint instead (it does at [`log_limit`]), then makes the
+/// next commit fail and drops the poisoned file system without unmounting it. Returns
+/// the journal fill it went down with.
+///
+/// [`log_limit`]: stripefs_core::journal::log_limit
+fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &[u64]) -> Result<f64, String> {
+    let used = |fs: &Fs| {
+        let s = fs.status();
+        (s.journal.head - s.journal.tail, s.journal_units)
+    };
+    let ino = |n: u64| {
+        fs.lookup(dirs[(n % dirs.len() as u64) as usize], &name(n))
+            .map(|a| a.ino)
+    };
+    let (mut before, cap) = used(&fs);
+    let limit = stripefs_core::journal::log_limit(cap);
+    let mut i = 0u64;
+    while !files.is_empty() && i < CRASH_MAX_CHMODS {
+        for _ in 0..FSYNC_EVERY {
+            let n = files[(i % files.len() as u64) as usize];
+            let set = SetAttr {
+                mode: Some(if i.is_multiple_of(2) { 0o600 } else { 0o644 }),
+                ..SetAttr::default()
+            };
+            i += 1;
+            match ino(n).and_then(|ino| fs.setattr(ino, &set)) {
+                Ok(_) => {}
+                Err(FsError::NoSpace(_)) => break,
+                Err(e) => return Err(format!("chmod f{n}: {e}")),
+            }
+        }
+        fs.sync().map_err(err)?;
+        let (now, _) = used(&fs);
+        // The next commit of the same size would not fit below the limit.
+        if now > before && now + (now - before) > limit {
+            break;
+        }
+        before = now;
+    }
+    let went_down_at = used(&fs).0 as f64 / cap as f64;
+    eprintln!(
+        "meta: crashing with the journal {:.0}% full: the journal-write error below is injected",
+        went_down_at * 100.0
+    );
+    faults.arm(
+        PointMatch::Exact(stripefs::faults::JOURNAL_WRITE),
+        1,
+        FaultKind::Eio,
+        Persistence::Sticky,
+    );
+    if let Some(&n) = files.first() {
+        let set = SetAttr {
+            mode: Some(0o640),
+            ..SetAttr::default()
+        };
+        let _ = ino(n).and_then(|ino| fs.setattr(ino, &set));
+    }
+    if fs.sync().is_ok() || !fs.is_poisoned() {
+        return Err("the injected journal-write fault did not take the file system down".into());
+    }
+    drop(fs);
+    faults.disarm();
+    Ok(went_down_at)
+}
+
+/// Runs `-w meta`.
+pub(crate) fn run(dir: &Path, p: &MetaParams, json: bool) -> Result<String, String> {
+    p.check()?;
+    let paths = make_targets(dir, p)?;
+    let res = measure(&paths, p);
+    cleanup(&paths);
+    let r = res?;
+    if let Some(svg) = &p.plot {
+        let mut series = vec![("stripefs (in-process)".to_string(), r.fsyncs.clone())];
+        for (label, f) in &p.plot_series {
+            series.push((label.clone(), read_series(f)?));
+        }
+        std::fs::write(svg, plot(&series)).map_err(|e| format!("{}: {e}", svg.display()))?;
+    }
+    if !json {
+        print!("{}", table(&r));
+    }
+    Ok(to_json(&r))
+}
+
+/// Runs `-w plot`: draws `--plot` from the `--plot-series` files only.
+pub(crate) fn plot_only(p: &MetaParams) -> Result<String, String> {
+    let Some(svg) = &p.plot else {
+        return Err("-w plot needs --plot FILE.svg".into());
+    };
+    if p.plot_series.is_empty() {
+        return Err("-w plot needs at least one --plot-series LABEL=FILE".into());
+    }
+    let series = p
+        .plot_series
+        .iter()
+        .map(|(label, f)| Ok((label.clone(), read_series(f)?)))
+        .collect::<Result<Vec<_>, String>>()?;
+    std::fs::write(svg, plot(&series)).map_err(|e| format!("{}: {e}", svg.display()))?;
+    Ok(format!(
+        "{{\"workload\":\"plot\",\"svg\":{}}}",
+        json_str(&svg.display().to_string())
+    ))
+}
+
+fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
+    let mut r = MetaReport {
+        params_files: p.files,
+        dirs: p.dirs,
+        threads: p.threads,
+        file_size: p.file_size,
+        targets: p.targets,
+        target_size: p.target_size,
+        ..MetaReport::default()
+    };
+    let faults = Arc::new(FaultInjector::new());
+    let (fs, _) = timed_mount(paths, Some(Arc::clone(&faults)))?;
+    let dirs: Vec<Ino> = (0..p.dirs)
+        .map(|d| {
+            fs.mkdir(
+                Ino::ROOT,
+                format!("d{d}").as_ref(),
+                CreateParams::with_perm(0o755),
+            )
+            .map(|a| a.ino)
+        })
+        .collect::<Result<_, _>>()
+        .map_err(err)?;
+    let files = create_phase(&fs, &dirs, p, &mut r)?;
+    fs.unmount().map_err(err)?;
+    drop(fs);
+    let (fs, clean) = timed_mount(paths, Some(Arc::clone(&faults)))?;
+    r.mount_clean = clean;
+    r.stat_per_sec = stat_all(&fs, &dirs, &files, p.threads)?;
+    r.readdir_entries_per_sec = readdir_all(&fs, &dirs, p.threads)?;
+    let fill = crash(fs, &faults, &dirs, &files)?;
+    let (fs, mut crashed) = timed_mount(paths, None)?;
+    crashed.journal_fill = fill;
+    r.mount_crash = crashed;
+    let t = Instant::now();
+    on_threads(p.threads, |th| {
+        for &n in files.iter().skip(th as usize).step_by(p.threads) {
+            let dir = dirs[(n % dirs.len() as u64) as usize];
+            fs.unlink(dir, &name(n))
+                .map_err(|e| format!("unlink f{n}: {e}"))?;
+        }
+        Ok(())
+    })?;
+    r.unlink_per_sec = files.len() as f64 / t.elapsed().as_secs_f64();
+    fs.unmount().map_err(err)?;
+    r.vm_hwm = memory().1;
+    Ok(r)
+}
+
+/// Reads a plot series: lines of `files_created latency_seconds` (space or comma).
+fn read_series(f: &Path) -> Result<Vec<(u64, f64)>, String> {
+    let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|(i, l)| {
+            let mut it = l
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|s| !s.is_empty());
+            let n = it.next().and_then(|s| s.parse::<u64>().ok());
+            let v = it.next().and_then(|s| s.parse::<f64>().ok());
+            match (n, v) {
+                (Some(n), Some(v)) if v.is_finite() && v >= 0.0 => Ok((n, v)),
+                _ => Err(format!(
+                    "{}:{}: expected `files_created latency_seconds`",
+                    f.display(),
+                    i + 1
+                )),
+            }
+        })
+        .collect()
+}
+
+const COLOURS: [&str; 6] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+];
+
+/// An SVG scatter plot of `fsync` latency (ms) against files created, one colour per
+/// series. Written by hand: a chart crate would be the only dependency for 80 lines.
+pub(crate) fn plot(series: &[(String, Vec<(u64, f64)>)]) -> String {
+    let (w, h, l, r, t, b) = (900.0, 500.0, 80.0, 20.0, 40.0, 60.0);
+    let xmax = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.0))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let ymax = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.1 * 1e3))
+        .fold(0.0, f64::max)
+        .max(0.001)
+        * 1.05;
+    let x = |v: f64| l + v / xmax * (w - l - r);
+    let y = |v: f64| h - b - v / ymax * (h - t - b);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">"
+    );
+    let _ = writeln!(s, "<rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>");
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">fsync latency of a new file every {FSYNC_EVERY} creates</text>",
+        w / 2.0
+    );
+    for i in 0..=5 {
+        let (xv, yv) = (xmax * f64::from(i) / 5.0, ymax * f64::from(i) / 5.0);
+        let _ = writeln!(
+            s,
+            "<line x1=\"{l}\" x2=\"{0}\" y1=\"{1:.1}\" y2=\"{1:.1}\" stroke=\"#ddd\"/><text x=\"{2}\" y=\"{3:.1}\" text-anchor=\"end\">{yv:.1}</text>",
+            w - r,
+            y(yv),
+            l - 6.0,
+            y(yv) + 4.0
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            x(xv),
+            h - b + 18.0,
+            xv.round()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<line x1=\"{l}\" x2=\"{l}\" y1=\"{t}\" y2=\"{0}\" stroke=\"black\"/><line x1=\"{l}\" x2=\"{1}\" y1=\"{0}\" y2=\"{0}\" stroke=\"black\"/>",
+        h - b,
+        w - r
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">files created</text><text transform=\"translate(18 {}) rotate(-90)\" text-anchor=\"middle\">fsync latency (ms)</text>",
+        (l + w - r) / 2.0,
+        h - 15.0,
+        (t + h - b) / 2.0
+    );
+    for (i, (label, pts)) in series.iter().enumerate() {
+        let c = COLOURS[i % COLOURS.len()];
+        for &(n, v) in pts {
+            let _ = writeln!(
+                s,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2\" fill=\"{c}\"/>",
+                x(n as f64),
+                y(v * 1e3)
+            );
+        }
+        let ly = t + 16.0 * i as f64 + 8.0;
+        let _ = writeln!(
+            s,
+            "<circle cx=\"{}\" cy=\"{ly}\" r=\"4\" fill=\"{c}\"/><text x=\"{}\" y=\"{}\">{}</text>",
+            l + 20.0,
+            l + 30.0,
+            ly + 4.0,
+            xml_escape(label)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn ms(v: f64) -> String {
+    format!("{:.2}", v * 1e3)
+}
+
+/// A quantile in ms, or `-` when there were no `fsync`s.
+fn q_ms(q: &Quantiles, v: f64) -> String {
+    if q.count == 0 {
+        "-".into()
+    } else {
+        ms(v)
+    }
+}
+
+fn mib(v: u64) -> String {
+    format!("{:.0}", v as f64 / f64::from(1 << 20))
+}
+
+/// The human-readable report.
+pub(crate) fn table(r: &MetaReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nmeta: {} threads create {} files of {} bytes over {} directories ({} x {} MiB targets, unzeroed), an fsync of a new file every {FSYNC_EVERY} creates",
+        r.threads, r.params_files, r.file_size, r.dirs, r.targets, r.target_size >> 20
+    );
+    let _ = writeln!(s, "| files | creates/s | fsync p50 ms | fsync p99 ms | fsync max ms | stat/s (sample) | readdir entries/s (sample) | checkpoint bytes/file | checkpoints | model bytes | VmRSS MiB |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for st in &r.steps {
+        let _ = writeln!(
+            s,
+            "| {} | {:.0} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
+            st.files,
+            st.create_per_sec,
+            q_ms(&st.fsync, st.fsync.p50),
+            q_ms(&st.fsync, st.fsync.p99),
+            q_ms(&st.fsync, st.fsync.max),
+            st.stat_per_sec,
+            st.readdir_entries_per_sec,
+            st.ckpt_bytes_per_file,
+            st.checkpoints,
+            st.model_bytes,
+            mib(st.vm_rss)
+        );
+    }
+    if let Some(e) = &r.enospc {
+        let _ = writeln!(s, "ENOSPC after {} files: {e}", r.files_created);
+    }
+    let _ = writeln!(
+        s,
+        "at {} files: creates/s {:.0}, fsync p50/p99/max {}/{}/{} ms, stat/s {:.0}, readdir entries/s {:.0}, unlink/s {:.0}, checkpoint bytes per file created {:.0}",
+        r.files_created,
+        r.create_per_sec,
+        ms(r.fsync.p50),
+        ms(r.fsync.p99),
+        ms(r.fsync.max),
+        r.stat_per_sec,
+        r.readdir_entries_per_sec,
+        r.unlink_per_sec,
+        r.ckpt_bytes_per_file
+    );
+    let _ = writeln!(
+        s,
+        "mount: {} ms after a clean unmount; {} ms after a crash with the journal {:.0}% full ({} transactions replayed); VmHWM {} MiB",
+        ms(r.mount_clean.secs),
+        ms(r.mount_crash.secs),
+        r.mount_crash.journal_fill * 100.0,
+        r.mount_crash.replayed_txns,
+        mib(r.vm_hwm)
+    );
+    s
+}
+
+fn json_f(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.6}")
+    } else {
+        "null".into()
+    }
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn json_q(q: &Quantiles) -> String {
+    format!(
+        "{{\"count\":{},\"p50_s\":{},\"p99_s\":{},\"max_s\":{}}}",
+        q.count,
+        json_f(q.p50),
+        json_f(q.p99),
+        json_f(q.max)
+    )
+}
+
+fn json_mount(m: &MountTime) -> String {
+    format!(
+        "{{\"secs\":{},\"replayed_txns\":{},\"journal_fill\":{}}}",
+        json_f(m.secs),
+        m.replayed_txns,
+        json_f(m.journal_fill)
+    )
+}
+
+/// The JSON report (one object; `fsyncs` are `[files_created, seconds]` pairs).
+pub(crate) fn to_json(r: &MetaReport) -> String {
+    let steps: Vec<String> = r
+        .steps
+        .iter()
+        .map(|s| {
+            format!(
+                "{{\"files\":{},\"create_per_sec\":{},\"fsync\":{},\"stat_per_sec\":{},\"readdir_entries_per_sec\":{},\"ckpt_bytes_per_file\":{},\"checkpoints\":{},\"model_bytes\":{},\"vm_rss_bytes\":{}}}",
+                s.files,
+                json_f(s.create_per_sec),
+                json_q(&s.fsync),
+                json_f(s.stat_per_sec),
+                json_f(s.readdir_entries_per_sec),
+                json_f(s.ckpt_bytes_per_file),
+                s.checkpoints,
+                s.model_bytes,
+                s.vm_rss
+            )
+        })
+        .collect();
+    let fsyncs: Vec<String> = r
+        .fsyncs
+        .iter()
+        .map(|(n, v)| format!("[{n},{}]", json_f(*v)))
+        .collect();
+    format!(
+        "{{\"workload\":\"meta\",\"files\":{},\"dirs\":{},\"threads\":{},\"file_size\":{},\"targets\":{},\"target_size\":{},\"files_created\":{},\"enospc\":{},\"create_per_sec\":{},\"fsync\":{},\"stat_per_sec\":{},\"readdir_entries_per_sec\":{},\"unlink_per_sec\":{},\"mount_clean\":{},\"mount_crash\":{},\"ckpt_bytes_per_file\":{},\"vm_hwm_bytes\":{},\"steps\":[{}],\"fsyncs\":[{}]}}",
+        r.params_files,
+        r.dirs,
+        r.threads,
+        r.file_size,
+        r.targets,
+        r.target_size,
+        r.files_created,
+        r.enospc.as_deref().map_or_else(|| "null".into(), json_str),
+        json_f(r.create_per_sec),
+        json_q(&r.fsync),
+        json_f(r.stat_per_sec),
+        json_f(r.readdir_entries_per_sec),
+        json_f(r.unlink_per_sec),
+        json_mount(&r.mount_clean),
+        json_mount(&r.mount_crash),
+        json_f(r.ckpt_bytes_per_file),
+        r.vm_hwm,
+        steps.join(","),
+        fsyncs.join(",")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles() {
+        let lat: Vec<f64> = (1..=200).map(f64::from).collect();
+        let q = Quantiles::of(&lat);
+        assert_eq!((q.count, q.p50, q.p99, q.max), (200, 101.0, 198.0, 200.0));
+        assert_eq!(Quantiles::of(&[]), Quantiles::default());
+    }
+
+    fn report() -> MetaReport {
+        let q = Quantiles {
+            count: 2,
+            p50: 0.001,
+            p99: 0.002,
+            max: 0.003,
+        };
+        MetaReport {
+            params_files: 2000,
+            dirs: 10,
+            threads: 2,
+            file_size: 0,
+            targets: 4,
+            target_size: 1 << 30,
+            files_created: 1500,
+            enospc: Some("file 1500: \"full\"".into()),
+            steps: vec![Step {
+                files: 1500,
+                create_per_sec: 1000.0,
+                fsync: q,
+                stat_per_sec: 2.5,
+                readdir_entries_per_sec: 3.0,
+                ckpt_bytes_per_file: 4.0,
+                checkpoints: 1,
+                model_bytes: 5,
+                vm_rss: 6,
+            }],
+            create_per_sec: 1000.0,
+            fsync: q,
+            stat_per_sec: 7.0,
+            readdir_entries_per_sec: 8.0,
+            unlink_per_sec: f64::INFINITY,
+            mount_clean: MountTime {
+                secs: 0.5,
+                replayed_txns: 0,
+                journal_fill: 0.0,
+            },
+            mount_crash: MountTime {
+                secs: 1.5,
+                replayed_txns: 6,
+                journal_fill: 0.68,
+            },
+            ckpt_bytes_per_file: 9.0,
+            vm_hwm: 10,
+            fsyncs: vec![(1000, 0.001), (2000, 0.003)],
+        }
+    }
+
+    #[test]
+    fn json_shape() {
+        let j = to_json(&report());
+        assert_eq!(
+            j,
+            "{\"workload\":\"meta\",\"files\":2000,\"dirs\":10,\"threads\":2,\"file_size\":0,\
+             \"targets\":4,\"target_size\":1073741824,\"files_created\":1500,\
+             \"enospc\":\"file 1500: \\\"full\\\"\",\"create_per_sec\":1000.000000,\
+             \"fsync\":{\"count\":2,\"p50_s\":0.001000,\"p99_s\":0.002000,\"max_s\":0.003000},\
+             \"stat_per_sec\":7.000000,\"readdir_entries_per_sec\":8.000000,\"unlink_per_sec\":null,\
+             \"mount_clean\":{\"secs\":0.500000,\"replayed_txns\":0,\"journal_fill\":0.000000},\
+             \"mount_crash\":{\"secs\":1.500000,\"replayed_txns\":6,\"journal_fill\":0.680000},\
+             \"ckpt_bytes_per_file\":9.000000,\"vm_hwm_bytes\":10,\
+             \"steps\":[{\"files\":1500,\"create_per_sec\":1000.000000,\
+             \"fsync\":{\"count\":2,\"p50_s\":0.001000,\"p99_s\":0.002000,\"max_s\":0.003000},\
+             \"stat_per_sec\":2.500000,\"readdir_entries_per_sec\":3.000000,\
+             \"ckpt_bytes_per_file\":4.000000,\"checkpoints\":1,\"model_bytes\":5,\"vm_rss_bytes\":6}],\
+             \"fsyncs\":[[1000,0.001000],[2000,0.003000]]}"
+        );
+        let mut r = report();
+        r.enospc = None;
+        assert!(to_json(&r).contains("\"enospc\":null"));
+        let t = table(&report());
+        assert!(t.contains("ENOSPC after 1500 files"), "{t}");
+        assert!(t.contains("(6 transactions replayed)"), "{t}");
+    }
+
+    #[test]
+    fn plot_and_series() {
+        let d = std::env::temp_dir().join(format!("stripefs-meta-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let f = d.join("xfs.txt");
+        std::fs::write(&f, "# files seconds\n1000 0.002\n2000,0.004\n").unwrap();
+        let xfs = read_series(&f).unwrap();
+        assert_eq!(xfs, vec![(1000, 0.002), (2000, 0.004)]);
+        std::fs::write(&f, "1000 fast\n").unwrap();
+        let e = read_series(&f).unwrap_err();
+        assert!(e.contains(":1: expected"), "{e}");
+        let svg = plot(&[("a<b".into(), vec![(1000, 0.001)]), ("xfs".into(), xfs)]);
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+        assert_eq!(
+            svg.matches("<circle").count(),
+            3 + 2,
+            "points and legend marks"
+        );
+        assert!(svg.contains("a&lt;b"));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
