@@ -3,6 +3,8 @@
 //! - [`key`]: the ordered keyspace (25-byte big-endian keys, kinds, trees, name hash);
 //! - [`page`]: self-describing pages, encoded and verified on every read;
 //! - [`root`]: the root record, the commit point of a checkpoint (two slots);
+//! - [`schema`]: keys and values of the keyspace's kinds (directory entries, extents,
+//!   free space, symlink and xattr chunks);
 //! - [`tree`]: the copy-on-write B+tree over an abstract page source, and the
 //!   generation bookkeeping of incremental checkpoints (freeze, plan, publish).
 //!
@@ -13,6 +15,7 @@
 pub mod key;
 pub mod page;
 pub mod root;
+pub mod schema;
 pub mod tree;
 
 pub use key::{name_hash, Key, KeyKind, TreeId, KEY_BYTES, VALUE_MAX};

@@ -1,0 +1,413 @@
+//! Keys and values of the metadata keyspace (`docs/design/format.md`, "Metadata
+//! keyspace"): directory entries and their readdir cookies, extents, free space, and
+//! the chunking of symlink targets and xattrs into items of at most [`VALUE_MAX`]
+//! bytes. Every decoder checks lengths and codes and names the key in its error. The
+//! inode value waits for the in-core inode of the structure work (integration).
+
+use super::key::{Key, KeyKind, COLLISIONS_MAX, VALUE_MAX};
+use crate::codec::{Dec, Enc};
+use crate::extent::{Extent, ExtentState};
+use crate::inode::{FileKind, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX};
+use crate::{CoreError, Ino, TargetId};
+
+/// A directory entry as both its items carry it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntryItem {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Readdir position of the entry (from 3; kept for the entry's life).
+    pub cookie: u64,
+    pub name: Vec<u8>,
+}
+
+/// The key of the entry `name` of `dir` with hash `hash` and collision index `collision`.
+#[must_use]
+pub fn dir_entry_key(dir: Ino, hash: u64, collision: u64) -> Key {
+    Key::new(dir.0, KeyKind::DirEntry, hash, collision)
+}
+
+/// The key of the readdir item at `cookie` of `dir`.
+#[must_use]
+pub fn dir_cookie_key(dir: Ino, cookie: u64) -> Key {
+    Key::new(dir.0, KeyKind::DirCookie, cookie, 0)
+}
+
+/// The two items of an entry: by name hash, and by cookie.
+#[must_use]
+pub fn dir_entry_items(
+    dir: Ino,
+    hash: u64,
+    collision: u64,
+    e: &DirEntryItem,
+) -> [(Key, Vec<u8>); 2] {
+    debug_assert!(!e.name.is_empty() && e.name.len() <= NAME_MAX);
+    let mut by_name = Enc::new();
+    by_name.u64(e.ino.0);
+    by_name.u8(e.kind.code());
+    by_name.u64(e.cookie);
+    by_name.bytes(&e.name);
+    let mut by_cookie = Enc::new();
+    by_cookie.u64(hash);
+    by_cookie.u64(collision);
+    by_cookie.u64(e.ino.0);
+    by_cookie.u8(e.kind.code());
+    by_cookie.bytes(&e.name);
+    [
+        (dir_entry_key(dir, hash, collision), by_name.buf),
+        (dir_cookie_key(dir, e.cookie), by_cookie.buf),
+    ]
+}
+
+fn what(key: &Key) -> String {
+    format!("metadata item {key}")
+}
+
+fn name_of(d: &mut Dec<'_>, max: usize) -> Result<Vec<u8>, CoreError> {
+    let name = d.bytes(d.remaining())?;
+    if name.is_empty() || name.len() > max {
+        return Err(d.err(format!("name of {} bytes", name.len())));
+    }
+    Ok(name.to_vec())
+}
+
+fn kind_of(d: &mut Dec<'_>) -> Result<FileKind, CoreError> {
+    let code = d.u8()?;
+    FileKind::from_code(code).ok_or_else(|| d.err(format!("file kind {code}")))
+}
+
+/// Decodes a [`KeyKind::DirEntry`] item.
+///
+/// # Errors
+/// `Corrupted` naming the key when the value does not parse.
+pub fn decode_dir_entry(key: &Key, value: &[u8]) -> Result<DirEntryItem, CoreError> {
+    let w = what(key);
+    let mut d = Dec::new(value, &w);
+    let ino = Ino(d.u64()?);
+    let kind = kind_of(&mut d)?;
+    let cookie = d.u64()?;
+    let name = name_of(&mut d, NAME_MAX)?;
+    Ok(DirEntryItem {
+        ino,
+        kind,
+        cookie,
+        name,
+    })
+}
+
+/// Decodes a [`KeyKind::DirCookie`] item: the entry and its (hash, collision).
+///
+/// # Errors
+/// `Corrupted` naming the key when the value does not parse.
+pub fn decode_dir_cookie(key: &Key, value: &[u8]) -> Result<(DirEntryItem, u64, u64), CoreError> {
+    let w = what(key);
+    let mut d = Dec::new(value, &w);
+    let hash = d.u64()?;
+    let collision = d.u64()?;
+    let ino = Ino(d.u64()?);
+    let kind = kind_of(&mut d)?;
+    let name = name_of(&mut d, NAME_MAX)?;
+    let e = DirEntryItem {
+        ino,
+        kind,
+        cookie: key.a,
+        name,
+    };
+    Ok((e, hash, collision))
+}
+
+/// The lowest collision index not in `taken` (the indices present under one hash).
+///
+/// # Errors
+/// `Limit` when all 65,536 are taken.
+pub fn free_collision(taken: impl IntoIterator<Item = u64>) -> Result<u64, CoreError> {
+    let mut used: Vec<u64> = taken.into_iter().collect();
+    used.sort_unstable();
+    let mut next = 0;
+    for u in used {
+        if u == next {
+            next += 1;
+        } else if u > next {
+            break;
+        }
+    }
+    if next > COLLISIONS_MAX {
+        return Err(CoreError::Limit(format!(
+            "{} names share one hash",
+            COLLISIONS_MAX + 1
+        )));
+    }
+    Ok(next)
+}
+
+/// The key of the extent of stripe object `object` of `ino` starting at object block
+/// `block`.
+#[must_use]
+pub fn extent_key(ino: Ino, object: u32, block: u64) -> Key {
+    Key::new(ino.0, KeyKind::Extent, u64::from(object), block)
+}
+
+/// The value of an extent item.
+#[must_use]
+pub fn encode_extent(e: &Extent) -> Vec<u8> {
+    let mut v = Enc::new();
+    v.u64(e.len);
+    v.u64(e.phys);
+    v.u8(e.state.code());
+    v.u32(e.refcount);
+    v.buf
+}
+
+/// Decodes an extent item.
+///
+/// # Errors
+/// `Corrupted` naming the key: wrong length, zero length, unknown state, zero count.
+pub fn decode_extent(key: &Key, value: &[u8]) -> Result<Extent, CoreError> {
+    let w = what(key);
+    let mut d = Dec::new(value, &w);
+    let e = Extent {
+        len: d.u64()?,
+        phys: d.u64()?,
+        state: {
+            let c = d.u8()?;
+            ExtentState::from_code(c).ok_or_else(|| d.err(format!("extent state {c}")))?
+        },
+        refcount: d.u32()?,
+    };
+    if d.remaining() != 0 || e.len == 0 || e.refcount == 0 || key.b.checked_add(e.len).is_none() {
+        return Err(d.err(format!("extent {e:?} in a {}-byte value", value.len())));
+    }
+    Ok(e)
+}
+
+/// The item of a free run of `len` blocks from `start` on `target`.
+#[must_use]
+pub fn free_space_item(target: TargetId, start: u64, len: u64) -> (Key, Vec<u8>) {
+    let key = Key::new(u64::from(target.0), KeyKind::FreeSpace, start, 0);
+    (key, len.to_le_bytes().to_vec())
+}
+
+/// Decodes a free-space item: (target, start, length).
+///
+/// # Errors
+/// `Corrupted` naming the key: wrong length, empty or overflowing run.
+pub fn decode_free_space(key: &Key, value: &[u8]) -> Result<(TargetId, u64, u64), CoreError> {
+    let w = what(key);
+    let mut d = Dec::new(value, &w);
+    let len = d.u64()?;
+    let target = u32::try_from(key.object).map_err(|_| d.err("target out of range"))?;
+    if d.remaining() != 0 || len == 0 || key.a.checked_add(len).is_none() || key.b != 0 {
+        return Err(d.err(format!("free run of {len} blocks at {}", key.a)));
+    }
+    Ok((TargetId(target), key.a, len))
+}
+
+/// The items of a symlink target: chunks of at most [`VALUE_MAX`] bytes.
+#[must_use]
+pub fn symlink_items(ino: Ino, target: &[u8]) -> Vec<(Key, Vec<u8>)> {
+    debug_assert!(!target.is_empty() && target.len() <= SYMLINK_MAX);
+    target
+        .chunks(VALUE_MAX)
+        .enumerate()
+        .map(|(i, c)| (Key::new(ino.0, KeyKind::Symlink, i as u64, 0), c.to_vec()))
+        .collect()
+}
+
+/// Reassembles a symlink target from its items (in key order).
+///
+/// # Errors
+/// `Corrupted` when chunks are missing, out of place, or the target is too long.
+pub fn assemble_symlink(ino: Ino, items: &[(Key, Vec<u8>)]) -> Result<Vec<u8>, CoreError> {
+    let bad = |d: String| CoreError::corrupted(format!("symlink target of inode {ino}"), d);
+    let mut out = Vec::new();
+    for (i, (k, v)) in items.iter().enumerate() {
+        let last = i + 1 == items.len();
+        let want = Key::new(ino.0, KeyKind::Symlink, i as u64, 0);
+        if *k != want || v.is_empty() || (!last && v.len() != VALUE_MAX) {
+            return Err(bad(format!(
+                "chunk {k} of {} bytes where {want} belongs",
+                v.len()
+            )));
+        }
+        out.extend_from_slice(v);
+    }
+    if out.is_empty() || out.len() > SYMLINK_MAX {
+        return Err(bad(format!("{} bytes", out.len())));
+    }
+    Ok(out)
+}
+
+/// The items of xattr `name` = `value` under (hash, collision): chunk 0 holds the name
+/// length, the name, the value length and the first bytes; the next chunks the rest.
+#[must_use]
+pub fn xattr_items(
+    ino: Ino,
+    hash: u64,
+    collision: u64,
+    name: &[u8],
+    value: &[u8],
+) -> Vec<(Key, Vec<u8>)> {
+    debug_assert!(!name.is_empty() && name.len() <= XATTR_NAME_MAX);
+    debug_assert!(value.len() <= XATTR_VALUE_MAX && collision <= COLLISIONS_MAX);
+    let key = |chunk: u64| Key::new(ino.0, KeyKind::Xattr, hash, collision << 16 | chunk);
+    let mut head = Enc::new();
+    head.u8(name.len() as u8);
+    head.bytes(name);
+    head.u32(value.len() as u32);
+    let first = value.len().min(VALUE_MAX - head.len());
+    head.bytes(&value[..first]);
+    let mut out = vec![(key(0), head.buf)];
+    for (i, c) in value[first..].chunks(VALUE_MAX).enumerate() {
+        out.push((key(i as u64 + 1), c.to_vec()));
+    }
+    out
+}
+
+/// Decodes the items of one xattr (chunk 0 first, in key order): its name and value.
+///
+/// # Errors
+/// `Corrupted` naming the first item when chunks are missing, extra or inconsistent.
+pub fn decode_xattr(items: &[(Key, Vec<u8>)]) -> Result<(Vec<u8>, Vec<u8>), CoreError> {
+    let Some((k0, v0)) = items.first() else {
+        return Err(CoreError::corrupted("xattr items", "none"));
+    };
+    let w = what(k0);
+    let mut d = Dec::new(v0, &w);
+    let nlen = usize::from(d.u8()?);
+    if nlen == 0 || nlen > XATTR_NAME_MAX || k0.b & 0xFFFF != 0 {
+        return Err(d.err(format!("name of {nlen} bytes, chunk {}", k0.b & 0xFFFF)));
+    }
+    let name = d.bytes(nlen)?.to_vec();
+    let vlen = d.u32()? as usize;
+    if vlen > XATTR_VALUE_MAX {
+        return Err(d.err(format!("value of {vlen} bytes")));
+    }
+    let mut value = d.bytes(d.remaining())?.to_vec();
+    for (i, (k, v)) in items.iter().enumerate().skip(1) {
+        let want = Key {
+            b: k0.b | i as u64,
+            ..*k0
+        };
+        if *k != want || v.is_empty() || v.len() > VALUE_MAX {
+            return Err(d.err(format!("chunk {k} where {want} belongs")));
+        }
+        value.extend_from_slice(v);
+    }
+    if value.len() != vlen {
+        return Err(d.err(format!(
+            "value of {} bytes, header says {vlen}",
+            value.len()
+        )));
+    }
+    Ok((name, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::btree::key::name_hash;
+    use crate::Uuid;
+
+    #[test]
+    fn dir_entry_roundtrip_and_damage() {
+        let e = DirEntryItem {
+            ino: Ino(77),
+            kind: FileKind::Symlink,
+            cookie: 12,
+            name: b"hello".to_vec(),
+        };
+        let h = name_hash(Uuid([1; 16]), &e.name);
+        let [(k1, v1), (k2, v2)] = dir_entry_items(Ino(5), h, 3, &e);
+        assert_eq!(k1, Key::new(5, KeyKind::DirEntry, h, 3));
+        assert_eq!(decode_dir_entry(&k1, &v1).unwrap(), e);
+        assert_eq!(decode_dir_cookie(&k2, &v2).unwrap(), (e.clone(), h, 3));
+        let mut bad = v1.clone();
+        bad[8] = 99;
+        let msg = decode_dir_entry(&k1, &bad).unwrap_err().to_string();
+        assert!(
+            msg.contains("file kind 99") && msg.contains(&k1.to_string()),
+            "{msg}"
+        );
+        assert!(decode_dir_entry(&k1, &v1[..17]).is_err(), "empty name");
+        assert!(decode_dir_cookie(&k2, &v2[..10]).is_err(), "truncated");
+    }
+
+    #[test]
+    fn collisions_take_the_lowest_free_index() {
+        assert_eq!(free_collision([]).unwrap(), 0);
+        assert_eq!(free_collision([0, 1, 3]).unwrap(), 2);
+        assert_eq!(free_collision([1, 2]).unwrap(), 0);
+        assert!(matches!(
+            free_collision(0..=COLLISIONS_MAX),
+            Err(CoreError::Limit(_))
+        ));
+    }
+
+    #[test]
+    fn extent_and_free_space_roundtrip_and_damage() {
+        let e = Extent {
+            len: 9,
+            phys: 1000,
+            state: ExtentState::Written,
+            refcount: 1,
+        };
+        let k = extent_key(Ino(4), 2, 50);
+        assert_eq!(decode_extent(&k, &encode_extent(&e)).unwrap(), e);
+        let mut bad = encode_extent(&e);
+        bad[16] = 7;
+        assert!(decode_extent(&k, &bad).is_err(), "unknown state");
+        let zero = encode_extent(&Extent { len: 0, ..e });
+        assert!(decode_extent(&k, &zero).is_err(), "empty extent");
+        let (fk, fv) = free_space_item(TargetId(3), 100, 20);
+        assert_eq!(decode_free_space(&fk, &fv).unwrap(), (TargetId(3), 100, 20));
+        assert!(decode_free_space(&fk, &0u64.to_le_bytes()).is_err());
+        assert!(decode_free_space(&fk, &fv[..4]).is_err());
+    }
+
+    #[test]
+    fn symlink_and_xattr_chunks_roundtrip_at_their_limits() {
+        for len in [1, VALUE_MAX, VALUE_MAX + 1, SYMLINK_MAX] {
+            let t: Vec<u8> = (0..len).map(|i| (i % 251) as u8 + 1).collect();
+            let items = symlink_items(Ino(9), &t);
+            assert!(items.iter().all(|(_, v)| v.len() <= VALUE_MAX));
+            assert_eq!(assemble_symlink(Ino(9), &items).unwrap(), t);
+            if items.len() > 1 {
+                assert!(
+                    assemble_symlink(Ino(9), &items[1..]).is_err(),
+                    "missing chunk"
+                );
+            }
+        }
+        for (nlen, vlen) in [(1, 0), (255, 700), (10, VALUE_MAX), (255, XATTR_VALUE_MAX)] {
+            let name = vec![b'n'; nlen];
+            let value: Vec<u8> = (0..vlen).map(|i| i as u8).collect();
+            let items = xattr_items(Ino(2), 0xabc, 5, &name, &value);
+            assert!(items.iter().all(|(_, v)| v.len() <= VALUE_MAX));
+            assert!(items.windows(2).all(|w| w[0].0 < w[1].0));
+            assert_eq!(decode_xattr(&items).unwrap(), (name, value));
+            if items.len() > 1 {
+                let short = &items[..items.len() - 1];
+                assert!(decode_xattr(short).is_err(), "missing last chunk");
+            }
+        }
+    }
+
+    /// Arbitrary values never panic a decoder.
+    #[test]
+    fn decoders_fuzz_never_panic() {
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let k = Key::new(1, KeyKind::DirEntry, 2, 3);
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 64) as usize;
+            let v: Vec<u8> = (0..len).map(|i| (x >> (i % 8 * 8)) as u8).collect();
+            let _ = decode_dir_entry(&k, &v);
+            let _ = decode_dir_cookie(&k, &v);
+            let _ = decode_extent(&k, &v);
+            let _ = decode_free_space(&k, &v);
+            let _ = decode_xattr(&[(Key { b: x & 3, ..k }, v.clone())]);
+            let _ = assemble_symlink(Ino(1), &[(Key::new(1, KeyKind::Symlink, 0, 0), v)]);
+        }
+    }
+}
