@@ -1,5 +1,7 @@
 //! The page cache: clean pages by address, evicted least recently used first under a
 //! byte budget that also counts the pinned (dirty and frozen) pages the trees hold.
+//! A clean page counts as the memory its decoded node takes (`Node::mem_bytes`), which
+//! for leaves of many small values is more than the page size.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use stripefs_core::btree::{Generation, PageAddr, PageRef};
 struct Entry {
     generation: Generation,
     node: Arc<Node>,
+    bytes: usize,
     tick: u64,
 }
 
@@ -19,6 +22,7 @@ struct Entry {
 struct Inner {
     map: HashMap<PageAddr, Entry>,
     lru: BTreeMap<u64, PageAddr>,
+    bytes: usize,
     tick: u64,
     hits: u64,
     misses: u64,
@@ -39,17 +43,15 @@ pub struct CacheStats {
 #[derive(Debug)]
 pub struct PageCache {
     budget: usize,
-    page_bytes: usize,
     inner: Mutex<Inner>,
 }
 
 impl PageCache {
-    /// A cache of at most `budget` bytes of pages of `page_bytes` each.
+    /// A cache of at most `budget` bytes.
     #[must_use]
-    pub fn new(budget: usize, page_bytes: usize) -> PageCache {
+    pub fn new(budget: usize) -> PageCache {
         PageCache {
             budget,
-            page_bytes,
             inner: Mutex::new(Inner::default()),
         }
     }
@@ -63,14 +65,18 @@ impl PageCache {
         let room = self.budget.saturating_sub(pinned);
         if let Some(old) = c.map.remove(&at.addr) {
             c.lru.remove(&old.tick);
+            c.bytes -= old.bytes;
         }
-        while (c.map.len() + 1) * self.page_bytes > room {
+        let bytes = node.mem_bytes();
+        while c.bytes + bytes > room {
             let Some((_, victim)) = c.lru.pop_first() else {
                 return;
             };
-            c.map.remove(&victim);
+            let gone = c.map.remove(&victim).expect("lru and map agree");
+            c.bytes -= gone.bytes;
             c.evictions += 1;
         }
+        c.bytes += bytes;
         c.tick += 1;
         let tick = c.tick;
         c.lru.insert(tick, at.addr);
@@ -79,6 +85,7 @@ impl PageCache {
             Entry {
                 generation: at.generation,
                 node,
+                bytes,
                 tick,
             },
         );
@@ -89,6 +96,7 @@ impl PageCache {
         let mut c = self.inner.lock();
         if let Some(old) = c.map.remove(&addr) {
             c.lru.remove(&old.tick);
+            c.bytes -= old.bytes;
         }
     }
 
@@ -98,7 +106,7 @@ impl PageCache {
         let c = self.inner.lock();
         CacheStats {
             pages: c.map.len(),
-            bytes: c.map.len() * self.page_bytes,
+            bytes: c.bytes,
             hits: c.hits,
             misses: c.misses,
             evictions: c.evictions,
@@ -124,5 +132,62 @@ impl PageSource for PageCache {
         e.tick = c.tick;
         c.lru.insert(e.tick, r.addr);
         Some(Arc::clone(&e.node))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stripefs_core::btree::tree::Items;
+    use stripefs_core::btree::{Key, KeyKind};
+    use stripefs_core::{PhysBlock, TargetId};
+
+    fn at(block: u64) -> PageRef {
+        PageRef {
+            addr: PageAddr {
+                target: TargetId(0),
+                block: PhysBlock(block),
+            },
+            generation: Generation(1),
+        }
+    }
+
+    /// A full 4 KiB leaf of 149 empty values (each item 27 bytes on the page).
+    fn small_values_leaf() -> Arc<Node> {
+        let items = (0..149).map(|i| (Key::new(i, KeyKind::Orphan, 0, 0), Vec::new()));
+        Arc::new(Node {
+            level: 0,
+            items: Items::Leaf(items.collect()),
+        })
+    }
+
+    #[test]
+    fn budget_counts_decoded_bytes_and_evicts_least_recent() {
+        let node = small_values_leaf();
+        assert!(
+            node.mem_bytes() > 4096,
+            "decoded, it is larger than its page"
+        );
+        let cache = PageCache::new(4 * node.mem_bytes());
+        for b in 0..4 {
+            cache.insert(at(b), Arc::clone(&node), 0);
+        }
+        assert_eq!(cache.stats().pages, 4);
+        assert!(cache.page(&at(0)).is_some(), "touch 0: 1 is now the oldest");
+        cache.insert(at(9), Arc::clone(&node), 0);
+        let s = cache.stats();
+        assert!(s.bytes <= 4 * node.mem_bytes() && s.pages == 4 && s.evictions == 1);
+        assert!(cache.page(&at(1)).is_none() && cache.page(&at(0)).is_some());
+        // Pinned bytes shrink the room for clean pages.
+        cache.insert(at(10), Arc::clone(&node), 3 * node.mem_bytes());
+        assert_eq!(cache.stats().pages, 1);
+        // A stale generation is a miss.
+        let stale = PageRef {
+            generation: Generation(2),
+            ..at(10)
+        };
+        assert!(cache.page(&stale).is_none());
+        cache.remove(at(10).addr);
+        assert_eq!(cache.stats().bytes, 0);
     }
 }

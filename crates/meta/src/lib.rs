@@ -148,7 +148,7 @@ impl Store {
         trees: Vec<RwLock<Tree>>,
     ) -> Store {
         Store {
-            cache: PageCache::new(cfg.cache_bytes, cfg.page_size.bytes()),
+            cache: PageCache::new(cfg.cache_bytes),
             cfg,
             targets,
             alloc,

@@ -56,6 +56,20 @@ impl Node {
         }
     }
 
+    /// Bytes of memory this node occupies decoded (what a cache budget counts): the
+    /// node, each entry, and each value's heap buffer.
+    #[must_use]
+    pub fn mem_bytes(&self) -> usize {
+        let entries = match &self.items {
+            Items::Leaf(v) => {
+                let values: usize = v.iter().map(|(_, x)| x.capacity()).sum();
+                v.capacity() * std::mem::size_of::<(Key, Vec<u8>)>() + values
+            }
+            Items::Branch(v) => v.capacity() * std::mem::size_of::<(Key, Child)>(),
+        };
+        std::mem::size_of::<Node>() + entries
+    }
+
     fn empty_leaf() -> Node {
         Node {
             level: 0,
