@@ -127,6 +127,13 @@ impl Variant {
     }
 }
 
+/// How results are printed: tables for people, or one JSON object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Output {
+    Table,
+    Json,
+}
+
 /// Runs the benchmarks.
 pub fn run(a: &BenchArgs) -> Result<i32, String> {
     let wanted: Vec<&str> = if a.workloads.is_empty() {
@@ -136,17 +143,18 @@ pub fn run(a: &BenchArgs) -> Result<i32, String> {
     };
     std::fs::create_dir_all(&a.dir).map_err(|e| format!("{}: {e}", a.dir.display()))?;
     let runs = a.runs.max(1);
+    let output = if a.json { Output::Json } else { Output::Table };
     let mut json = Vec::new();
-    if !a.json {
+    if output == Output::Table {
         println!("machine: {}", machine());
     }
     for w in wanted {
-        let out = match w {
-            "w2-subblock-dirty" => w2(&a.dir, runs, a.ops.unwrap_or(2000), a.json)?,
-            "w4-metamix" => w4(&a.dir, runs, a.ops.unwrap_or(12), a.threads.max(1), a.json)?,
-            "w1-unaligned-dio" => crate::bench_dio::w1(&a.dir, runs, a.threads.max(1), a.json)?,
-            "w3-striped-dio" => crate::bench_dio::w3(&a.dir, &w3_params(a)?, runs, a.json)?,
-            "meta" => crate::bench_meta::run(&a.dir, &a.meta_params(), a.json)?,
+        let result = match w {
+            "w2-subblock-dirty" => w2(&a.dir, runs, a.ops.unwrap_or(2000), output)?,
+            "w4-metamix" => w4(&a.dir, runs, a.ops.unwrap_or(12), a.threads.max(1), output)?,
+            "w1-unaligned-dio" => crate::bench_dio::w1(&a.dir, runs, a.threads.max(1), output)?,
+            "w3-striped-dio" => crate::bench_dio::w3(&a.dir, &w3_params(a)?, runs, output)?,
+            "meta" => crate::bench_meta::run(&a.dir, &a.meta_params(), output)?,
             "plot" => crate::bench_meta::plot_only(&a.meta_params())?,
             other => {
                 return Err(format!(
@@ -154,9 +162,9 @@ pub fn run(a: &BenchArgs) -> Result<i32, String> {
                 ))
             }
         };
-        json.push(out);
+        json.push(result);
     }
-    if a.json {
+    if output == Output::Json {
         println!(
             "{{\"machine\":{:?},\"workloads\":[{}]}}",
             machine(),
@@ -263,7 +271,7 @@ pub(crate) fn cleanup(paths: &[PathBuf]) {
 const W2_FILE: u64 = 128 << 20;
 const W2_IO: u64 = 4096;
 
-fn w2(dir: &Path, runs: usize, ops: u64, json: bool) -> Result<String, String> {
+fn w2(dir: &Path, runs: usize, ops: u64, output: Output) -> Result<String, String> {
     let paths = make_fs(dir, 4, 64 << 20)?;
     {
         let fs = mount(&paths, quiet())?;
@@ -326,7 +334,7 @@ fn w2(dir: &Path, runs: usize, ops: u64, json: bool) -> Result<String, String> {
     }
     cleanup(&paths);
     let (b, f) = (&variants[0], &variants[1]);
-    if !json {
+    if output == Output::Table {
         println!("\nw2-subblock-dirty: 128 MiB prewritten file over 4 targets, 4 KiB random buffered writes each followed by fsync, 64 KiB folios; {ops} writes per run, median of {runs} runs");
         println!("| dirty_tracking | IOPS | write amplification (data) | journal bytes/op | data read bytes/op |");
         println!("|---|---|---|---|---|");
@@ -406,7 +414,13 @@ fn metamix_file(fs: &Fs, name: &str, rng: &mut Rng) -> Result<u64, String> {
     Ok(errors)
 }
 
-fn w4(dir: &Path, runs: usize, files: u64, threads: usize, json: bool) -> Result<String, String> {
+fn w4(
+    dir: &Path,
+    runs: usize,
+    files: u64,
+    threads: usize,
+    output: Output,
+) -> Result<String, String> {
     let paths = make_fs(dir, 4, 128 << 20)?;
     let mut variants = [
         Variant {
@@ -461,7 +475,7 @@ fn w4(dir: &Path, runs: usize, files: u64, threads: usize, json: bool) -> Result
         .iter()
         .flat_map(|v| v.runs.iter().map(|r| r[1]))
         .sum();
-    if !json {
+    if output == Output::Table {
         println!("\nw4-metamix: stress-ng metamix pattern (256 strided writes beyond EOF per file, verify, unlink), {threads} threads x {files} files per run, speculative preallocation on; median of {runs} runs");
         println!("| eof_zeroing | ops/s (files) | verification errors |");
         println!("|---|---|---|");

@@ -10,7 +10,8 @@ use stripefs::UnalignedPolicy;
 use stripefs::{CreateParams, DioSubmit, Fs, Ino, OpenMode, StripeLayout};
 use stripefs_target::{Batch, IoBuf, IoOp, Rng, Target};
 
-use crate::bench::{cleanup, make_fs, median, mount, quiet};
+use crate::bench::{cleanup, make_fs, median, mount, quiet, Output};
+use crate::io::Dir;
 use crate::targets::open_one;
 
 const W1_FILE: u64 = 1 << 30;
@@ -139,7 +140,7 @@ fn w1_raw(paths: &[PathBuf], io: u64, jobs: usize, seed: u64) -> Result<f64, Str
     Ok(count.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64())
 }
 
-pub(crate) fn w1(dir: &Path, runs: usize, jobs: usize, json: bool) -> Result<String, String> {
+pub(crate) fn w1(dir: &Path, runs: usize, jobs: usize, output: Output) -> Result<String, String> {
     let paths = make_fs(dir, 4, (W1_FILE / 4) + (64 << 20))?;
     let ino = {
         let fs = mount(&paths, quiet())?;
@@ -179,7 +180,7 @@ pub(crate) fn w1(dir: &Path, runs: usize, jobs: usize, json: bool) -> Result<Str
         })
         .collect::<Result<_, String>>()?;
     cleanup(&paths);
-    if !json {
+    if output == Output::Table {
         println!("\nw1-unaligned-dio: prewritten 1 GiB file on 4 KiB blocks over 4 targets, random direct overwrites, {jobs} jobs x queue depth {W1_DEPTH}, {W1_SECS} s per measurement, median of {runs} runs");
         println!("| size | IOPS dio_unaligned=shared | IOPS dio_unaligned=exclusive | shared/exclusive | raw backing files IOPS | shared/raw |");
         println!("|---|---|---|---|---|---|");
@@ -211,13 +212,13 @@ const STRIPE_UNIT: u64 = 1 << 20;
 /// operation: a fresh mount's bounce-buffer pool is empty, and allocating (page-faulting)
 /// 64 MiB of buffers inside a region of only two 64 MiB operations would measure the
 /// allocator, not the steady state of a mounted file system.
-fn w3_fs(fs: &Fs, ino: Ino, io: u64, write: bool) -> Result<f64, String> {
+fn w3_fs(fs: &Fs, ino: Ino, io: u64, dir: Dir) -> Result<f64, String> {
     let file = fs
         .open_file_with(ino, OpenMode::Direct)
         .map_err(|e| e.to_string())?;
     let mut buf = vec![0x3cu8; io as usize];
     let mut one = |off: u64| {
-        if write {
+        if dir == Dir::Write {
             file.write_at(off, &buf).map(|_| ())
         } else {
             file.read_at(off, &mut buf).map(|_| ())
@@ -238,7 +239,7 @@ fn w3_fs(fs: &Fs, ino: Ino, io: u64, write: bool) -> Result<f64, String> {
 /// Buffers are allocated once per piece size and hold non-zero bytes, so that the
 /// comparison is with the file system's pooled buffers and an NBD target sends real
 /// writes (an all-zero write would go as `WRITE_ZEROES`, without payload).
-fn w3_raw(paths: &[PathBuf], io: u64, write: bool) -> Result<f64, String> {
+fn w3_raw(paths: &[PathBuf], io: u64, dir: Dir) -> Result<f64, String> {
     let targets: Vec<Arc<dyn Target>> = paths
         .iter()
         .map(|p| open_one(p, None))
@@ -255,7 +256,7 @@ fn w3_raw(paths: &[PathBuf], io: u64, write: bool) -> Result<f64, String> {
                 b
             })];
             let offset = p.offset;
-            let op = if write {
+            let op = if dir == Dir::Write {
                 IoOp::Write { offset, bufs }
             } else {
                 IoOp::Read { offset, bufs }
@@ -343,7 +344,7 @@ fn w3_targets(dir: &Path, p: &W3Params, n: usize) -> Result<Vec<PathBuf>, String
     Ok(paths)
 }
 
-pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, json: bool) -> Result<String, String> {
+pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, output: Output) -> Result<String, String> {
     let mut rows = Vec::new();
     let mut raws: Vec<f64> = Vec::new();
     for &targets in &p.counts {
@@ -355,7 +356,7 @@ pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, json: bool) -> Result<St
             ino
         };
         for &io in &p.sizes {
-            for write in [true, false] {
+            for dir in [Dir::Write, Dir::Read] {
                 let (mut par, mut ser) = (Vec::new(), Vec::new());
                 for _ in 0..runs {
                     for (mode, out) in [
@@ -365,19 +366,19 @@ pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, json: bool) -> Result<St
                         let mut o = quiet();
                         o.dio_submit = mode;
                         let fs = mount(&paths, o)?;
-                        out.push(w3_fs(&fs, ino, io, write)?);
+                        out.push(w3_fs(&fs, ino, io, dir)?);
                         fs.unmount().map_err(|e| e.to_string())?;
                     }
                 }
-                rows.push((targets, io, write, median(par), median(ser)));
+                rows.push((targets, io, dir, median(par), median(ser)));
             }
         }
         // The raw targets last: they overwrite the file system's data.
         for &io in &p.sizes {
-            for write in [true, false] {
+            for dir in [Dir::Write, Dir::Read] {
                 raws.push(median(
                     (0..runs)
-                        .map(|_| w3_raw(&paths, io, write))
+                        .map(|_| w3_raw(&paths, io, dir))
                         .collect::<Result<Vec<_>, String>>()?,
                 ));
             }
@@ -386,7 +387,7 @@ pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, json: bool) -> Result<St
             cleanup(&paths);
         }
     }
-    if !json {
+    if output == Output::Table {
         let on = if p.targets.is_empty() {
             "target files".to_string()
         } else {
@@ -401,7 +402,7 @@ pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, json: bool) -> Result<St
             println!(
                 "| {t} | {} | {} | {p:.0} | {s:.0} | {:.2}x | {raw:.0} | {:.2} |",
                 size_label(*io),
-                if *w { "write" } else { "read" },
+                w.name(),
                 p / s,
                 p / raw
             );
@@ -411,7 +412,7 @@ pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, json: bool) -> Result<St
         "{{\"workload\":\"w3-striped-dio\",\"runs\":{runs},\"rows\":[{}]}}",
         rows.iter()
             .zip(&raws)
-            .map(|((t, io, w, p, s), raw)| format!("{{\"targets\":{t},\"size\":{io},\"op\":\"{}\",\"parallel\":{p:.0},\"serial\":{s:.0},\"raw\":{raw:.0}}}", if *w { "write" } else { "read" }))
+            .map(|((t, io, w, p, s), raw)| format!("{{\"targets\":{t},\"size\":{io},\"op\":\"{}\",\"parallel\":{p:.0},\"serial\":{s:.0},\"raw\":{raw:.0}}}", w.name()))
             .collect::<Vec<_>>()
             .join(",")
     ))

@@ -25,7 +25,7 @@ use std::time::Instant;
 use stripefs::{CreateParams, Fs, FsError, Ino, MkfsOptions, SetAttr};
 use stripefs_target::{FaultInjector, FaultKind, Persistence, PointMatch, Rng, Target};
 
-use crate::bench::{cleanup, quiet};
+use crate::bench::{cleanup, quiet, Output};
 use crate::targets::open_one;
 
 /// One `fsync` of a new file every this many creates.
@@ -475,7 +475,7 @@ fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &[u64]) -> Result<
 }
 
 /// Runs `-w meta`.
-pub(crate) fn run(dir: &Path, p: &MetaParams, json: bool) -> Result<String, String> {
+pub(crate) fn run(dir: &Path, p: &MetaParams, output: Output) -> Result<String, String> {
     p.check()?;
     let paths = make_targets(dir, p)?;
     let res = measure(&paths, p);
@@ -488,7 +488,7 @@ pub(crate) fn run(dir: &Path, p: &MetaParams, json: bool) -> Result<String, Stri
         }
         std::fs::write(svg, plot(&series)).map_err(|e| format!("{}: {e}", svg.display()))?;
     }
-    if !json {
+    if output == Output::Table {
         print!("{}", table(&r));
     }
     Ok(to_json(&r))

@@ -19,6 +19,23 @@ use crate::targets::{open_all_with, split_target_options};
 
 const DEFAULT_BUF: u64 = 1 << 20;
 
+/// Which way a measured I/O goes (`pwrite`/`pread`, and the benchmarks').
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dir {
+    Write,
+    Read,
+}
+
+impl Dir {
+    /// As the benchmarks' tables and JSON spell it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Dir::Write => "write",
+            Dir::Read => "read",
+        }
+    }
+}
+
 /// Run xfs_io-style commands against a stripefs file system (in-process).
 #[derive(Debug, clap::Args)]
 #[command(after_help = COMMANDS_HELP)]
@@ -219,7 +236,7 @@ impl Runner {
         let depth = size_opt(&mut a, "-q")?;
         let (off, len) = two_sizes(&a)?;
         if let Some(depth) = depth {
-            return self.queued(true, off, len, bs, depth, seed as u8);
+            return self.queued(Dir::Write, off, len, bs, depth, seed as u8);
         }
         let buf = vec![seed as u8; bs.min(len.max(1)) as usize];
         let c = self
@@ -247,7 +264,7 @@ impl Runner {
         let depth = size_opt(&mut a, "-q")?;
         let (off, len) = two_sizes(&a)?;
         if let Some(depth) = depth {
-            return self.queued(false, off, len, bs, depth, 0);
+            return self.queued(Dir::Read, off, len, bs, depth, 0);
         }
         let mut buf = vec![0u8; bs.min(len.max(1)) as usize];
         let c = self
@@ -279,7 +296,7 @@ impl Runner {
     /// `-q DEPTH`: keeps DEPTH direct I/Os of `bs` bytes in flight through the queue.
     fn queued(
         &self,
-        write: bool,
+        dir: Dir,
         off: u64,
         len: u64,
         bs: u64,
@@ -303,7 +320,7 @@ impl Runner {
             while next < len && (q.in_flight() as u64) < depth.max(1) {
                 let n = (len - next).min(bs);
                 let at = off + next;
-                let r = if write {
+                let r = if dir == Dir::Write {
                     q.submit_write(at, fh, at, &buf[..n as usize])
                 } else {
                     q.submit_read(at, fh, at, n as usize)
@@ -331,7 +348,10 @@ impl Runner {
             return Err(e);
         }
         report(
-            if write { "wrote" } else { "read" },
+            match dir {
+                Dir::Write => "wrote",
+                Dir::Read => "read",
+            },
             done,
             len,
             off,

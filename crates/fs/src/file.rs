@@ -12,7 +12,7 @@ use stripefs_iomap::direct::Answer;
 
 use crate::error::Result;
 use crate::fs::Fs;
-use crate::types::{Attr, FallocMode, Fh, OpenMode, WriteOrigin};
+use crate::types::{Attr, FallocMode, Fh, OpenMode, SyncScope, WriteOrigin};
 
 /// An open file. Keeps an unlinked file alive until dropped.
 #[derive(Debug)]
@@ -169,7 +169,7 @@ impl File {
     /// # Errors
     /// As [`Fs::fsync`].
     pub fn sync_all(&self) -> Result<()> {
-        self.fs.fsync_handle(self.fh, false)
+        self.fs.fsync_handle(self.fh, SyncScope::All)
     }
 
     /// `fdatasync`.
@@ -177,7 +177,7 @@ impl File {
     /// # Errors
     /// As [`Fs::fsync`].
     pub fn sync_data(&self) -> Result<()> {
-        self.fs.fsync_handle(self.fh, true)
+        self.fs.fsync_handle(self.fh, SyncScope::Data)
     }
 
     /// `fstat`.

@@ -11,7 +11,7 @@ use crate::fs::Fs;
 use crate::journal::CommitMode;
 use crate::mapping::{piece_record, DevAddr, FileMapper};
 use crate::namespace::{data_changed, inode};
-use crate::types::FallocMode;
+use crate::types::{FallocMode, SyncScope};
 
 /// Largest file size (bytes): offsets stay far from u64 overflow in every unit.
 pub const MAX_FILE_BYTES: u64 = 1 << 60;
@@ -385,30 +385,33 @@ impl Fs {
     ///
     /// # Errors
     /// `WritebackFailed`, I/O errors (the file system is then poisoned) or `Poisoned`.
-    pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
+    pub fn fsync(&self, ino: Ino, scope: SyncScope) -> Result<()> {
         // The in-core inode is pinned meanwhile, so what it has seen is not lost.
         let io = self.inner.io_lock(ino);
         let mut seen = self.inner.meta.lock().inodes.entry(ino).anon_seen;
-        let r = self.sync_file(ino, datasync, &mut seen);
+        let r = self.sync_file(ino, scope, &mut seen);
         self.inner.meta.lock().inodes.entry(ino).anon_seen = seen;
         drop(io);
         r
     }
 
     /// Writes back, reports an unseen writeback error, and commits.
-    pub(crate) fn sync_file(&self, ino: Ino, datasync: bool, seen: &mut u64) -> Result<()> {
+    pub(crate) fn sync_file(&self, ino: Ino, scope: SyncScope, seen: &mut u64) -> Result<()> {
         self.inner.check()?;
         let wb = self.writeback_file(ino, stripefs_iomap::WbWait::Busy);
         let need = {
             let mut m = self.inner.meta.lock();
             inode(&m, ino)?;
-            if !datasync {
+            if scope == SyncScope::All {
                 self.write_lazy_atimes(&mut m, Some(ino))?;
             }
             // An inode without in-core state gets it at the table's floor: an evicted
             // inode's unflushed change still commits.
             let c = m.inodes.entry(ino);
-            let seq = if datasync { c.data_seq } else { c.meta_seq };
+            let seq = match scope {
+                SyncScope::Data => c.data_seq,
+                SyncScope::All => c.meta_seq,
+            };
             self.inner.sweep_inodes_if_due(&mut m);
             seq
         };

@@ -11,7 +11,7 @@
 //! let (fs, _) = Fs::mount(targets, MountOptions::default())?;
 //! let f = fs.create(Ino::ROOT, "hello".as_ref(), CreateParams::with_perm(0o644))?;
 //! fs.write_at(f.ino, 0, b"striped")?;
-//! fs.fsync(f.ino, false)?;
+//! fs.fsync(f.ino, stripefs::SyncScope::All)?;
 //! fs.unmount()?;
 //! # Ok::<(), stripefs::FsError>(())
 //! ```
@@ -66,5 +66,5 @@ pub use stripefs_iomap::folio::DirtyTracking;
 pub use stripefs_iomap::ZeroMode;
 pub use types::{
     Access, AccessSource, Attr, CreateParams, DirEntryInfo, FallocMode, Fh, FsStatus, OpenMode,
-    RenameMode, SetAttr, SpaceAccount, StatFs, TargetStatus, TimeSet, WriteOrigin,
+    RenameMode, SetAttr, SpaceAccount, StatFs, SyncScope, TargetStatus, TimeSet, WriteOrigin,
 };

@@ -20,7 +20,9 @@ use crate::acl::{self, Acl};
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::MetaCore;
-use crate::types::{Attr, CreateParams, DirEntryInfo, Fh, OpenMode, RenameMode, SetAttr, TimeSet};
+use crate::types::{
+    Attr, CreateParams, DirEntryInfo, Fh, OpenMode, RenameMode, SetAttr, SyncScope, TimeSet,
+};
 
 /// Most hard links to one inode (and subdirectories of one directory).
 pub const LINK_MAX: u32 = 65000;
@@ -967,10 +969,10 @@ impl Fs {
     ///
     /// # Errors
     /// As [`Fs::fsync`]; `Invalid` for an unknown handle.
-    pub fn fsync_handle(&self, fh: Fh, datasync: bool) -> Result<()> {
+    pub fn fsync_handle(&self, fh: Fh, scope: SyncScope) -> Result<()> {
         let h = self.handle(fh)?;
         let mut seen = h.seen;
-        let r = self.sync_file(h.ino, datasync, &mut seen);
+        let r = self.sync_file(h.ino, scope, &mut seen);
         if let Some(h) = self.inner.handles.lock().get_mut(&fh.0) {
             h.seen = seen;
         }

@@ -89,6 +89,15 @@ pub enum OpenMode {
     Direct,
 }
 
+/// What `fsync` makes durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncScope {
+    /// `fsync`: the data and all the metadata (lazy access times included).
+    All,
+    /// `fdatasync`: the data and the metadata needed to read it (size, extents).
+    Data,
+}
+
 /// Where a write through a handle comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteOrigin {

@@ -209,7 +209,7 @@ fn lazytime_keeps_updates_in_memory_until_written() {
         assert!(read_updates(&fs, f));
     }
     let new_kept = atime(&fs, kept);
-    fs.fsync(fsynced, false).unwrap();
+    fs.fsync(fsynced, stripefs::SyncScope::All).unwrap();
     let want_fsynced = atime(&fs, fsynced);
     let chmod = SetAttr {
         mode: Some(0o600),

@@ -121,7 +121,7 @@ fn corrupted_journal_record_before_later_ones_is_corruption() {
             )
             .unwrap();
         fs.write_at(a.ino, 0, b"data").unwrap();
-        fs.fsync(a.ino, false).unwrap();
+        fs.fsync(a.ino, stripefs::SyncScope::All).unwrap();
     }
     let pos = fs.status().journal;
     let geo = fs.geometry().clone();

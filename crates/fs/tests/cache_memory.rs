@@ -37,7 +37,7 @@ fn dirtying_four_times_the_dirty_limit_stays_within_budget() {
         .create(Ino::ROOT, "other".as_ref(), CreateParams::with_perm(0o644))
         .unwrap();
     fs.write_at(g.ino, 0, &vec![7u8; 16 << 20]).unwrap();
-    fs.fsync(g.ino, false).unwrap();
+    fs.fsync(g.ino, stripefs::SyncScope::All).unwrap();
     let mut buf = vec![0u8; 1 << 20];
     for off in (0..16u64 << 20).step_by(1 << 20) {
         fs.read_at(g.ino, off, &mut buf).unwrap();
@@ -111,7 +111,7 @@ fn writers_and_readers_on_different_folios_of_one_file() {
             }
         });
     });
-    fs.fsync(f.ino, false).unwrap();
+    fs.fsync(f.ino, stripefs::SyncScope::All).unwrap();
     fs.unmount().unwrap();
     let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);

@@ -180,7 +180,15 @@ fn run_workload(fs: &Fs, rec: &Recorder, seed: u64) -> Workload {
                 w.files[id].changes.push((opno, start));
             }
             9..=12 => {
-                fs.fsync(inos[id], rng.one_in(3)).unwrap();
+                fs.fsync(
+                    inos[id],
+                    if rng.one_in(3) {
+                        stripefs::SyncScope::Data
+                    } else {
+                        stripefs::SyncScope::All
+                    },
+                )
+                .unwrap();
                 let f = &mut w.files[id];
                 f.snaps
                     .push((opno, now(), f.content.clone(), f.name.clone().unwrap()));

@@ -194,7 +194,8 @@ fn one_run(kind: FaultKind, nth: u64) -> bool {
             .expect("still usable");
         fs.write_at(a.ino, 0, b"still works")
             .expect("write after recovered fault");
-        fs.fsync(a.ino, false).expect("fsync after recovered fault");
+        fs.fsync(a.ino, stripefs::SyncScope::All)
+            .expect("fsync after recovered fault");
     }
     std::mem::forget(fs);
     for s in &sims {

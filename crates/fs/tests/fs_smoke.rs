@@ -17,7 +17,7 @@ fn write_read_remount() {
     assert_eq!(fs.read_at(a.ino, 0, &mut back).unwrap(), 301_000);
     assert!(back[..1000].iter().all(|&b| b == 0));
     assert_eq!(&back[1000..], &data[..]);
-    fs.fsync(a.ino, false).unwrap();
+    fs.fsync(a.ino, stripefs::SyncScope::All).unwrap();
     fs.unmount().unwrap();
     let (fs, rep) = Fs::mount(dyns(&s), quiet()).unwrap();
     assert_eq!(
@@ -40,7 +40,7 @@ fn fsync_survives_crash_via_journal_replay() {
         .create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o600))
         .unwrap();
     fs.write_at(a.ino, 0, &pattern(2, 0, 50_000)).unwrap();
-    fs.fsync(a.ino, false).unwrap();
+    fs.fsync(a.ino, stripefs::SyncScope::All).unwrap();
     let b = fs
         .create(
             Ino::ROOT,
@@ -115,7 +115,7 @@ fn read_only_switch_settles_refuses_changes_and_writes_nothing() {
     assert_eq!(back, data);
     fs.release(fh).unwrap(); // the orphan is not freed while read-only
     fs.sync().unwrap();
-    fs.fsync(a.ino, false).unwrap();
+    fs.fsync(a.ino, stripefs::SyncScope::All).unwrap();
     assert_eq!(
         writes(&s),
         before,

@@ -52,7 +52,7 @@ fn setup() -> (Vec<Arc<SimTarget>>, Fs, Ino) {
         .create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o644))
         .unwrap();
     fs.write_at(a.ino, 0, &pattern(1, 0, 256 << 10)).unwrap();
-    fs.fsync(a.ino, false).unwrap();
+    fs.fsync(a.ino, stripefs::SyncScope::All).unwrap();
     (s, fs, a.ino)
 }
 
@@ -60,7 +60,7 @@ fn setup() -> (Vec<Arc<SimTarget>>, Fs, Ino) {
 fn fsync_cost(s: &[Arc<SimTarget>], fs: &Fs, ino: Ino, change: impl Fn()) -> Vec<OpCounts> {
     change();
     let before = counts(s);
-    fs.fsync(ino, false).unwrap();
+    fs.fsync(ino, stripefs::SyncScope::All).unwrap();
     delta(&before, &counts(s))
 }
 

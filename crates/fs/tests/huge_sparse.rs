@@ -57,7 +57,7 @@ fn truncate_to_the_maximum_size_and_back_is_cheap() {
     assert_eq!(read(&fs, a.ino, 0, 5000), data);
     assert!(read(&fs, a.ino, 5000, 60_000).iter().all(|&b| b == 0));
     assert_eq!(read(&fs, a.ino, MAX_FILE_BYTES - 10, 100), vec![0u8; 10]);
-    fs.fsync(a.ino, false).unwrap();
+    fs.fsync(a.ino, stripefs::SyncScope::All).unwrap();
     cheap(&fs, "truncate back", || fs.set_len(a.ino, 3000)).unwrap();
     assert_eq!(read(&fs, a.ino, 0, 10_000), data[..3000]);
     // Again with the old EOF block on disk only (not cached): its tail is zeroed.
@@ -86,7 +86,7 @@ fn zeroing_and_punching_huge_sparse_ranges_is_cheap() {
     fs.write_at(a.ino, 0, &d1).unwrap();
     // A write far past EOF zeroes [EOF, far) first: cheap too.
     cheap(&fs, "write far past EOF", || fs.write_at(a.ino, far, &d2)).unwrap();
-    fs.fsync(a.ino, false).unwrap();
+    fs.fsync(a.ino, stripefs::SyncScope::All).unwrap();
     // Zero range of holes allocates unwritten blocks: more than the disk holds fails at
     // once, before changing anything.
     let e = cheap(&fs, "huge zero range", || {
@@ -130,7 +130,7 @@ fn zeroing_and_punching_huge_sparse_ranges_is_cheap() {
     };
     let (fs, _) = Fs::mount(dyns(&s), opts).unwrap();
     fs.write_at(a.ino, far, &d2).unwrap();
-    fs.fsync(a.ino, false).unwrap();
+    fs.fsync(a.ino, stripefs::SyncScope::All).unwrap();
     fs.write_at(a.ino, 0, &d1).unwrap();
     cheap(&fs, "zero range through the cache", || {
         let len = MAX_FILE_BYTES - 200;
@@ -160,7 +160,7 @@ fn seek_over_a_huge_hole_is_cheap() {
     fs.set_len(a.ino, MAX_FILE_BYTES).unwrap();
     for synced in [false, true] {
         if synced {
-            fs.fsync(a.ino, false).unwrap();
+            fs.fsync(a.ino, stripefs::SyncScope::All).unwrap();
         }
         let seek = |off, what| cheap(&fs, "seek", || fs.seek(a.ino, off, what)).unwrap();
         assert_eq!(seek(0, stripefs::Whence::Hole), 8192, "synced {synced}");

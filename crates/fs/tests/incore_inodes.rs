@@ -169,7 +169,7 @@ fn fsync_after_eviction_commits_the_evicted_change() {
     );
     assert!(fs.debug_evict_inodes() > 0);
     assert_eq!(fs.status().incore_inodes, 0, "every inode was evicted");
-    fs.fsync(f, false).unwrap();
+    fs.fsync(f, stripefs::SyncScope::All).unwrap();
     assert!(
         fs.status().committed_seq >= st.running_seq,
         "fsync after eviction committed the chmod's transaction"
@@ -195,7 +195,7 @@ fn fdatasync_after_eviction_commits_the_evicted_size() {
     fs.sync().unwrap();
     fs.set_len(f, 12345).unwrap();
     assert!(fs.debug_evict_inodes() > 0);
-    fs.fsync(f, true).unwrap();
+    fs.fsync(f, stripefs::SyncScope::Data).unwrap();
     std::mem::forget(fs);
     for t in &s {
         t.crash(CrashMode::DropUnflushed);
@@ -222,7 +222,7 @@ fn pinned_inodes_are_not_evicted() {
     fs.release(fh).unwrap();
     fs.debug_evict_inodes();
     assert_eq!(fs.status().incore_inodes, 1, "the dirty inode stays");
-    fs.fsync(a, false).unwrap();
+    fs.fsync(a, stripefs::SyncScope::All).unwrap();
     fs.debug_evict_inodes();
     assert_eq!(
         fs.status().incore_inodes,

@@ -429,7 +429,14 @@ impl Run {
             name.0,
             name.1
         ));
-        if let Err(e) = self.sut.fs.fsync(self.sut.inos[&id], datasync) {
+        if let Err(e) = self.sut.fs.fsync(
+            self.sut.inos[&id],
+            if datasync {
+                stripefs::SyncScope::Data
+            } else {
+                stripefs::SyncScope::All
+            },
+        ) {
             self.fail(&format!("fsync failed: {e}"));
         }
     }

@@ -208,7 +208,15 @@ fn run_workload(fs: &Fs, rec: &Recorder, seed: u64, ops: u64) -> Workload {
             1..=3 => write(&mut w, fs, id, true, &mut rng, (opno, start)),
             4..=8 => write(&mut w, fs, id, false, &mut rng, (opno, start)),
             9..=12 => {
-                fs.fsync(w.files[id].ino, rng.one_in(3)).unwrap();
+                fs.fsync(
+                    w.files[id].ino,
+                    if rng.one_in(3) {
+                        stripefs::SyncScope::Data
+                    } else {
+                        stripefs::SyncScope::All
+                    },
+                )
+                .unwrap();
                 let f = &mut w.files[id];
                 f.snaps.push((opno, now(), f.content.clone()));
             }

@@ -90,7 +90,7 @@ fn peak_in_flight(depth: WbDepth, patience: Duration) -> u64 {
     let data = pattern(7, 0, file_bytes as usize);
     assert_eq!(fs.write_at(f.ino, 0, &data).unwrap(), data.len());
     peak.store(0, Ordering::SeqCst);
-    fs.fsync(f.ino, false).unwrap();
+    fs.fsync(f.ino, stripefs::SyncScope::All).unwrap();
     let seen = peak.load(Ordering::SeqCst);
     let mut back = vec![0u8; data.len()];
     fs.read_direct(f.ino, 0, &mut back).unwrap();

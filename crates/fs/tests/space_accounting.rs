@@ -78,7 +78,7 @@ fn truncating_dirty_data_returns_its_space() {
         fs.write_at(big.ino, i * chunk.len() as u64, &chunk)
             .unwrap_or_else(|e| panic!("1 GiB write failed after {} MiB: {e}", i * 8));
     }
-    fs.fsync(big.ino, false).unwrap();
+    fs.fsync(big.ino, stripefs::SyncScope::All).unwrap();
     fs.check_space_accounting().unwrap();
     fs.unmount().unwrap();
 }

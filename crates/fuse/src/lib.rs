@@ -26,8 +26,8 @@ use fuser::{
     TimeOrNow, WriteFlags,
 };
 use stripefs::{
-    CreateParams, Fh, FileKind, Fs, FsError, Ino, OpenMode, RenameMode, SetAttr, TimeSet, Whence,
-    WriteOrigin, XattrMode,
+    CreateParams, Fh, FileKind, Fs, FsError, Ino, OpenMode, RenameMode, SetAttr, SyncScope,
+    TimeSet, Whence, WriteOrigin, XattrMode,
 };
 
 pub use options::{split_options, OptionError, FUSE_KEYS};
@@ -712,7 +712,14 @@ impl Filesystem for StripeFuse {
         reply: ReplyEmpty,
     ) {
         match self.open_file(fh) {
-            Ok(fh) => done(reply, self.fs.fsync_handle(fh, datasync)),
+            Ok(fh) => {
+                let scope = if datasync {
+                    SyncScope::Data
+                } else {
+                    SyncScope::All
+                };
+                done(reply, self.fs.fsync_handle(fh, scope));
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -730,7 +737,12 @@ impl Filesystem for StripeFuse {
         // `fsync` on the mount after `mount -o remount,ro` returns once the engine is
         // read-only and checkpointed: the mount helper relies on it.
         let r = self.fs.follow_access_source();
-        done(reply, r.and_then(|()| self.fs.fsync(ino(i), datasync)))
+        let scope = if datasync {
+            SyncScope::Data
+        } else {
+            SyncScope::All
+        };
+        done(reply, r.and_then(|()| self.fs.fsync(ino(i), scope)))
     }
 
     fn readdir(
