@@ -295,7 +295,7 @@ fn lazy_access_times_are_logged_at_eviction() {
         fs.getattr(files[0]).unwrap().atime.sec >= now,
         "the first file's access time survived its eviction"
     );
-    fs.fsync(files[0], false).unwrap();
+    fs.fsync(files[0], stripefs::SyncScope::All).unwrap();
     std::mem::forget(fs);
     for t in &s {
         t.crash(CrashMode::DropUnflushed);
