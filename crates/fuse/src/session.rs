@@ -15,7 +15,9 @@ use parking_lot::Mutex;
 use stripefs::{Access, Fs};
 
 use crate::uring::{self, RingStats, Rings};
-use crate::{FuseConfig, StripeFuse, Transport, TransportChoice, UringNeed, UringOffer};
+use crate::{
+    FuseConfig, RequestCounts, StripeFuse, Transport, TransportChoice, UringNeed, UringOffer,
+};
 
 /// How to present the file system to the kernel.
 #[derive(Debug, Clone)]
@@ -84,6 +86,7 @@ pub struct Mounted {
     thread: JoinHandle<io::Result<()>>,
     transport: Transport,
     rings: Option<Arc<RingStats>>,
+    counts: Arc<RequestCounts>,
 }
 
 impl Mounted {
@@ -97,6 +100,12 @@ impl Mounted {
     #[must_use]
     pub fn ring_requests(&self) -> u64 {
         self.rings.as_ref().map_or(0, |s| s.requests())
+    }
+
+    /// The requests served so far, by kind.
+    #[must_use]
+    pub fn request_counts(&self) -> &RequestCounts {
+        &self.counts
     }
 
     /// A handle that unmounts from another thread (a signal handler's thread).
@@ -119,9 +128,12 @@ impl Mounted {
     /// # Errors
     /// The session failed.
     pub fn join(self) -> io::Result<()> {
-        self.thread
+        let served = self
+            .thread
             .join()
-            .map_err(|_| io::Error::other("FUSE session thread panicked"))?
+            .map_err(|_| io::Error::other("FUSE session thread panicked"))?;
+        tracing::info!(requests = %self.counts, "FUSE session ended");
+        served
     }
 }
 
@@ -350,6 +362,7 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
     let fs_for_access = Arc::clone(&fs);
     let offer = uring_offer(opts.transport)?;
     let mut fuse = StripeFuse::new(fs, opts.fuse);
+    let counts = fuse.counts();
     if let Some(o) = &offer {
         fuse = fuse.with_uring(o.clone());
     }
@@ -396,6 +409,7 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
         thread,
         transport,
         rings,
+        counts,
     })
 }
 

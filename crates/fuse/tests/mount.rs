@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use stripefs::{Fs, MkfsOptions, MountOptions};
-use stripefs_fuse::{serve, Mounted, ServeOptions, Transport, TransportChoice};
+use stripefs_fuse::{serve, Mounted, Op, ServeOptions, Transport, TransportChoice};
 use stripefs_target::Target;
 
 mod common;
@@ -1162,5 +1162,44 @@ fn io_uring_transport_carries_the_requests() {
         served >= 200,
         "only {served} requests went through the ring"
     );
+    finish(m, fs);
+}
+
+/// Creating, writing and closing a small file costs the kernel's minimum of round trips:
+/// LOOKUP (the name is new), CREATE, GETXATTR `security.capability` (the first write to
+/// an inode, before the kernel marks it `S_NOSEC`), WRITE, GETATTR of the directory the
+/// create changed, and RELEASE. No FLUSH: handles are opened `FOPEN_NOFLUSH`, since
+/// close writes nothing back (issue 15, `docs/design/fuse.md`).
+#[test]
+fn small_file_creates_cost_no_flush_round_trip() {
+    let s = Scratch::new("small-creates");
+    let (fs, m) = s.serve();
+    let dir = s.mnt().join("d");
+    fs::create_dir(&dir).unwrap();
+    let c = m.request_counts();
+    let (flush0, create0, write0, total0) = (
+        c.get(Op::Flush),
+        c.get(Op::Create),
+        c.get(Op::Write),
+        c.total(),
+    );
+    const N: u64 = 20;
+    for i in 0..N {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(dir.join(format!("f{i}")))
+            .unwrap();
+        f.write_all(&[b'a' + i as u8; 4096]).unwrap();
+    }
+    let per_file = (c.total() - total0) as f64 / N as f64;
+    let counts = c.to_string();
+    assert_eq!(c.get(Op::Flush) - flush0, 0, "close sent FLUSH: {counts}");
+    assert_eq!(c.get(Op::Create) - create0, N, "{counts}");
+    assert_eq!(c.get(Op::Write) - write0, N, "{counts}");
+    assert!(per_file <= 6.0, "{per_file} requests per file: {counts}");
+    for i in 0..N {
+        assert_eq!(fs::read(dir.join(format!("f{i}"))).unwrap(), [b'a' + i as u8; 4096]);
+    }
     finish(m, fs);
 }
