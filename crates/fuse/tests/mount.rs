@@ -1199,7 +1199,10 @@ fn small_file_creates_cost_no_flush_round_trip() {
     assert_eq!(c.get(Op::Write) - write0, N, "{counts}");
     assert!(per_file <= 6.0, "{per_file} requests per file: {counts}");
     for i in 0..N {
-        assert_eq!(fs::read(dir.join(format!("f{i}"))).unwrap(), [b'a' + i as u8; 4096]);
+        assert_eq!(
+            fs::read(dir.join(format!("f{i}"))).unwrap(),
+            [b'a' + i as u8; 4096]
+        );
     }
     finish(m, fs);
 }
