@@ -102,6 +102,13 @@ impl DioEndIo<DevAddr> for DioDone {
             .dio_pieces
             .fetch_add(pieces, Ordering::Relaxed);
     }
+
+    fn read_copied(&self, bytes: u64) {
+        self.fs
+            .inner
+            .dio_read_copied
+            .fetch_add(bytes, Ordering::Relaxed);
+    }
 }
 
 impl DioOps for FileMapper<'_> {

@@ -495,6 +495,7 @@ impl Fs {
             dio_shared: self.inner.dio_shared.load(Ordering::Relaxed),
             dio_exclusive: self.inner.dio_exclusive.load(Ordering::Relaxed),
             dio_pieces: self.inner.dio_pieces.load(Ordering::Relaxed),
+            dio_read_copied: self.inner.dio_read_copied.load(Ordering::Relaxed),
             map_lookups: self.inner.map_lookups.load(Ordering::Relaxed),
             incore_inodes: m.inodes.len(),
             incore_inodes_peak: m.inodes.peak(),

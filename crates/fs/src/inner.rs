@@ -237,6 +237,7 @@ pub(crate) struct FsInner {
     pub dio_shared: std::sync::atomic::AtomicU64,
     pub dio_exclusive: std::sync::atomic::AtomicU64,
     pub dio_pieces: std::sync::atomic::AtomicU64,
+    pub dio_read_copied: std::sync::atomic::AtomicU64,
     /// Mapping lookups (`FileMapper::begin`) since mount: what zeroing costs is counted here.
     pub map_lookups: std::sync::atomic::AtomicU64,
 }
@@ -293,6 +294,7 @@ impl FsInner {
             dio_shared: std::sync::atomic::AtomicU64::new(0),
             dio_exclusive: std::sync::atomic::AtomicU64::new(0),
             dio_pieces: std::sync::atomic::AtomicU64::new(0),
+            dio_read_copied: std::sync::atomic::AtomicU64::new(0),
             map_lookups: std::sync::atomic::AtomicU64::new(0),
         }
     }

@@ -259,6 +259,9 @@ pub struct FsStatus {
     pub dio_exclusive: u64,
     /// Stripe pieces submitted by direct writes since mount.
     pub dio_pieces: u64,
+    /// Bytes direct reads copied out of device-read buffers into callers' buffers since
+    /// mount, counted piece by piece as each is copied (holes, zero-filled, not counted).
+    pub dio_read_copied: u64,
     /// Mapping lookups since mount (every I/O path and zeroing pass makes them).
     pub map_lookups: u64,
     /// In-core inodes now, the most at once since mount, and those evicted since mount

@@ -12,7 +12,8 @@ use stripefs::{
 };
 use stripefs_target::fault::{Persistence, PointMatch};
 use stripefs_target::{
-    Completion, FaultInjector, FaultKind, FaultPoint, IoOp, SimTarget, Target, TargetInfo,
+    Completion, FaultInjector, FaultKind, FaultPoint, IoDone, IoOp, OpKind, SimTarget, Target,
+    TargetError, TargetErrorKind, TargetInfo,
 };
 
 fn p() -> CreateParams {
@@ -198,6 +199,145 @@ fn serial_submission_reads_one_piece_at_a_time() {
         assert!(back == data, "{mode:?}: read back what was written");
         fs.unmount().unwrap();
     }
+}
+
+/// Holds the completions of whole-unit reads until the test delivers them, one at a time,
+/// on the test's thread (the device has read already; only the completion waits).
+struct Holding {
+    inner: Arc<SimTarget>,
+    held: Arc<parking_lot::Mutex<Vec<(IoDone, Completion)>>>,
+}
+
+impl std::fmt::Debug for Holding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Holding")
+            .field("held", &self.held.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Target for Holding {
+    fn info(&self) -> &TargetInfo {
+        self.inner.info()
+    }
+    fn submit(&self, op: IoOp, done: Completion) {
+        if !is_unit_read(&op) {
+            return self.inner.submit(op, done);
+        }
+        let read = Arc::new(parking_lot::Mutex::new(None));
+        let r2 = Arc::clone(&read);
+        self.inner
+            .submit(op, Box::new(move |d| *r2.lock() = Some(d)));
+        let d = read.lock().take().expect("the simulated target completes inline");
+        self.held.lock().push((d, done));
+    }
+}
+
+/// Polls `f` for up to 10 s.
+fn eventually(f: impl Fn() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(10) {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    false
+}
+
+/// A direct read copies each piece into the caller's buffer as its completion arrives,
+/// while the later pieces are still in flight (the copy overlaps the transfers), and stays
+/// all-or-error: a failed piece fails the whole read, and nothing after it is copied.
+#[test]
+fn direct_read_copies_each_piece_as_it_completes() {
+    const UNIT: u64 = 1 << 20;
+    let sims = sims(4, 8 << 20);
+    let fs = fresh(&sims, 4096, UNIT as u32);
+    let layout = StripeLayout {
+        count: 4,
+        unit_bytes: UNIT as u32,
+        first_target: 0,
+    };
+    let f = fs
+        .create(
+            Ino::ROOT,
+            "wide".as_ref(),
+            CreateParams {
+                layout: Some(layout),
+                ..p()
+            },
+        )
+        .unwrap();
+    let data = pattern(7, 0, 4 * UNIT as usize);
+    fs.write_direct(f.ino, 0, &data).unwrap();
+    fs.unmount().unwrap();
+    let held = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let views: Vec<Arc<dyn Target>> = sims
+        .iter()
+        .map(|s| {
+            Arc::new(Holding {
+                inner: Arc::clone(s),
+                held: Arc::clone(&held),
+            }) as Arc<dyn Target>
+        })
+        .collect();
+    let (fs, _) = Fs::mount(views, quiet()).unwrap();
+    for failing in [None, Some(1usize)] {
+        let base = fs.status().dio_read_copied;
+        let reader = {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 4 * UNIT as usize];
+                fs.read_direct(f.ino, 0, &mut buf).map(|n| (n, buf))
+            })
+        };
+        assert!(eventually(|| held.lock().len() == 4), "every piece in flight");
+        // Delivered in submission order: piece k completes only once k - 1 is copied.
+        let pieces: Vec<_> = std::mem::take(&mut *held.lock());
+        for (k, (mut d, done)) in pieces.into_iter().enumerate() {
+            if Some(k) == failing {
+                d.result = Err(TargetError::new(
+                    Arc::clone(&sims[k].info().name),
+                    OpKind::Read,
+                    0,
+                    TargetErrorKind::Os(libc::EIO),
+                ));
+            }
+            done(d);
+            let pieces_copied = match failing {
+                Some(i) if k >= i => i,
+                _ => k + 1,
+            };
+            let want = pieces_copied as u64 * UNIT;
+            let copied = || fs.status().dio_read_copied - base == want;
+            assert!(
+                eventually(copied),
+                "{failing:?}: after piece {k} completed, {} bytes copied, want {want} before \
+                 piece {} completes",
+                fs.status().dio_read_copied - base,
+                k + 1
+            );
+        }
+        let r = reader.join().unwrap();
+        let want = failing.map_or(4, |i| i as u64) * UNIT;
+        assert_eq!(
+            fs.status().dio_read_copied - base,
+            want,
+            "nothing is copied after a failed piece"
+        );
+        match failing {
+            None => {
+                let (n, buf) = r.unwrap();
+                assert_eq!(n, data.len());
+                assert!(buf == data, "read back what was written");
+            }
+            Some(_) => {
+                let e = r.map(|(n, _)| n).unwrap_err();
+                assert_eq!(e.errno(), libc::EIO, "a failed piece fails the read: {e}");
+            }
+        }
+    }
+    fs.unmount().unwrap();
 }
 
 /// Counts writes (or the ops `counted` picks) submitted and holds their completions: each

@@ -13,7 +13,11 @@
 //! 4. one completion fan-in: the first error wins; on success the file system records the
 //!    write ([`DioEndIo::write_done`]); buffers go back, the in-flight count drops, and for
 //!    writes the clean cache over the range is dropped (a buffered reader may have cached
-//!    old bytes meanwhile); then the caller's answer.
+//!    old bytes meanwhile); then the caller's answer. A read's pieces are copied into the
+//!    caller's buffer as each completes wherever a thread waits for the window (the
+//!    waiting form, and every window but the last of the callback form), so the copy
+//!    overlaps the transfers still in flight; the callback form's last window is copied
+//!    in its fan-in.
 //!
 //! The waiting form is the callback form whose last window is waited for on the calling
 //! thread instead of completing on a target's completion thread: the same fan-out and the
@@ -156,6 +160,8 @@ pub trait DioEndIo<A>: Send + 'static {
     fn write_done(&self, pieces: &[DioPiece<A>], end: u64) -> Result<(), Self::Error>;
     /// Pieces submitted to the targets (statistics).
     fn submitted(&self, _pieces: u64) {}
+    /// A direct read's piece of `bytes` was copied into the caller's buffer (statistics).
+    fn read_copied(&self, _bytes: u64) {}
 }
 
 type EndErr<O> = <O as crate::IomapOps>::Error;
@@ -343,13 +349,14 @@ where
     let mut buf = vec![0u8; len];
     match read_fan_out(ops, &end, pos, &mut buf, align) {
         Fanned::Pending(run, batch) => batch.finish_with(move |last| {
-            let r = read_fan_in(&end, run, last, &mut buf).map(|n| {
+            let copied = copy_out(&end, &run.pieces, last, &mut buf);
+            let r = read_fan_in(&end, run, copied).map(|n| {
                 buf.truncate(n);
                 buf
             });
             done(r);
         }),
-        Fanned::Waited(run) => done(read_fan_in(&end, run, Vec::new(), &mut buf).map(|n| {
+        Fanned::Waited(run) => done(read_fan_in(&end, run, Ok(())).map(|n| {
             buf.truncate(n);
             buf
         })),
@@ -370,10 +377,10 @@ pub fn dio_read_wait<O: DioOps>(
     let end = ops.end_io();
     match read_fan_out(ops, &end, pos, buf, align) {
         Fanned::Pending(run, batch) => {
-            let last = batch.wait();
-            read_fan_in(&end, run, last, buf)
+            let copied = copy_each(&end, &run.pieces, batch, buf);
+            read_fan_in(&end, run, copied)
         }
-        Fanned::Waited(run) => read_fan_in(&end, run, Vec::new(), buf),
+        Fanned::Waited(run) => read_fan_in(&end, run, Ok(())),
         Fanned::NotStarted(e) => Err(e),
     }
 }
@@ -439,8 +446,7 @@ fn read_fan_out<O: DioOps>(
         if w + 1 == windows && run.error.is_none() {
             return Fanned::Pending(run, batch);
         }
-        let ios = batch.wait();
-        if let Err(e) = copy_out(end, &run.pieces, ios, buf) {
+        if let Err(e) = copy_each(end, &run.pieces, batch, buf) {
             run.error.get_or_insert(e);
         }
         run.pieces.clear();
@@ -473,15 +479,13 @@ fn read_serial<O: DioOps>(
     }
 }
 
-/// The one completion of a read: the last window's bytes, accounting, the answer.
+/// The one completion of a read, once the last window's bytes are copied (`copied`, the
+/// first device error if any): accounting, the answer.
 fn read_fan_in<E, A, D: DioEndIo<A, Error = E>>(
     end: &D,
-    mut run: ReadRun<E>,
-    last: Vec<IoDone>,
-    buf: &mut [u8],
+    run: ReadRun<E>,
+    copied: Result<(), E>,
 ) -> Result<usize, E> {
-    let pieces = std::mem::take(&mut run.pieces);
-    let copied = copy_out(end, &pieces, last, buf);
     if run.started {
         end.in_flight().end();
     }
@@ -489,6 +493,42 @@ fn read_fan_in<E, A, D: DioEndIo<A, Error = E>>(
         Some(e) => Err(e),
         None => copied.map(|()| run.bytes),
     }
+}
+
+/// Waits for one window's pieces and copies each into its own part of `buf` as its
+/// completion arrives (zeros where nothing was read, at once), so the copy overlaps the
+/// transfers still in flight; buffers go back as each piece is copied. The first device
+/// error if any: after it nothing more is copied (the read fails whole).
+fn copy_each<A, E, D: DioEndIo<A, Error = E>>(
+    end: &D,
+    pieces: &[(Option<usize>, usize, usize)],
+    batch: Batch,
+    buf: &mut [u8],
+) -> Result<(), E> {
+    let mut by_slot = Vec::with_capacity(pieces.len());
+    for &(slot, at, n) in pieces {
+        match slot {
+            Some(s) => {
+                debug_assert_eq!(s, by_slot.len(), "pieces are in slot order");
+                by_slot.push((at, n));
+            }
+            None => buf[at..at + n].fill(0),
+        }
+    }
+    let mut r = Ok(());
+    batch.wait_each(|s, d| {
+        match (&r, d.result) {
+            (Ok(()), Ok(())) => {
+                let (at, n) = by_slot[s];
+                buf[at..at + n].copy_from_slice(&d.bufs[0][..n]);
+                end.read_copied(n as u64);
+            }
+            (Ok(()), Err(e)) => r = Err(end.io_error(e)),
+            (Err(_), _) => {}
+        }
+        end.buffers().put_all(d.bufs);
+    });
+    r
 }
 
 /// Copies completed read pieces into `buf` (zeros where nothing was read); the first
@@ -503,7 +543,10 @@ fn copy_out<A, E, D: DioEndIo<A, Error = E>>(
     if r.is_ok() {
         for &(slot, at, n) in pieces {
             match slot {
-                Some(s) => buf[at..at + n].copy_from_slice(&ios[s].bufs[0][..n]),
+                Some(s) => {
+                    buf[at..at + n].copy_from_slice(&ios[s].bufs[0][..n]);
+                    end.read_copied(n as u64);
+                }
                 None => buf[at..at + n].fill(0),
             }
         }

@@ -39,6 +39,9 @@ struct State {
     /// Runs (on the last completion's thread) once everything completed, instead of a
     /// waiter: set by [`Batch::finish_with`].
     on_done: Option<Box<dyn FnOnce(Vec<IoDone>) + Send>>,
+    /// While [`Batch::wait_each`] consumes: slots completed and not yet handed to it, in
+    /// completion order.
+    arrived: Option<Vec<usize>>,
 }
 
 impl std::fmt::Debug for State {
@@ -55,6 +58,7 @@ impl Default for State {
             pending: 1,
             results: Vec::new(),
             on_done: None,
+            arrived: None,
         }
     }
 }
@@ -89,7 +93,10 @@ impl Batch {
                 let mut st = inner.state.lock();
                 st.results[slot] = Some(done);
                 st.pending -= 1;
-                if st.pending == 0 {
+                if let Some(arrived) = st.arrived.as_mut() {
+                    arrived.push(slot);
+                    inner.all_done.notify_all();
+                } else if st.pending == 0 {
                     if let Some(f) = st.on_done.take() {
                         let results = take_results(&mut st);
                         drop(st);
@@ -125,6 +132,44 @@ impl Batch {
             self.inner.all_done.wait(&mut st);
         }
         take_results(&mut st)
+    }
+
+    /// Drops the submission bias and hands every completion to `each` on this thread as
+    /// it arrives (completion order, with its slot), outside the batch's lock: the
+    /// consumer works on one completion while the others are still in flight. Returns
+    /// once every operation has completed and been handed over.
+    pub fn wait_each(self, mut each: impl FnMut(usize, IoDone)) {
+        let mut st = self.inner.state.lock();
+        st.pending -= 1;
+        let early: Vec<usize> = (0..st.results.len())
+            .filter(|&s| st.results[s].is_some())
+            .collect();
+        st.arrived = Some(early);
+        let mut handed = 0;
+        loop {
+            let arrived = std::mem::take(st.arrived.as_mut().expect("consuming"));
+            let got: Vec<(usize, IoDone)> = arrived
+                .into_iter()
+                .map(|s| {
+                    let d = st.results[s].take();
+                    (s, d.expect("an arrived slot holds its completion"))
+                })
+                .collect();
+            if got.is_empty() {
+                if st.pending == 0 {
+                    debug_assert_eq!(handed, st.results.len(), "every completion handed over");
+                    return;
+                }
+                self.inner.all_done.wait(&mut st);
+                continue;
+            }
+            drop(st);
+            handed += got.len();
+            for (s, d) in got {
+                each(s, d);
+            }
+            st = self.inner.state.lock();
+        }
     }
 
     /// Drops the submission bias without waiting: `f` gets the completions in submission
@@ -173,5 +218,61 @@ mod tests {
             1,
             "synchronous target: completed already"
         );
+    }
+
+    /// A target that completes each write on a thread of its own when told to.
+    #[derive(Debug)]
+    struct Later {
+        sim: SimTarget,
+        go: Arc<Mutex<Vec<std::sync::mpsc::Sender<()>>>>,
+    }
+
+    impl Target for Later {
+        fn info(&self) -> &crate::TargetInfo {
+            self.sim.info()
+        }
+        fn submit(&self, op: IoOp, done: crate::Completion) {
+            let (tx, rx) = std::sync::mpsc::channel();
+            self.go.lock().push(tx);
+            let slot = Arc::new(Mutex::new(None));
+            let s2 = Arc::clone(&slot);
+            self.sim.submit(op, Box::new(move |x| *s2.lock() = Some(x)));
+            let d = slot.lock().take().expect("the simulated target completes inline");
+            std::thread::spawn(move || {
+                rx.recv().unwrap();
+                done(d);
+            });
+        }
+    }
+
+    #[test]
+    fn wait_each_hands_over_each_completion_as_it_arrives() {
+        let t = Later {
+            sim: SimTarget::new("t", 8192, 512),
+            go: Arc::new(Mutex::new(Vec::new())),
+        };
+        let b = Batch::new();
+        for i in 0..3u64 {
+            b.submit(
+                &t,
+                IoOp::Write {
+                    offset: i * 512,
+                    bufs: vec![IoBuf::zeroed(512)],
+                },
+            );
+        }
+        // Completed in the order 2, 0, 1, each only once the previous was handed over.
+        let go = std::mem::take(&mut *t.go.lock());
+        let order = [2usize, 0, 1];
+        go[order[0]].send(()).unwrap();
+        let mut seen = Vec::new();
+        b.wait_each(|slot, d| {
+            assert!(d.result.is_ok());
+            seen.push(slot);
+            if let Some(&next) = order.get(seen.len()) {
+                go[next].send(()).unwrap();
+            }
+        });
+        assert_eq!(seen, order);
     }
 }
