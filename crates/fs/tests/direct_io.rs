@@ -228,7 +228,10 @@ impl Target for Holding {
         let r2 = Arc::clone(&read);
         self.inner
             .submit(op, Box::new(move |d| *r2.lock() = Some(d)));
-        let d = read.lock().take().expect("the simulated target completes inline");
+        let d = read
+            .lock()
+            .take()
+            .expect("the simulated target completes inline");
         self.held.lock().push((d, done));
     }
 }
@@ -291,7 +294,10 @@ fn direct_read_copies_each_piece_as_it_completes() {
                 fs.read_direct(f.ino, 0, &mut buf).map(|n| (n, buf))
             })
         };
-        assert!(eventually(|| held.lock().len() == 4), "every piece in flight");
+        assert!(
+            eventually(|| held.lock().len() == 4),
+            "every piece in flight"
+        );
         // Delivered in submission order: piece k completes only once k - 1 is copied.
         let pieces: Vec<_> = std::mem::take(&mut *held.lock());
         for (k, (mut d, done)) in pieces.into_iter().enumerate() {

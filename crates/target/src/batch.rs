@@ -237,7 +237,10 @@ mod tests {
             let slot = Arc::new(Mutex::new(None));
             let s2 = Arc::clone(&slot);
             self.sim.submit(op, Box::new(move |x| *s2.lock() = Some(x)));
-            let d = slot.lock().take().expect("the simulated target completes inline");
+            let d = slot
+                .lock()
+                .take()
+                .expect("the simulated target completes inline");
             std::thread::spawn(move || {
                 rx.recv().unwrap();
                 done(d);
