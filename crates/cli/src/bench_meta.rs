@@ -393,6 +393,15 @@ fn create_phase(
             model_bytes: after.metadata_bytes_bound,
             vm_rss: memory().0,
         });
+        let st = &r.steps[r.steps.len() - 1];
+        // Progress on stderr: long runs show where they are.
+        eprintln!(
+            "meta: {} files, {:.0} creates/s, fsync max {} ms, VmRSS {} MiB",
+            st.files,
+            st.create_per_sec,
+            q_ms(&st.fsync, st.fsync.max),
+            mib(st.vm_rss)
+        );
         if r.enospc.is_some() {
             break;
         }
@@ -707,6 +716,8 @@ pub(crate) fn table(r: &MetaReport) -> String {
         "\nmeta: {} threads create {} files of {} bytes over {} directories ({} x {} MiB targets, unzeroed), an fsync of a new file every {FSYNC_EVERY} creates",
         r.threads, r.params_files, r.file_size, r.dirs, r.targets, r.target_size >> 20
     );
+    // Blank lines around the table: it pastes into Markdown as it is.
+    s.push('\n');
     let _ = writeln!(s, "| files | creates/s | fsync p50 ms | fsync p99 ms | fsync max ms | stat/s (sample) | readdir entries/s (sample) | checkpoint bytes/file | checkpoints | model bytes | VmRSS MiB |");
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
     for st in &r.steps {
@@ -726,6 +737,7 @@ pub(crate) fn table(r: &MetaReport) -> String {
             mib(st.vm_rss)
         );
     }
+    s.push('\n');
     if let Some(e) = &r.enospc {
         let _ = writeln!(s, "ENOSPC after {} files: {e}", r.files_created);
     }
