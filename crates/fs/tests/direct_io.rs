@@ -248,8 +248,9 @@ fn eventually(f: impl Fn() -> bool) -> bool {
     false
 }
 
-/// A direct read copies each piece into the caller's buffer as its completion arrives,
-/// while the later pieces are still in flight (the copy overlaps the transfers), and stays
+/// A direct read, waiting or callback form, copies each piece into the caller's buffer as
+/// its completion arrives, while the later pieces are still in flight (the copy overlaps
+/// the transfers), and stays
 /// all-or-error: a failed piece fails the whole read, and nothing after it is copied.
 #[test]
 fn direct_read_copies_each_piece_as_it_completes() {
@@ -285,13 +286,24 @@ fn direct_read_copies_each_piece_as_it_completes() {
         })
         .collect();
     let (fs, _) = Fs::mount(views, quiet()).unwrap();
-    for failing in [None, Some(1usize)] {
+    let fh = fs.open_with(f.ino, OpenMode::Direct).unwrap();
+    let cases = [Form::Waiting, Form::Callback]
+        .into_iter()
+        .flat_map(|form| [(form, None), (form, Some(1usize))]);
+    for (form, failing) in cases {
         let base = fs.status().dio_read_copied;
         let reader = {
             let fs = fs.clone();
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 4 * UNIT as usize];
-                fs.read_direct(f.ino, 0, &mut buf).map(|n| (n, buf))
+            std::thread::spawn(move || match form {
+                Form::Waiting => {
+                    let mut buf = vec![0u8; 4 * UNIT as usize];
+                    fs.read_direct(f.ino, 0, &mut buf).map(|n| (n, buf))
+                }
+                Form::Callback => {
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    fs.read(fh, 0, 4 * UNIT as usize, move |r| tx.send(r).unwrap());
+                    rx.recv().unwrap().map(|buf| (buf.len(), buf))
+                }
             })
         };
         assert!(
@@ -318,7 +330,7 @@ fn direct_read_copies_each_piece_as_it_completes() {
             let copied = || fs.status().dio_read_copied - base == want;
             assert!(
                 eventually(copied),
-                "{failing:?}: after piece {k} completed, {} bytes copied, want {want} before \
+                "{form:?} {failing:?}: after piece {k} completed, {} bytes copied, want {want} before \
                  piece {} completes",
                 fs.status().dio_read_copied - base,
                 k + 1
@@ -343,7 +355,17 @@ fn direct_read_copies_each_piece_as_it_completes() {
             }
         }
     }
+    fs.release(fh).unwrap();
     fs.unmount().unwrap();
+}
+
+/// Which form of direct read a test drives.
+#[derive(Debug, Clone, Copy)]
+enum Form {
+    /// `Fs::read_direct`: the caller's thread waits and copies.
+    Waiting,
+    /// `Fs::read` on a direct handle: answered from the targets' completions.
+    Callback,
 }
 
 /// Counts writes (or the ops `counted` picks) submitted and holds their completions: each

@@ -14,10 +14,10 @@
 //!    write ([`DioEndIo::write_done`]); buffers go back, the in-flight count drops, and for
 //!    writes the clean cache over the range is dropped (a buffered reader may have cached
 //!    old bytes meanwhile); then the caller's answer. A read's pieces are copied into the
-//!    caller's buffer as each completes wherever a thread waits for the window (the
-//!    waiting form, and every window but the last of the callback form), so the copy
-//!    overlaps the transfers still in flight; the callback form's last window is copied
-//!    in its fan-in.
+//!    caller's buffer as each completes, so the copy overlaps the transfers still in
+//!    flight: by the thread that waits for the window (`Batch::wait_each`), or, for the
+//!    callback form's last window, by the completion threads one at a time
+//!    (`Batch::finish_each`); the fan-in then only answers.
 //!
 //! The waiting form is the callback form whose last window is waited for on the calling
 //! thread instead of completing on a target's completion thread: the same fan-out and the
@@ -348,14 +348,21 @@ where
     let end = ops.end_io();
     let mut buf = vec![0u8; len];
     match read_fan_out(ops, &end, pos, &mut buf, align) {
-        Fanned::Pending(run, batch) => batch.finish_with(move |last| {
-            let copied = copy_out(&end, &run.pieces, last, &mut buf);
-            let r = read_fan_in(&end, run, copied).map(|n| {
-                buf.truncate(n);
-                buf
-            });
-            done(r);
-        }),
+        Fanned::Pending(mut run, batch) => {
+            let pieces = std::mem::take(&mut run.pieces);
+            let copy = PieceCopy::new(&pieces, &mut buf);
+            batch.finish_each(
+                (end, copy, buf),
+                |(end, copy, buf), slot, d| copy.piece(end, buf, slot, d),
+                move |(end, copy, mut buf)| {
+                    let r = read_fan_in(&end, run, copy.result).map(|n| {
+                        buf.truncate(n);
+                        buf
+                    });
+                    done(r);
+                },
+            );
+        }
         Fanned::Waited(run) => done(read_fan_in(&end, run, Ok(())).map(|n| {
             buf.truncate(n);
             buf
@@ -505,30 +512,58 @@ fn copy_each<A, E, D: DioEndIo<A, Error = E>>(
     batch: Batch,
     buf: &mut [u8],
 ) -> Result<(), E> {
-    let mut by_slot = Vec::with_capacity(pieces.len());
-    for &(slot, at, n) in pieces {
-        match slot {
-            Some(s) => {
-                debug_assert_eq!(s, by_slot.len(), "pieces are in slot order");
-                by_slot.push((at, n));
+    let mut copy = PieceCopy::new(pieces, buf);
+    batch.wait_each(|slot, d| copy.piece(end, buf, slot, d));
+    copy.result
+}
+
+/// Copies a window's read pieces into their own ranges of the caller's buffer, one
+/// completion at a time, in any order; the first device error.
+struct PieceCopy<E> {
+    /// Per completion slot: offset in the caller's buffer and length.
+    by_slot: Vec<(usize, usize)>,
+    result: Result<(), E>,
+}
+
+impl<E> PieceCopy<E> {
+    /// Zero-fills the pieces nothing is read for (holes, unwritten) at once.
+    fn new(pieces: &[(Option<usize>, usize, usize)], buf: &mut [u8]) -> Self {
+        let mut by_slot = Vec::with_capacity(pieces.len());
+        for &(slot, at, n) in pieces {
+            match slot {
+                Some(s) => {
+                    debug_assert_eq!(s, by_slot.len(), "pieces are in slot order");
+                    by_slot.push((at, n));
+                }
+                None => buf[at..at + n].fill(0),
             }
-            None => buf[at..at + n].fill(0),
+        }
+        Self {
+            by_slot,
+            result: Ok(()),
         }
     }
-    let mut r = Ok(());
-    batch.wait_each(|s, d| {
-        match (&r, d.result) {
+
+    /// Piece `slot` completed: its bytes into its range of `buf` (nothing after an
+    /// error: the read fails whole), its buffer back to the pool.
+    fn piece<A, D: DioEndIo<A, Error = E>>(
+        &mut self,
+        end: &D,
+        buf: &mut [u8],
+        slot: usize,
+        d: IoDone,
+    ) {
+        match (&self.result, d.result) {
             (Ok(()), Ok(())) => {
-                let (at, n) = by_slot[s];
+                let (at, n) = self.by_slot[slot];
                 buf[at..at + n].copy_from_slice(&d.bufs[0][..n]);
                 end.read_copied(n as u64);
             }
-            (Ok(()), Err(e)) => r = Err(end.io_error(e)),
+            (Ok(()), Err(e)) => self.result = Err(end.io_error(e)),
             (Err(_), _) => {}
         }
         end.buffers().put_all(d.bufs);
-    });
-    r
+    }
 }
 
 /// Copies completed read pieces into `buf` (zeros where nothing was read); the first

@@ -39,9 +39,38 @@ struct State {
     /// Runs (on the last completion's thread) once everything completed, instead of a
     /// waiter: set by [`Batch::finish_with`].
     on_done: Option<Box<dyn FnOnce(Vec<IoDone>) + Send>>,
-    /// While [`Batch::wait_each`] consumes: slots completed and not yet handed to it, in
-    /// completion order.
+    /// While [`Batch::wait_each`] or [`Batch::finish_each`] consumes: slots completed and
+    /// not yet handed over, in completion order.
     arrived: Option<Vec<usize>>,
+    /// [`Batch::finish_each`]'s consumer while no completion thread is running it (taken
+    /// out, not locked, while one does).
+    drain: Option<Box<dyn Drain>>,
+}
+
+/// [`Batch::finish_each`]'s consumer: each completion, then the end.
+trait Drain: Send {
+    fn each(&mut self, slot: usize, done: IoDone);
+    fn last(self: Box<Self>);
+}
+
+struct Drainer<S, F, G> {
+    state: S,
+    each: F,
+    last: G,
+}
+
+impl<S, F, G> Drain for Drainer<S, F, G>
+where
+    S: Send,
+    F: FnMut(&mut S, usize, IoDone) + Send,
+    G: FnOnce(S) + Send,
+{
+    fn each(&mut self, slot: usize, done: IoDone) {
+        (self.each)(&mut self.state, slot, done);
+    }
+    fn last(self: Box<Self>) {
+        (self.last)(self.state);
+    }
 }
 
 impl std::fmt::Debug for State {
@@ -59,7 +88,44 @@ impl Default for State {
             results: Vec::new(),
             on_done: None,
             arrived: None,
+            drain: None,
         }
+    }
+}
+
+/// Slots arrived and not yet handed over, with their completions.
+fn take_arrived(st: &mut State) -> Vec<(usize, IoDone)> {
+    let arrived = std::mem::take(st.arrived.as_mut().expect("consuming"));
+    arrived
+        .into_iter()
+        .map(|s| {
+            let d = st.results[s].take();
+            (s, d.expect("an arrived slot holds its completion"))
+        })
+        .collect()
+}
+
+/// Runs [`Batch::finish_each`]'s consumer on this thread over every completion arrived,
+/// until none is left; then puts it back for the next completion, or, when every
+/// operation has completed, ends it.
+fn drain<'a>(inner: &'a Inner, mut st: parking_lot::MutexGuard<'a, State>) {
+    let mut d = st.drain.take().expect("the consumer is free");
+    loop {
+        let got = take_arrived(&mut st);
+        if got.is_empty() {
+            if st.pending == 0 {
+                drop(st);
+                d.last();
+            } else {
+                st.drain = Some(d);
+            }
+            return;
+        }
+        drop(st);
+        for (s, x) in got {
+            d.each(s, x);
+        }
+        st = inner.state.lock();
     }
 }
 
@@ -95,6 +161,10 @@ impl Batch {
                 st.pending -= 1;
                 if let Some(arrived) = st.arrived.as_mut() {
                     arrived.push(slot);
+                    if st.drain.is_some() {
+                        drain(&inner, st);
+                        return;
+                    }
                     inner.all_done.notify_all();
                 } else if st.pending == 0 {
                     if let Some(f) = st.on_done.take() {
@@ -147,14 +217,7 @@ impl Batch {
         st.arrived = Some(early);
         let mut handed = 0;
         loop {
-            let arrived = std::mem::take(st.arrived.as_mut().expect("consuming"));
-            let got: Vec<(usize, IoDone)> = arrived
-                .into_iter()
-                .map(|s| {
-                    let d = st.results[s].take();
-                    (s, d.expect("an arrived slot holds its completion"))
-                })
-                .collect();
+            let got = take_arrived(&mut st);
             if got.is_empty() {
                 if st.pending == 0 {
                     debug_assert_eq!(handed, st.results.len(), "every completion handed over");
@@ -170,6 +233,28 @@ impl Batch {
             }
             st = self.inner.state.lock();
         }
+    }
+
+    /// Drops the submission bias without waiting: every completion goes to `each` (with
+    /// `state` and its slot) as it arrives, in completion order, on the thread that
+    /// delivered it or on one already running `each`, never two at once and never under
+    /// the batch's lock (a completion arriving while `each` runs elsewhere is queued and
+    /// its thread returns at once); once every operation has completed and been handed
+    /// over, `last` gets `state`. Completions that arrived already are handed over here.
+    pub fn finish_each<S, F, G>(self, state: S, each: F, last: G)
+    where
+        S: Send + 'static,
+        F: FnMut(&mut S, usize, IoDone) + Send + 'static,
+        G: FnOnce(S) + Send + 'static,
+    {
+        let mut st = self.inner.state.lock();
+        st.pending -= 1;
+        let early: Vec<usize> = (0..st.results.len())
+            .filter(|&s| st.results[s].is_some())
+            .collect();
+        st.arrived = Some(early);
+        st.drain = Some(Box::new(Drainer { state, each, last }));
+        drain(&self.inner, st);
     }
 
     /// Drops the submission bias without waiting: `f` gets the completions in submission
@@ -277,5 +362,74 @@ mod tests {
             }
         });
         assert_eq!(seen, order);
+    }
+
+    #[test]
+    fn finish_each_hands_over_every_completion_then_ends_once() {
+        // Completed before finish_each: handed over on this thread.
+        let sim = SimTarget::new("s", 8192, 512);
+        let b = Batch::new();
+        for i in 0..2u64 {
+            b.submit(
+                &sim,
+                IoOp::Read {
+                    offset: i * 512,
+                    bufs: vec![IoBuf::zeroed(512)],
+                },
+            );
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        b.finish_each(
+            Vec::new(),
+            |seen: &mut Vec<usize>, s, _| seen.push(s),
+            move |seen| {
+                tx.send(seen).unwrap();
+            },
+        );
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            [0, 1],
+            "ended before finish_each returned"
+        );
+        // Completed later, on other threads, in the order 1, 2, 0.
+        let t = Later {
+            sim: SimTarget::new("t", 8192, 512),
+            go: Arc::new(Mutex::new(Vec::new())),
+        };
+        let b = Batch::new();
+        for i in 0..3u64 {
+            b.submit(
+                &t,
+                IoOp::Read {
+                    offset: i * 512,
+                    bufs: vec![IoBuf::zeroed(512)],
+                },
+            );
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ends = Arc::new(AtomicUsize::new(0));
+        let e2 = Arc::clone(&ends);
+        b.finish_each(
+            Vec::new(),
+            |seen: &mut Vec<usize>, s, _| seen.push(s),
+            move |seen| {
+                e2.fetch_add(1, Ordering::SeqCst);
+                tx.send(seen).unwrap();
+            },
+        );
+        let go = std::mem::take(&mut *t.go.lock());
+        for k in [1usize, 2] {
+            go[k].send(()).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(
+            rx.try_recv().is_err(),
+            "not ended while an operation is in flight"
+        );
+        go[0].send(()).unwrap();
+        let seen = rx.recv().unwrap();
+        assert_eq!(seen.len(), 3);
+        assert_eq!(seen[2], 0, "slot 0 completed last");
+        assert_eq!(ends.load(Ordering::SeqCst), 1);
     }
 }
