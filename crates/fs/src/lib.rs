@@ -66,5 +66,6 @@ pub use stripefs_iomap::folio::DirtyTracking;
 pub use stripefs_iomap::ZeroMode;
 pub use types::{
     Access, AccessSource, Attr, CreateParams, DirEntryInfo, FallocMode, Fh, FsStatus, OpenMode,
-    RenameMode, SetAttr, SpaceAccount, StatFs, SyncScope, TargetStatus, TimeSet, WriteOrigin,
+    RenameMode, SetAttr, SgidDrop, SpaceAccount, StatFs, SyncScope, TargetStatus, TimeSet,
+    WriteOrigin,
 };

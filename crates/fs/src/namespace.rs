@@ -21,7 +21,8 @@ use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::MetaCore;
 use crate::types::{
-    Attr, CreateParams, DirEntryInfo, Fh, OpenMode, RenameMode, SetAttr, SyncScope, TimeSet,
+    Attr, CreateParams, DirEntryInfo, Fh, OpenMode, RenameMode, SetAttr, SgidDrop, SyncScope,
+    TimeSet,
 };
 
 /// Most hard links to one inode (and subdirectories of one directory).
@@ -777,8 +778,8 @@ impl Fs {
         if let Some(mode) = s.mode {
             a.perm = (mode & 0o7777) as u16;
             recs.extend(chmodded_acl(i, a.perm));
-        } else if let Some(sgid_always) = s.kill_setid {
-            a.perm = setid_dropped(a.kind, a.perm, sgid_always);
+        } else if let Some(sgid) = s.kill_setid {
+            a.perm = setid_dropped(a.kind, a.perm, sgid);
         }
         if let Some(uid) = s.uid {
             a.uid = uid;
@@ -808,16 +809,16 @@ impl Fs {
     /// Drops the set-ID bits a change of content takes away from a file that is not a
     /// directory (the VFS's `file_remove_privs`, for a writer without `CAP_FSETID`):
     /// set-user-ID always, set-group-ID when the file is group-executable or
-    /// `sgid_always`. Logs nothing when no bit is set.
+    /// `sgid` says so. Logs nothing when no bit is set.
     ///
     /// # Errors
     /// `Stale`; `NoSpace` when the journal is full.
-    pub fn drop_setid(&self, ino: Ino, sgid_always: bool) -> Result<()> {
+    pub fn drop_setid(&self, ino: Ino, sgid: SgidDrop) -> Result<()> {
         self.inner.check()?;
         let _change = self.begin_change()?;
         let mut m = self.inner.meta.lock();
         let mut a = inode(&m, ino)?.attrs.clone();
-        let perm = setid_dropped(a.kind, a.perm, sgid_always);
+        let perm = setid_dropped(a.kind, a.perm, sgid);
         if perm == a.perm {
             return Ok(());
         }
@@ -1044,14 +1045,14 @@ impl Fs {
 /// [`Fs::drop_setid`]); directories keep theirs (set-group-ID on a directory is
 /// inheritance, not privilege).
 #[must_use]
-pub fn setid_dropped(kind: FileKind, perm: u16, sgid_always: bool) -> u16 {
+pub fn setid_dropped(kind: FileKind, perm: u16, sgid: SgidDrop) -> u16 {
     const SUID: u16 = 0o4000;
     const XGRP: u16 = 0o0010;
     if kind == FileKind::Directory {
         return perm;
     }
     let mut p = perm & !SUID;
-    if sgid_always || perm & XGRP != 0 {
+    if sgid == SgidDrop::Always || perm & XGRP != 0 {
         p &= !SGID;
     }
     p

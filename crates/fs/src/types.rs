@@ -89,6 +89,15 @@ pub enum OpenMode {
     Direct,
 }
 
+/// When dropping set-ID bits takes set-group-ID too (set-user-ID always goes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SgidDrop {
+    /// Only from a group-executable file (the VFS's rule for a write or truncate).
+    IfGroupExecutable,
+    /// Always (a chown, or a caller neither in the file's group nor privileged).
+    Always,
+}
+
 /// What `fsync` makes durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncScope {
@@ -131,9 +140,9 @@ pub struct SetAttr {
     pub mtime: Option<TimeSet>,
     pub ctime: Option<Timespec>,
     /// Drop the set-ID bits a change of content or owner takes away, computed from the
-    /// mode under the metadata lock (see [`crate::setid_dropped`]); the value is
-    /// `sgid_always`. Ignored when `mode` is given.
-    pub kill_setid: Option<bool>,
+    /// mode under the metadata lock (see [`crate::setid_dropped`]); the value says
+    /// when set-group-ID goes. Ignored when `mode` is given.
+    pub kill_setid: Option<SgidDrop>,
 }
 
 /// Who creates an inode and with what permissions.

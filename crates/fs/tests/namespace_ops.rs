@@ -172,13 +172,13 @@ fn attributes_xattrs_statfs() {
     // beside it wins.
     let chown = SetAttr {
         uid: Some(10),
-        kill_setid: Some(false),
+        kill_setid: Some(stripefs::SgidDrop::IfGroupExecutable),
         ..SetAttr::default()
     };
     assert_eq!(fs.setattr(f.ino, &chown).unwrap().mode, 0o100711);
     let both = SetAttr {
         mode: Some(0o6755),
-        kill_setid: Some(true),
+        kill_setid: Some(stripefs::SgidDrop::Always),
         ..SetAttr::default()
     };
     assert_eq!(fs.setattr(f.ino, &both).unwrap().mode, 0o106755);

@@ -27,8 +27,8 @@ use fuser::{
     TimeOrNow, WriteFlags,
 };
 use stripefs::{
-    CreateParams, Fh, FileKind, Fs, FsError, Ino, OpenMode, RenameMode, SetAttr, SyncScope,
-    TimeSet, Whence, WriteOrigin, XattrMode,
+    CreateParams, Fh, FileKind, Fs, FsError, Ino, OpenMode, RenameMode, SetAttr, SgidDrop,
+    SyncScope, TimeSet, Whence, WriteOrigin, XattrMode,
 };
 
 pub use counts::{Op, RequestCounts};
@@ -267,39 +267,50 @@ impl StripeFuse {
     fn setid_group(&self, ino: Ino) -> stripefs::Result<Option<u32>> {
         let a = self.fs.getattr(ino)?;
         let perm = (a.mode & 0o7777) as u16;
-        Ok((stripefs::setid_dropped(a.kind, perm, true) != perm).then_some(a.gid))
+        Ok((stripefs::setid_dropped(a.kind, perm, SgidDrop::Always) != perm).then_some(a.gid))
     }
 
     /// Whether the VFS would drop set-group-ID even without group execute: the caller
     /// is neither in the file's group nor privileged (`setattr_should_drop_sgid`).
-    fn sgid_always(req: &Request, gid: u32) -> bool {
-        !privs::in_group_or_capable(req.pid(), req.gid(), gid)
+    fn sgid_rule(req: &Request, gid: u32) -> SgidDrop {
+        if privs::in_group_or_capable(req.pid(), req.gid(), gid) {
+            SgidDrop::IfGroupExecutable
+        } else {
+            SgidDrop::Always
+        }
     }
 
     /// Truncate by a caller without `CAP_FSETID`: set-user-ID, and set-group-ID when
     /// group-executable, go.
-    fn kill_on_truncate(&self, req: &Request, ino: Ino) -> stripefs::Result<Option<bool>> {
+    fn kill_on_truncate(&self, req: &Request, ino: Ino) -> stripefs::Result<Option<SgidDrop>> {
         let has = self.setid_group(ino)?.is_some();
-        Ok((has && !privs::has_fsetid(req.pid())).then_some(false))
+        Ok((has && !privs::has_fsetid(req.pid())).then_some(SgidDrop::IfGroupExecutable))
     }
 
     /// Chown: set-user-ID goes, set-group-ID too when group-executable or when the
     /// caller is neither in the group nor privileged.
-    fn kill_on_chown(&self, req: &Request, ino: Ino) -> stripefs::Result<Option<bool>> {
-        Ok(self
-            .setid_group(ino)?
-            .map(|gid| Self::sgid_always(req, gid)))
+    fn kill_on_chown(&self, req: &Request, ino: Ino) -> stripefs::Result<Option<SgidDrop>> {
+        Ok(self.setid_group(ino)?.map(|gid| Self::sgid_rule(req, gid)))
     }
 
     /// A write (or fallocate) by a caller without `CAP_FSETID` drops set-ID bits as a
-    /// chown does. `check_caps`: the kernel did not say whether the caller lacks it.
-    fn kill_on_write(&self, req: &Request, ino: Ino, check_caps: bool) -> stripefs::Result<()> {
+    /// chown does.
+    fn kill_on_write(&self, req: &Request, ino: Ino, fsetid: Fsetid) -> stripefs::Result<()> {
         match self.setid_group(ino)? {
-            Some(_) if check_caps && privs::has_fsetid(req.pid()) => Ok(()),
-            Some(gid) => self.fs.drop_setid(ino, Self::sgid_always(req, gid)),
+            Some(_) if fsetid == Fsetid::Unknown && privs::has_fsetid(req.pid()) => Ok(()),
+            Some(gid) => self.fs.drop_setid(ino, Self::sgid_rule(req, gid)),
             None => Ok(()),
         }
     }
+}
+
+/// What is known of a writer's `CAP_FSETID`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fsetid {
+    /// The kernel said the writer lacks it (`FUSE_WRITE_KILL_SUIDGID`).
+    Lacking,
+    /// The kernel said nothing (fallocate): ask `/proc`.
+    Unknown,
 }
 
 fn err(e: &FsError) -> Errno {
@@ -675,7 +686,7 @@ impl Filesystem for StripeFuse {
         // FUSE_HANDLE_KILLPRIV_V2: the kernel marks writers without CAP_FSETID; their
         // write drops the set-ID bits first, as the VFS does before writing.
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            if let Err(e) = self.kill_on_write(req, ino(i), false) {
+            if let Err(e) = self.kill_on_write(req, ino(i), Fsetid::Lacking) {
                 return reply.error(err(&e));
             }
         }
@@ -888,7 +899,7 @@ impl Filesystem for StripeFuse {
             return reply.error(Errno::EOPNOTSUPP);
         };
         // As a write (the VFS's file_modified), but the kernel sends no kill flag here.
-        if let Err(e) = self.kill_on_write(req, ino(i), true) {
+        if let Err(e) = self.kill_on_write(req, ino(i), Fsetid::Unknown) {
             return reply.error(err(&e));
         }
         done(reply, self.fs.fallocate(ino(i), m, offset, length))
