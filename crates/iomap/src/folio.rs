@@ -42,14 +42,16 @@ impl Bits {
     fn get(&self, i: u32) -> bool {
         self.words[(i / 64) as usize] >> (i % 64) & 1 == 1
     }
-    fn set_range(&mut self, from: u32, to: u32, v: bool) {
+    /// Sets bits `[from, to)`.
+    fn set_range(&mut self, from: u32, to: u32) {
         for i in from..to {
-            let w = &mut self.words[(i / 64) as usize];
-            if v {
-                *w |= 1 << (i % 64);
-            } else {
-                *w &= !(1 << (i % 64));
-            }
+            self.words[(i / 64) as usize] |= 1 << (i % 64);
+        }
+    }
+    /// Clears bits `[from, to)`.
+    fn clear_range(&mut self, from: u32, to: u32) {
+        for i in from..to {
+            self.words[(i / 64) as usize] &= !(1 << (i % 64));
         }
     }
     fn count(&self) -> u32 {
@@ -128,7 +130,7 @@ impl FolioState {
 
     /// Marks blocks `[from, to)` uptodate.
     pub fn set_uptodate(&mut self, from: u32, to: u32) {
-        self.uptodate.set_range(from, to, true);
+        self.uptodate.set_range(from, to);
     }
 
     /// Marks blocks `[from, to)` dirty (they must be uptodate). Returns how many blocks
@@ -144,7 +146,7 @@ impl FolioState {
             (from..to).all(|b| self.uptodate.get(b)),
             "dirtying a block that is not uptodate"
         );
-        self.dirty.set_range(from, to, true);
+        self.dirty.set_range(from, to);
         debug_assert_eq!(self.check(), None);
         self.dirty.count() - before
     }
@@ -153,14 +155,14 @@ impl FolioState {
     /// discarded). Returns how many blocks were dirty.
     pub fn clear_dirty(&mut self, from: u32, to: u32) -> u32 {
         let before = self.dirty.count();
-        self.dirty.set_range(from, to, false);
+        self.dirty.clear_range(from, to);
         before - self.dirty.count()
     }
 
     /// Forgets blocks `[from, to)`: neither uptodate nor dirty (truncate, punch,
     /// invalidation). Returns how many were dirty.
     pub fn invalidate(&mut self, from: u32, to: u32) -> u32 {
-        self.uptodate.set_range(from, to, false);
+        self.uptodate.clear_range(from, to);
         let dirty = self.clear_dirty(from, to);
         debug_assert_eq!(self.check(), None);
         dirty
