@@ -94,30 +94,12 @@ pub fn fill<O: FileIo>(
     // Ascending; a folio with a readahead read in flight is waited for (its read may be
     // the very data wanted), and if that read failed its blocks are read again here.
     let mut guards: Vec<_> = cells.iter().map(|c| c.lock_settled()).collect();
-    let size = ops.size();
-    let size_blocks_end = size.div_ceil(bs) * bs;
-    // Runs of blocks that are not uptodate, as file byte ranges.
-    let mut runs: Vec<(u64, u64)> = Vec::new();
     for g in &mut guards {
         cache.touch(g);
-        for b in 0..g.state.blocks() {
-            if g.state.is_uptodate(b) {
-                continue;
-            }
-            let at = g.pos + u64::from(b) * bs;
-            if at >= size_blocks_end {
-                // Wholly past EOF: reads see nothing there; the cache holds zeros.
-                let o = (u64::from(b) * bs) as usize;
-                g.data[o..o + bs as usize].fill(0);
-                g.state.set_uptodate(b, b + 1);
-                continue;
-            }
-            match runs.last_mut() {
-                Some((_, e)) if *e == at => *e += bs,
-                _ => runs.push((at, at + bs)),
-            }
-        }
     }
+    // Runs of blocks that are not uptodate, as file byte ranges (blocks wholly past EOF
+    // are zeroed on the way: reads see nothing there).
+    let runs = readahead::runs_to_read(cache, ops.size(), &mut guards);
     let batch = Batch::new();
     let mut pending: Vec<(usize, u64, u64)> = Vec::new();
     for (a, e) in runs {

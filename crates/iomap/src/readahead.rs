@@ -194,8 +194,8 @@ pub(crate) fn submit<O: FileIo>(cache: &PageCache, ops: &O, fc: &FileCache, from
 
 /// The runs of blocks of `guards` (ascending, each run inside consecutive folios) that
 /// need reading, as file byte ranges; blocks wholly past EOF are zeroed and made uptodate
-/// on the way, as `fill` does.
-fn runs_to_read(
+/// on the way. `fill` (a synchronous read) and readahead both read what this returns.
+pub(crate) fn runs_to_read(
     cache: &PageCache,
     size: u64,
     guards: &mut [MutexGuard<'_, Folio>],
