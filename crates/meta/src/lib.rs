@@ -76,6 +76,17 @@ pub struct StoreConfig {
     pub slots: RootSlots,
 }
 
+/// The journal position a checkpoint covers, stored in its root record: after the
+/// checkpoint is durable, recovery replays the journal from `tail`, expecting the
+/// transaction numbered `seq` first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JournalMark {
+    /// Journal unit replay starts from.
+    pub tail: u64,
+    /// Sequence number of the next transaction (the first one replay applies).
+    pub seq: u64,
+}
+
 /// The metadata trees of one file system.
 #[derive(Debug)]
 pub struct Store {
@@ -86,6 +97,9 @@ pub struct Store {
     cache: PageCache,
     /// Serialises checkpoints.
     checkpoint: Mutex<()>,
+    /// The journal mark of the durable root record (its own lock: read without waiting
+    /// for a running checkpoint).
+    mark: Mutex<JournalMark>,
     poisoned: AtomicBool,
 }
 
@@ -95,6 +109,8 @@ pub struct StoreStats {
     pub cache: CacheStats,
     /// Per tree: root level, dirty pages, frozen pages.
     pub trees: Vec<(TreeId, u8, usize, usize)>,
+    /// Bytes of pages pinned in memory (dirty and frozen), as [`Store::dirty_bytes`].
+    pub pinned_bytes: usize,
 }
 
 impl Store {
@@ -110,7 +126,7 @@ impl Store {
             .iter()
             .map(|t| RwLock::new(Tree::create(*t, cfg.page_size, Generation(1))))
             .collect();
-        Store::with_trees(cfg, targets, alloc, trees)
+        Store::with_trees(cfg, targets, alloc, trees, JournalMark::default())
     }
 
     /// The trees as the newest valid root record leaves them. Reads two sectors: its
@@ -138,7 +154,11 @@ impl Store {
             };
             trees.push(RwLock::new(Tree::open(t, cfg.page_size, root, open)));
         }
-        Ok(Store::with_trees(cfg, targets, alloc, trees))
+        let mark = JournalMark {
+            tail: rec.journal_tail,
+            seq: rec.journal_seq,
+        };
+        Ok(Store::with_trees(cfg, targets, alloc, trees, mark))
     }
 
     fn with_trees(
@@ -146,6 +166,7 @@ impl Store {
         targets: Vec<Arc<dyn Target>>,
         alloc: Arc<dyn PageAlloc>,
         trees: Vec<RwLock<Tree>>,
+        mark: JournalMark,
     ) -> Store {
         Store {
             cache: PageCache::new(cfg.cache_bytes),
@@ -154,6 +175,7 @@ impl Store {
             alloc,
             trees,
             checkpoint: Mutex::new(()),
+            mark: Mutex::new(mark),
             poisoned: AtomicBool::new(false),
         }
     }
@@ -172,7 +194,21 @@ impl Store {
         Ok(())
     }
 
-    /// Bytes of pages pinned in memory (dirty and frozen).
+    /// Bytes of pages pinned in memory (dirty and frozen): what the next checkpoint
+    /// will write, plus what a running one is writing. Takes each tree's read lock for a
+    /// moment.
+    #[must_use]
+    pub fn dirty_bytes(&self) -> usize {
+        self.pinned()
+    }
+
+    /// The journal position the durable root record covers (zero for trees created and
+    /// not yet checkpointed): where recovery starts replaying.
+    #[must_use]
+    pub fn journal_mark(&self) -> JournalMark {
+        *self.mark.lock()
+    }
+
     fn pinned(&self) -> usize {
         let pages: usize = self
             .trees
@@ -327,21 +363,41 @@ impl Store {
                     (t.id(), t.root_level(), t.dirty_count(), t.frozen_count())
                 })
                 .collect(),
+            pinned_bytes: self.pinned(),
         }
     }
 
+    /// [`Store::checkpoint_at`] keeping the journal mark of the last checkpoint (for
+    /// users of the trees without a journal).
+    ///
+    /// # Errors
+    /// As [`Store::checkpoint_at`].
+    pub fn checkpoint(&self) -> Result<Generation, MetaError> {
+        self.checkpoint_at(self.journal_mark())
+    }
+
     /// Writes every page dirtied since the last checkpoint and commits them with the
-    /// root record; returns the generation now durable. A failure poisons the store.
+    /// root record, which records `mark`: the caller has applied to the trees every
+    /// journal transaction before `mark` and none after it (the cut, metadata.md
+    /// "Integration"). Returns the generation now durable; [`Store::journal_mark`]
+    /// returns `mark` from then on. A failure poisons the store.
     ///
     /// # Errors
     /// The first allocation, write or flush error; `Poisoned`.
-    pub fn checkpoint(&self) -> Result<Generation, MetaError> {
+    pub fn checkpoint_at(&self, mark: JournalMark) -> Result<Generation, MetaError> {
         let _serial = self.checkpoint.lock();
         self.live()?;
+        debug_assert!(
+            {
+                let d = self.journal_mark();
+                mark.tail >= d.tail && mark.seq >= d.seq
+            },
+            "journal mark {mark:?} goes back"
+        );
         // Freeze: each tree's lock for a moment; nothing is copied.
         let frozen: Vec<_> = self.trees.iter().map(|t| t.write().freeze()).collect();
         let generation = frozen[0].generation;
-        let result = self.write_generation(&frozen);
+        let result = self.write_generation(&frozen, mark);
         let plans = match result {
             Ok(p) => p,
             Err(e) => {
@@ -349,6 +405,7 @@ impl Store {
                 return Err(e);
             }
         };
+        *self.mark.lock() = mark;
         // Publish: each tree's lock for a moment.
         for (t, plan) in self.trees.iter().zip(&plans) {
             let out = t.write().publish(plan);
@@ -368,6 +425,7 @@ impl Store {
     fn write_generation(
         &self,
         frozen: &[Arc<stripefs_core::btree::tree::Frozen>],
+        mark: JournalMark,
     ) -> Result<Vec<WritePlan>, MetaError> {
         let generation = frozen[0].generation;
         let mut plans = Vec::with_capacity(frozen.len());
@@ -395,8 +453,8 @@ impl Store {
             slot,
             generation,
             page_size: self.cfg.page_size,
-            journal_tail: 0,
-            journal_seq: 0,
+            journal_tail: mark.tail,
+            journal_seq: mark.seq,
             roots: TreeId::ALL
                 .iter()
                 .copied()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use stripefs_core::btree::{Key, KeyKind};
-use stripefs_meta::{MetaError, Store};
+use stripefs_meta::{JournalMark, MetaError, Store};
 use stripefs_target::{
     Completion, CrashMode, IoDone, IoOp, SimTarget, Target, TargetError, TargetErrorKind,
     TargetInfo,
@@ -81,12 +81,20 @@ fn a_failed_checkpoint_poisons_and_the_previous_generation_survives() {
             store.insert(inode(i), &[7; 50]).unwrap();
             oracle.insert(inode(i), vec![7; 50]);
         }
-        store.checkpoint().unwrap();
+        let durable = JournalMark { tail: 10, seq: 3 };
+        store.checkpoint_at(durable).unwrap();
         for i in 0..1000u64 {
             store.remove(&inode(i * 2)).unwrap();
         }
         t.armed.store(true, Ordering::SeqCst);
-        let e = store.checkpoint().unwrap_err();
+        let e = store
+            .checkpoint_at(JournalMark { tail: 20, seq: 5 })
+            .unwrap_err();
+        assert_eq!(
+            store.journal_mark(),
+            durable,
+            "{what:?}: mark of a failed checkpoint"
+        );
         assert!(matches!(e, MetaError::Target(_)), "{what:?}: {e}");
         assert!(
             matches!(store.get(&inode(1)), Err(MetaError::Poisoned)),
@@ -101,6 +109,7 @@ fn a_failed_checkpoint_poisons_and_the_previous_generation_survives() {
         sim.crash(CrashMode::KeepUnflushed);
         let (store, _) = reopen(vec![Arc::clone(&sim) as Arc<dyn Target>], 32);
         assert_eq!(store.durable_generation().0, 1, "{what:?}");
+        assert_eq!(store.journal_mark(), durable, "{what:?}");
         assert_eq!(contents(&store), oracle, "{what:?}");
     }
 }

@@ -30,9 +30,9 @@ pub struct RootRecord {
     pub slot: u32,
     pub generation: Generation,
     pub page_size: PageSize,
-    /// Journal position replay starts from once this generation is durable (integration).
+    /// Journal unit replay starts from once this generation is durable.
     pub journal_tail: u64,
-    /// Sequence number of the first journal transaction after it (integration).
+    /// Sequence number of the first journal transaction after it.
     pub journal_seq: u64,
     pub roots: Vec<(TreeId, RootRef)>,
 }
