@@ -153,6 +153,24 @@ impl ExtentMap {
         out
     }
 
+    /// Adds `ext` at `start` after every extent of the map, as it is (no merging): how a
+    /// map read back from storage is rebuilt exactly.
+    ///
+    /// # Errors
+    /// A description when `ext` is empty, overflows, or does not start at or after the
+    /// end of the last extent.
+    pub fn append(&mut self, start: u64, ext: Extent) -> Result<(), String> {
+        let end = self.map.iter().next_back().map_or(0, |(&s, e)| s + e.len);
+        if ext.len == 0 || start.checked_add(ext.len).is_none() || start < end {
+            return Err(format!(
+                "extent of {} blocks at object block {start} after the map's end {end}",
+                ext.len
+            ));
+        }
+        self.map.insert(start, ext);
+        Ok(())
+    }
+
     /// Unmaps everything from `block` on.
     pub fn truncate_from(&mut self, block: u64) -> Vec<PhysRange> {
         let Some(last) = self.map.iter().next_back().map(|(&s, e)| s + e.len) else {
@@ -280,6 +298,18 @@ mod tests {
             state,
             refcount: 1,
         }
+    }
+
+    #[test]
+    fn append_keeps_extents_as_given_and_refuses_overlap() {
+        let mut m = ExtentMap::new();
+        m.append(0, ext(4, 100, Written)).unwrap();
+        m.append(4, ext(4, 104, Written)).unwrap();
+        assert_eq!(m.len(), 2, "no merging: the map is what was stored");
+        assert!(m.append(7, ext(1, 1, Written)).is_err(), "overlap");
+        assert!(m.append(9, ext(0, 1, Written)).is_err(), "empty");
+        assert!(m.append(u64::MAX, ext(2, 1, Written)).is_err(), "overflow");
+        assert_eq!(m.len(), 2);
     }
 
     #[test]

@@ -84,7 +84,8 @@ fn dec_time(d: &mut Dec<'_>) -> Result<Timespec, CoreError> {
     Ok(Timespec { sec, nsec })
 }
 
-fn enc_attrs(e: &mut Enc, a: &InodeAttrs) {
+/// Encodes `a` as an `InodeSet` record's body (also the inode item's value, `btree::schema`).
+pub(crate) fn enc_attrs(e: &mut Enc, a: &InodeAttrs) {
     e.u64(a.ino.0);
     e.u8(a.kind.code());
     e.u16(a.perm);
@@ -103,7 +104,8 @@ fn enc_attrs(e: &mut Enc, a: &InodeAttrs) {
     e.u32(a.flags);
 }
 
-fn dec_attrs(d: &mut Dec<'_>) -> Result<InodeAttrs, CoreError> {
+/// Decodes what [`enc_attrs`] wrote; `Corrupted` (naming `d`'s subject) on bad bytes.
+pub(crate) fn dec_attrs(d: &mut Dec<'_>) -> Result<InodeAttrs, CoreError> {
     let ino = Ino(d.u64()?);
     let code = d.u8()?;
     let kind = FileKind::from_code(code)

@@ -12,6 +12,7 @@
 //! the tree locks only to freeze and to publish.
 
 mod cache;
+pub mod items;
 pub mod region;
 
 use std::fmt;
@@ -340,6 +341,12 @@ impl Store {
     /// As [`Store::get`].
     pub fn remove(&self, key: &Key) -> Result<Option<Vec<u8>>, MetaError> {
         self.write_op(tree_of(key), |t, src| t.remove(src, key))
+    }
+
+    /// The file system's uuid (it seeds the name hash of directory entries and xattrs).
+    #[must_use]
+    pub fn uuid(&self) -> Uuid {
+        self.cfg.uuid
     }
 
     /// The generation of the last durable checkpoint (0: none yet).

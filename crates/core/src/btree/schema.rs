@@ -1,14 +1,94 @@
 //! Keys and values of the metadata keyspace (`docs/design/format.md`, "Metadata
 //! keyspace"): directory entries and their readdir cookies, extents, free space, and
 //! the chunking of symlink targets and xattrs into items of at most [`VALUE_MAX`]
-//! bytes. Every decoder checks lengths and codes and names the key in its error. The
-//! inode value waits for the in-core inode of the structure work (integration).
+//! bytes, and the inode item with the file-system counter item. Every decoder checks
+//! lengths and codes and names the key in its error.
 
 use super::key::{Key, KeyKind, COLLISIONS_MAX, VALUE_MAX};
 use crate::codec::{Dec, Enc};
 use crate::extent::{Extent, ExtentState};
-use crate::inode::{FileKind, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX};
+use crate::inode::{FileKind, InodeAttrs, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX};
+use crate::record::{dec_attrs, enc_attrs};
 use crate::{CoreError, Ino, TargetId};
+
+/// Version byte that starts an inode item's value.
+pub const INODE_VALUE_V1: u8 = 1;
+
+/// Cookie of the first entry of a directory: readdir offsets 0, 1 and 2 stand for the
+/// start, after "." and after ".." (`docs/design/format.md`, "Metadata keyspace").
+pub const COOKIE_FIRST: u64 = 3;
+
+/// The key of inode `ino`'s attributes.
+#[must_use]
+pub fn inode_key(ino: Ino) -> Key {
+    Key::new(ino.0, KeyKind::Inode, 0, 0)
+}
+
+/// The key of the file-system counter item: object 0, which no inode has (the root is
+/// inode 1 and `Ino(0)` means "none"). Its value is the next inode number, u64.
+#[must_use]
+pub fn counter_key() -> Key {
+    Key::new(0, KeyKind::Inode, 0, 0)
+}
+
+/// The key of the orphan item of `ino` (present while its link count is 0).
+#[must_use]
+pub fn orphan_key(ino: Ino) -> Key {
+    Key::new(ino.0, KeyKind::Orphan, 0, 0)
+}
+
+/// The value of an inode item: version byte, then the attributes as an `InodeSet`
+/// record carries them.
+#[must_use]
+pub fn encode_inode(a: &InodeAttrs) -> Vec<u8> {
+    let mut v = Enc::new();
+    v.u8(INODE_VALUE_V1);
+    enc_attrs(&mut v, a);
+    v.buf
+}
+
+/// Decodes an inode item.
+///
+/// # Errors
+/// `Corrupted` naming the key: unknown version, bad attributes, an inode number that
+/// is not the key's, trailing bytes.
+pub fn decode_inode(key: &Key, value: &[u8]) -> Result<InodeAttrs, CoreError> {
+    let w = what(key);
+    let mut d = Dec::new(value, &w);
+    let version = d.u8()?;
+    if version != INODE_VALUE_V1 {
+        return Err(d.err(format!("inode value version {version}")));
+    }
+    let a = dec_attrs(&mut d)?;
+    if a.ino.0 != key.object || key.object == 0 || d.remaining() != 0 {
+        return Err(d.err(format!(
+            "inode {} with {} trailing bytes",
+            a.ino,
+            d.remaining()
+        )));
+    }
+    Ok(a)
+}
+
+/// The value of the counter item.
+#[must_use]
+pub fn encode_counter(next_ino: u64) -> Vec<u8> {
+    next_ino.to_le_bytes().to_vec()
+}
+
+/// Decodes the counter item: the next inode number (at least 1, the root's).
+///
+/// # Errors
+/// `Corrupted` naming the key: wrong length or 0.
+pub fn decode_counter(key: &Key, value: &[u8]) -> Result<u64, CoreError> {
+    let w = what(key);
+    let mut d = Dec::new(value, &w);
+    let next = d.u64()?;
+    if next < Ino::ROOT.0 || d.remaining() != 0 {
+        return Err(d.err(format!("next inode {next} in a {}-byte value", value.len())));
+    }
+    Ok(next)
+}
 
 /// A directory entry as both its items carry it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -391,6 +471,58 @@ mod tests {
         }
     }
 
+    #[test]
+    fn inode_and_counter_roundtrip_and_damage() {
+        let a = InodeAttrs {
+            ino: Ino(42),
+            kind: FileKind::Directory,
+            perm: 0o755,
+            uid: 1,
+            gid: 2,
+            nlink: 3,
+            size: 4,
+            atime: crate::inode::Timespec { sec: 5, nsec: 6 },
+            mtime: crate::inode::Timespec { sec: 7, nsec: 8 },
+            ctime: crate::inode::Timespec { sec: 9, nsec: 10 },
+            crtime: crate::inode::Timespec { sec: 11, nsec: 12 },
+            rdev: 0,
+            parent: Ino(1),
+            layout: crate::layout::StripeLayout {
+                count: 0,
+                unit_bytes: 0,
+                first_target: 0,
+            },
+            flags: 0,
+        };
+        let k = inode_key(Ino(42));
+        let v = encode_inode(&a);
+        assert!(v.len() <= VALUE_MAX);
+        assert_eq!(decode_inode(&k, &v).unwrap(), a);
+        let msg = decode_inode(&inode_key(Ino(43)), &v)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("(43, Inode, 0, 0)"), "{msg}");
+        let mut bad = v.clone();
+        bad[0] = 2;
+        let msg = decode_inode(&k, &bad).unwrap_err().to_string();
+        assert!(msg.contains("version 2"), "{msg}");
+        assert!(decode_inode(&k, &v[..v.len() - 1]).is_err(), "truncated");
+        let mut long = v.clone();
+        long.push(0);
+        assert!(decode_inode(&k, &long).is_err(), "trailing byte");
+        for i in 0..v.len() {
+            for b in [0, 1, 0x7f, 0xff] {
+                let mut m = v.clone();
+                m[i] = b;
+                let _ = decode_inode(&k, &m); // never panics
+            }
+        }
+        let c = counter_key();
+        assert_eq!(decode_counter(&c, &encode_counter(77)).unwrap(), 77);
+        assert!(decode_counter(&c, &encode_counter(0)).is_err());
+        assert!(decode_counter(&c, &[1, 2, 3]).is_err());
+    }
+
     /// Arbitrary values never panic a decoder.
     #[test]
     fn decoders_fuzz_never_panic() {
@@ -406,6 +538,8 @@ mod tests {
             let _ = decode_dir_cookie(&k, &v);
             let _ = decode_extent(&k, &v);
             let _ = decode_free_space(&k, &v);
+            let _ = decode_inode(&k, &v);
+            let _ = decode_counter(&k, &v);
             let _ = decode_xattr(&[(Key { b: x & 3, ..k }, v.clone())]);
             let _ = assemble_symlink(Ino(1), &[(Key::new(1, KeyKind::Symlink, 0, 0), v)]);
         }

@@ -1,0 +1,718 @@
+//! The metadata records as items of the fs tree (issue 11, stage 1; `docs/design/format.md`,
+//! "Metadata keyspace").
+//!
+//! [`apply_record`] is the tree-side twin of `MetaState::apply`: it turns one journal
+//! record into puts and deletes, reading only the items the record touches (the inode, one
+//! name hash's entries, the extents around one range), so its cost does not grow with the
+//! size of a directory or a file. [`load_state`] reads the whole fs tree back into a
+//! `MetaState`. The same valid record sequence applied to both gives
+//! `load_state(store) == state` (`tests/items_model.rs`).
+//!
+//! Records are applied by one thread at a time (the journal's applier): a record's reads
+//! and writes are several store calls, and cookie and collision choices assume no other
+//! record changes the same directory meanwhile. A record that does not fit the trees is
+//! refused with `Corrupted` before anything is written.
+
+use std::collections::BTreeMap;
+
+use stripefs_core::btree::key::COLLISIONS_MAX;
+use stripefs_core::btree::schema::{
+    assemble_symlink, counter_key, decode_counter, decode_dir_cookie, decode_dir_entry,
+    decode_extent, decode_inode, decode_xattr, dir_cookie_key, dir_entry_items, dir_entry_key,
+    encode_counter, encode_extent, encode_inode, extent_key, free_collision, inode_key, orphan_key,
+    symlink_items, xattr_items, DirEntryItem, COOKIE_FIRST,
+};
+use stripefs_core::btree::{name_hash, Key, KeyKind, TreeId};
+use stripefs_core::extent::{Extent, ExtentMap};
+use stripefs_core::inode::{
+    DirEntry, FileKind, Inode, InodeAttrs, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX,
+};
+use stripefs_core::meta::MetaState;
+use stripefs_core::record::Record;
+use stripefs_core::{CoreError, Ino, Uuid};
+
+use crate::{MetaError, Store};
+
+/// The function that orders names (a seam so that a test can force collisions).
+type NameHash = fn(Uuid, &[u8]) -> u64;
+
+/// Items fetched per scan while loading or freeing.
+const BATCH: usize = 512;
+
+/// Applies one journal record to the trees as puts/deletes (the tree-side twin of
+/// `MetaState::apply`). Same record sequence => `load_state()` equals the `MetaState`.
+///
+/// # Errors
+/// `Corrupted` when the record does not fit the trees (missing inode, entry in a
+/// non-directory, object index out of range, a name the items cannot hold...) or an
+/// item read does not decode; a page read's error; `Poisoned`.
+pub fn apply_record(store: &Store, rec: &Record) -> Result<(), MetaError> {
+    Items::new(store, name_hash).apply(rec)
+}
+
+/// Reads the whole fs tree into a `MetaState` (stage 1: the file system keeps a full
+/// in-memory copy).
+///
+/// # Errors
+/// `Corrupted` naming the item when an item does not decode or the items disagree
+/// (an entry without its cookie item, an orphan item of a linked inode, items of a
+/// missing inode...); a page read's error; `Poisoned`.
+pub fn load_state(store: &Store) -> Result<MetaState, MetaError> {
+    load_with(store, name_hash)
+}
+
+fn bad(detail: String) -> MetaError {
+    CoreError::corrupted("metadata record", detail).into()
+}
+
+fn bad_item(key: &Key, detail: impl Into<String>) -> MetaError {
+    CoreError::corrupted(format!("metadata item {key}"), detail).into()
+}
+
+/// What an extent record does to the window of the map it reads.
+enum ExtentOp {
+    Set(Extent),
+    Clear,
+}
+
+/// What a search among the items of one name hash found: the collision index and
+/// contents of the name searched for, and every collision index in use.
+struct Found<T> {
+    hit: Option<(u64, T)>,
+    taken: Vec<u64>,
+}
+
+struct Items<'a> {
+    store: &'a Store,
+    hash: NameHash,
+}
+
+impl<'a> Items<'a> {
+    fn new(store: &'a Store, hash: NameHash) -> Self {
+        Items { store, hash }
+    }
+
+    fn hash(&self, name: &[u8]) -> u64 {
+        (self.hash)(self.store.uuid(), name)
+    }
+
+    fn apply(&self, rec: &Record) -> Result<(), MetaError> {
+        match rec {
+            Record::InodeSet(a) => self.inode_set(a),
+            Record::InodeFree(ino) => self.inode_free(*ino),
+            Record::ExtentSet {
+                ino,
+                object,
+                block,
+                len,
+                phys,
+                state,
+                refcount,
+            } => {
+                if *len == 0
+                    || block.checked_add(*len).is_none()
+                    || phys.checked_add(*len).is_none()
+                {
+                    return Err(bad(format!(
+                        "inode {ino} object {object}: extent of {len} blocks at block {block}"
+                    )));
+                }
+                let e = Extent {
+                    len: *len,
+                    phys: *phys,
+                    state: *state,
+                    refcount: *refcount,
+                };
+                self.extent_op(rec, *ino, *object, *block, *len, &ExtentOp::Set(e))
+            }
+            Record::ExtentClear {
+                ino,
+                object,
+                block,
+                len,
+            } => {
+                if block.checked_add(*len).is_none() {
+                    return Err(bad(format!(
+                        "inode {ino} object {object}: clear of {len} blocks at block {block}"
+                    )));
+                }
+                self.extent_op(rec, *ino, *object, *block, *len, &ExtentOp::Clear)
+            }
+            Record::DirAdd {
+                dir,
+                name,
+                ino,
+                kind,
+            } => self.dir_add(rec, *dir, name, *ino, *kind),
+            Record::DirRemove { dir, name } => self.dir_remove(rec, *dir, name),
+            Record::XattrSet { ino, name, value } => self.xattr_set(rec, *ino, name, value),
+            Record::XattrRemove { ino, name } => self.xattr_remove(rec, *ino, name),
+            Record::SymlinkSet { ino, target } => self.symlink_set(rec, *ino, target),
+        }
+    }
+
+    fn attrs(&self, ino: Ino) -> Result<Option<InodeAttrs>, MetaError> {
+        if ino.0 == 0 {
+            return Ok(None);
+        }
+        let key = inode_key(ino);
+        match self.store.get(&key)? {
+            Some(v) => Ok(Some(decode_inode(&key, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The attributes of `ino`, which `rec` needs to exist.
+    fn existing(&self, rec: &Record, ino: Ino) -> Result<InodeAttrs, MetaError> {
+        self.attrs(ino)?
+            .ok_or_else(|| bad(format!("{rec:?} refers to missing inode {ino}")))
+    }
+
+    fn next_ino(&self) -> Result<u64, MetaError> {
+        let key = counter_key();
+        match self.store.get(&key)? {
+            Some(v) => Ok(decode_counter(&key, &v)?),
+            None => Ok(Ino::ROOT.0),
+        }
+    }
+
+    fn inode_set(&self, a: &InodeAttrs) -> Result<(), MetaError> {
+        if a.ino.0 == 0 {
+            return Err(bad("inode number 0 (the counter item's object)".into()));
+        }
+        let old = self.attrs(a.ino)?;
+        match &old {
+            Some(o) if o.kind != a.kind => {
+                return Err(bad(format!("inode {} changes type", a.ino)));
+            }
+            Some(o) if a.kind == FileKind::Regular && o.layout.count != a.layout.count => {
+                return Err(bad(format!(
+                    "regular file {} changes its stripe count from {} to {}",
+                    a.ino, o.layout.count, a.layout.count
+                )));
+            }
+            None if a.kind == FileKind::Regular && a.layout.count == 0 => {
+                return Err(bad(format!("regular file {} has no stripes", a.ino)));
+            }
+            _ => {}
+        }
+        let next = a
+            .ino
+            .0
+            .checked_add(1)
+            .ok_or_else(|| bad(format!("inode number {}", a.ino)))?;
+        if next > self.next_ino()? {
+            self.store.insert(counter_key(), &encode_counter(next))?;
+        }
+        self.store.insert(inode_key(a.ino), &encode_inode(a))?;
+        let was_orphan = old.as_ref().is_some_and(|o| o.nlink == 0);
+        if a.nlink == 0 && !was_orphan {
+            self.store.insert(orphan_key(a.ino), &[])?;
+        } else if a.nlink > 0 && was_orphan {
+            self.store.remove(&orphan_key(a.ino))?;
+        }
+        Ok(())
+    }
+
+    /// Removes every item of `ino`, in batches.
+    fn inode_free(&self, ino: Ino) -> Result<(), MetaError> {
+        if self.attrs(ino)?.is_none() {
+            return Err(bad(format!("free of missing inode {ino}")));
+        }
+        let from = Key {
+            object: ino.0,
+            ..Key::MIN
+        };
+        let to = Key {
+            object: ino.0,
+            ..Key::MAX
+        }
+        .successor();
+        loop {
+            let items = self.store.scan(TreeId::Fs, from, to, BATCH)?;
+            if items.is_empty() {
+                return Ok(());
+            }
+            for (k, _) in items {
+                self.store.remove(&k)?;
+            }
+        }
+    }
+
+    fn extent_op(
+        &self,
+        rec: &Record,
+        ino: Ino,
+        object: u32,
+        start: u64,
+        len: u64,
+        op: &ExtentOp,
+    ) -> Result<(), MetaError> {
+        let a = self.existing(rec, ino)?;
+        let objects = if a.kind == FileKind::Regular {
+            a.layout.count
+        } else {
+            0
+        };
+        if object >= objects {
+            return Err(bad(format!("inode {ino} has no object {object}")));
+        }
+        let before = self.extent_window(ino, object, start, start + len)?;
+        let mut after = before.clone();
+        match op {
+            ExtentOp::Set(e) => {
+                after.set(start, *e);
+            }
+            ExtentOp::Clear => {
+                after.clear(start, len);
+            }
+        }
+        self.write_extent_diff(ino, object, &before, &after)
+    }
+
+    /// The extents `ExtentMap::set` or `clear` over `[start, end)` can read or change:
+    /// the last one starting below `start` (it may be split, or merged with), and those
+    /// starting in `[start, end]` (removed, trimmed, or merged with at `end`).
+    fn extent_window(
+        &self,
+        ino: Ino,
+        object: u32,
+        start: u64,
+        end: u64,
+    ) -> Result<ExtentMap, MetaError> {
+        let mut found = Vec::new();
+        if let Some(below) = start.checked_sub(1) {
+            if let Some((k, v)) = self.store.floor(&extent_key(ino, object, below))? {
+                let same = k.object == ino.0
+                    && k.kind == KeyKind::Extent as u8
+                    && k.a == u64::from(object);
+                if same {
+                    found.push((k, v));
+                }
+            }
+        }
+        let to = extent_key(ino, object, end).successor();
+        let from = extent_key(ino, object, start);
+        found.extend(self.store.scan(TreeId::Fs, from, to, usize::MAX)?);
+        let mut map = ExtentMap::new();
+        for (k, v) in found {
+            let e = decode_extent(&k, &v)?;
+            map.append(k.b, e).map_err(|d| bad_item(&k, d))?;
+        }
+        Ok(map)
+    }
+
+    /// Writes what changed between two windows of an extent map.
+    fn write_extent_diff(
+        &self,
+        ino: Ino,
+        object: u32,
+        before: &ExtentMap,
+        after: &ExtentMap,
+    ) -> Result<(), MetaError> {
+        let old: BTreeMap<u64, Extent> = before.iter().map(|(s, e)| (s, *e)).collect();
+        let new: BTreeMap<u64, Extent> = after.iter().map(|(s, e)| (s, *e)).collect();
+        for s in old.keys().filter(|s| !new.contains_key(s)) {
+            self.store.remove(&extent_key(ino, object, *s))?;
+        }
+        for (s, e) in new.iter().filter(|(s, e)| old.get(s) != Some(e)) {
+            self.store
+                .insert(extent_key(ino, object, *s), &encode_extent(e))?;
+        }
+        Ok(())
+    }
+
+    /// The entry `name` of `dir` among those of its hash, and the collision indices taken.
+    fn find_entry(
+        &self,
+        dir: Ino,
+        hash: u64,
+        name: &[u8],
+    ) -> Result<Found<DirEntryItem>, MetaError> {
+        let from = dir_entry_key(dir, hash, 0);
+        let to = dir_entry_key(dir, hash, COLLISIONS_MAX).successor();
+        let mut found = Found {
+            hit: None,
+            taken: Vec::new(),
+        };
+        for (k, v) in self.store.scan(TreeId::Fs, from, to, usize::MAX)? {
+            let e = decode_dir_entry(&k, &v)?;
+            found.taken.push(k.b);
+            if e.name == name {
+                found.hit = Some((k.b, e));
+            }
+        }
+        Ok(found)
+    }
+
+    /// One above the highest cookie of `dir`, at least [`COOKIE_FIRST`].
+    fn next_cookie(&self, dir: Ino) -> Result<u64, MetaError> {
+        let Some((k, _)) = self.store.floor(&dir_cookie_key(dir, u64::MAX))? else {
+            return Ok(COOKIE_FIRST);
+        };
+        if k.object != dir.0 || k.kind != KeyKind::DirCookie as u8 {
+            return Ok(COOKIE_FIRST);
+        }
+        let next = k.a.checked_add(1).ok_or_else(|| {
+            MetaError::from(CoreError::Limit(format!(
+                "directory {dir} has used every readdir cookie"
+            )))
+        })?;
+        Ok(next.max(COOKIE_FIRST))
+    }
+
+    fn dir_add(
+        &self,
+        rec: &Record,
+        dir: Ino,
+        name: &[u8],
+        ino: Ino,
+        kind: FileKind,
+    ) -> Result<(), MetaError> {
+        if name.is_empty() || name.len() > NAME_MAX {
+            return Err(bad(format!(
+                "entry name of {} bytes in directory {dir}",
+                name.len()
+            )));
+        }
+        if self.existing(rec, dir)?.kind != FileKind::Directory {
+            return Err(bad(format!("entry added to non-directory {dir}")));
+        }
+        let hash = self.hash(name);
+        let Found { hit, taken } = self.find_entry(dir, hash, name)?;
+        // A replaced entry keeps its cookie: a readdir in progress neither sees the
+        // name twice nor misses it (decisions.md).
+        let (collision, cookie) = match hit {
+            Some((c, old)) => (c, old.cookie),
+            None => (free_collision(taken)?, self.next_cookie(dir)?),
+        };
+        let item = DirEntryItem {
+            ino,
+            kind,
+            cookie,
+            name: name.to_vec(),
+        };
+        for (k, v) in dir_entry_items(dir, hash, collision, &item) {
+            self.store.insert(k, &v)?;
+        }
+        Ok(())
+    }
+
+    fn dir_remove(&self, rec: &Record, dir: Ino, name: &[u8]) -> Result<(), MetaError> {
+        self.existing(rec, dir)?;
+        let hash = self.hash(name);
+        let Some((collision, e)) = self.find_entry(dir, hash, name)?.hit else {
+            return Err(bad(format!(
+                "directory {dir} has no entry {:?} to remove",
+                String::from_utf8_lossy(name)
+            )));
+        };
+        self.store.remove(&dir_entry_key(dir, hash, collision))?;
+        self.store.remove(&dir_cookie_key(dir, e.cookie))?;
+        Ok(())
+    }
+
+    /// The keys of xattr `name` of `ino` among those of its hash, and the collision
+    /// indices taken.
+    fn find_xattr(&self, ino: Ino, hash: u64, name: &[u8]) -> Result<Found<Vec<Key>>, MetaError> {
+        let from = Key::new(ino.0, KeyKind::Xattr, hash, 0);
+        let to = Key::new(ino.0, KeyKind::Xattr, hash, u64::MAX).successor();
+        let mut groups: BTreeMap<u64, Vec<(Key, Vec<u8>)>> = BTreeMap::new();
+        for (k, v) in self.store.scan(TreeId::Fs, from, to, usize::MAX)? {
+            groups.entry(k.b >> 16).or_default().push((k, v));
+        }
+        let mut found = Found {
+            hit: None,
+            taken: groups.keys().copied().collect(),
+        };
+        for (c, items) in groups {
+            if decode_xattr(&items)?.0 == name {
+                found.hit = Some((c, items.into_iter().map(|(k, _)| k).collect()));
+            }
+        }
+        Ok(found)
+    }
+
+    fn xattr_set(
+        &self,
+        rec: &Record,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+    ) -> Result<(), MetaError> {
+        if name.is_empty() || name.len() > XATTR_NAME_MAX || value.len() > XATTR_VALUE_MAX {
+            return Err(bad(format!(
+                "inode {ino}: xattr name of {} bytes, value of {} bytes",
+                name.len(),
+                value.len()
+            )));
+        }
+        self.existing(rec, ino)?;
+        let hash = self.hash(name);
+        let Found { hit, taken } = self.find_xattr(ino, hash, name)?;
+        let (collision, old) = match hit {
+            Some((c, keys)) => (c, keys),
+            None => (free_collision(taken)?, Vec::new()),
+        };
+        self.replace(&old, xattr_items(ino, hash, collision, name, value))
+    }
+
+    fn xattr_remove(&self, rec: &Record, ino: Ino, name: &[u8]) -> Result<(), MetaError> {
+        self.existing(rec, ino)?;
+        let hash = self.hash(name);
+        let Some((_, keys)) = self.find_xattr(ino, hash, name)?.hit else {
+            return Err(bad(format!("inode {ino} has no xattr to remove")));
+        };
+        self.replace(&keys, Vec::new())
+    }
+
+    fn symlink_set(&self, rec: &Record, ino: Ino, target: &[u8]) -> Result<(), MetaError> {
+        if target.len() > SYMLINK_MAX {
+            return Err(bad(format!(
+                "inode {ino}: symlink target of {} bytes",
+                target.len()
+            )));
+        }
+        self.existing(rec, ino)?;
+        let from = Key::new(ino.0, KeyKind::Symlink, 0, 0);
+        let to = Key::new(ino.0, KeyKind::Symlink, u64::MAX, u64::MAX).successor();
+        let old: Vec<Key> = (self.store.scan(TreeId::Fs, from, to, usize::MAX)?)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        // An empty target is no items: what `MetaState` holds for a non-symlink.
+        let new = if target.is_empty() {
+            Vec::new()
+        } else {
+            symlink_items(ino, target)
+        };
+        self.replace(&old, new)
+    }
+
+    /// Replaces the items `old` by `new`: removes the keys `new` does not overwrite.
+    fn replace(&self, old: &[Key], new: Vec<(Key, Vec<u8>)>) -> Result<(), MetaError> {
+        for k in old.iter().filter(|k| !new.iter().any(|(n, _)| n == *k)) {
+            self.store.remove(k)?;
+        }
+        for (k, v) in new {
+            self.store.insert(k, &v)?;
+        }
+        Ok(())
+    }
+}
+
+fn load_with(store: &Store, hash: NameHash) -> Result<MetaState, MetaError> {
+    let mut l = Loader {
+        uuid: store.uuid(),
+        hash,
+        state: MetaState::new(),
+        cur: None,
+    };
+    let mut at = Key::MIN;
+    loop {
+        let items = store.scan(TreeId::Fs, at, None, BATCH)?;
+        let Some(&(last, _)) = items.last() else {
+            break;
+        };
+        for (k, v) in items {
+            l.item(k, &v)?;
+        }
+        match last.successor() {
+            Some(k) => at = k,
+            None => break,
+        }
+    }
+    l.finish()?;
+    Ok(l.state)
+}
+
+/// An inode being rebuilt from its items (which come in key order: inode, symlink,
+/// orphan, entries, cookies, xattrs, extents).
+struct Building {
+    inode: Inode,
+    orphan: bool,
+    symlink: Vec<(Key, Vec<u8>)>,
+    /// The chunks of the xattr being read.
+    xattr: Vec<(Key, Vec<u8>)>,
+    /// Each entry's (hash, collision, cookie), to check the cookie items against.
+    entries: BTreeMap<Vec<u8>, (u64, u64, u64)>,
+    cookies: usize,
+}
+
+struct Loader {
+    uuid: Uuid,
+    hash: NameHash,
+    state: MetaState,
+    cur: Option<Building>,
+}
+
+impl Loader {
+    fn item(&mut self, k: Key, v: &[u8]) -> Result<(), MetaError> {
+        if k.object == 0 {
+            if k != counter_key() {
+                return Err(bad_item(&k, "an item of object 0 other than the counter"));
+            }
+            self.state.next_ino = decode_counter(&k, v)?;
+            return Ok(());
+        }
+        if self
+            .cur
+            .as_ref()
+            .is_some_and(|b| b.inode.attrs.ino.0 != k.object)
+        {
+            self.finish()?;
+        }
+        let Some(b) = self.cur.as_mut() else {
+            return self.start(k, v);
+        };
+        match KeyKind::from_code(k.kind) {
+            Some(KeyKind::Symlink) => b.symlink.push((k, v.to_vec())),
+            Some(KeyKind::Orphan) if v.is_empty() => b.orphan = true,
+            Some(KeyKind::DirEntry) => entry(b, self.uuid, self.hash, k, v)?,
+            Some(KeyKind::DirCookie) => cookie(b, k, v)?,
+            Some(KeyKind::Xattr) => {
+                let next_name = b
+                    .xattr
+                    .first()
+                    .is_some_and(|(f, _)| (f.a, f.b >> 16) != (k.a, k.b >> 16));
+                if next_name {
+                    xattr_done(b, self.uuid, self.hash)?;
+                }
+                b.xattr.push((k, v.to_vec()));
+            }
+            Some(KeyKind::Extent) => {
+                let e = decode_extent(&k, v)?;
+                let map = usize::try_from(k.a)
+                    .ok()
+                    .and_then(|i| b.inode.objects.get_mut(i))
+                    .ok_or_else(|| bad_item(&k, "extent of an object the inode does not have"))?;
+                map.append(k.b, e).map_err(|d| bad_item(&k, d))?;
+            }
+            _ => {
+                return Err(bad_item(
+                    &k,
+                    format!("unexpected item of {} bytes", v.len()),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// The first item of an inode must be its attributes.
+    fn start(&mut self, k: Key, v: &[u8]) -> Result<(), MetaError> {
+        if k.kind != KeyKind::Inode as u8 {
+            return Err(bad_item(&k, "belongs to no inode"));
+        }
+        let attrs = decode_inode(&k, v)?;
+        if attrs.ino.0 >= self.state.next_ino {
+            return Err(bad_item(
+                &k,
+                format!(
+                    "inode at or above the next inode number {}",
+                    self.state.next_ino
+                ),
+            ));
+        }
+        self.cur = Some(Building {
+            inode: Inode::new(attrs),
+            orphan: false,
+            symlink: Vec::new(),
+            xattr: Vec::new(),
+            entries: BTreeMap::new(),
+            cookies: 0,
+        });
+        Ok(())
+    }
+
+    /// Checks and stores the inode being built.
+    fn finish(&mut self) -> Result<(), MetaError> {
+        let Some(mut b) = self.cur.take() else {
+            return Ok(());
+        };
+        xattr_done(&mut b, self.uuid, self.hash)?;
+        let ino = b.inode.attrs.ino;
+        if !b.symlink.is_empty() {
+            b.inode.symlink = assemble_symlink(ino, &b.symlink)?;
+        }
+        let what = format!("metadata items of inode {ino}");
+        if b.orphan != (b.inode.attrs.nlink == 0) {
+            let d = format!(
+                "orphan item {}, link count {}",
+                b.orphan, b.inode.attrs.nlink
+            );
+            return Err(CoreError::corrupted(what, d).into());
+        }
+        if b.cookies != b.entries.len() {
+            let d = format!("{} entries, {} cookie items", b.entries.len(), b.cookies);
+            return Err(CoreError::corrupted(what, d).into());
+        }
+        if !b.entries.is_empty() && b.inode.attrs.kind != FileKind::Directory {
+            return Err(CoreError::corrupted(what, "entries in a non-directory").into());
+        }
+        for (i, map) in b.inode.objects.iter().enumerate() {
+            if let Some(d) = map.check() {
+                return Err(CoreError::corrupted(format!("{what}, object {i}"), d).into());
+            }
+        }
+        self.state.inodes.insert(ino, b.inode);
+        Ok(())
+    }
+}
+
+fn entry(b: &mut Building, uuid: Uuid, hash: NameHash, k: Key, v: &[u8]) -> Result<(), MetaError> {
+    let e = decode_dir_entry(&k, v)?;
+    if hash(uuid, &e.name) != k.a || e.cookie < COOKIE_FIRST {
+        return Err(bad_item(
+            &k,
+            format!(
+                "entry with cookie {} under the wrong hash or cookie",
+                e.cookie
+            ),
+        ));
+    }
+    if b.entries
+        .insert(e.name.clone(), (k.a, k.b, e.cookie))
+        .is_some()
+    {
+        return Err(bad_item(&k, "a second entry of the same name"));
+    }
+    let d = DirEntry {
+        ino: e.ino,
+        kind: e.kind,
+    };
+    b.inode.entries.insert(e.name, d);
+    Ok(())
+}
+
+fn cookie(b: &mut Building, k: Key, v: &[u8]) -> Result<(), MetaError> {
+    let (e, hash, collision) = decode_dir_cookie(&k, v)?;
+    let by_name = b.entries.get(&e.name).copied();
+    let target = b.inode.entries.get(&e.name).copied();
+    let matches = by_name == Some((hash, collision, e.cookie))
+        && target
+            == Some(DirEntry {
+                ino: e.ino,
+                kind: e.kind,
+            });
+    if !matches || k.b != 0 {
+        return Err(bad_item(&k, "a cookie item its entry item does not match"));
+    }
+    b.cookies += 1;
+    Ok(())
+}
+
+/// Decodes the xattr whose chunks were collected, if any.
+fn xattr_done(b: &mut Building, uuid: Uuid, hash: NameHash) -> Result<(), MetaError> {
+    let items = std::mem::take(&mut b.xattr);
+    let Some(&(k0, _)) = items.first() else {
+        return Ok(());
+    };
+    let (name, value) = decode_xattr(&items)?;
+    if hash(uuid, &name) != k0.a || b.inode.xattrs.insert(name, value).is_some() {
+        return Err(bad_item(&k0, "xattr under the wrong hash, or twice"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
