@@ -9,11 +9,31 @@
 //! Blocks freed by a transaction are *busy* until that transaction is on disk: reusing them
 //! earlier could let new data overwrite blocks that a crash would hand back to their old
 //! owner (XFS's busy extents).
+//!
+//! Each target may hold back a *metadata reserve*: free blocks that data allocations and
+//! delayed-allocation promises cannot take and metadata page allocations can
+//! (`docs/design/metadata.md`, "Space"). A checkpoint writes its pages to fresh blocks
+//! before it frees the ones they replace, so it needs room even when users have filled
+//! the file system; the reserve is that room.
 
 use std::collections::BTreeMap;
 
 use crate::geometry::Geometry;
-use crate::{CoreError, TargetId};
+use crate::{BlockSize, CoreError, TargetId};
+
+/// Whose free blocks an allocation draws on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Draw {
+    /// New data: free blocks that are neither promised nor part of the metadata reserve.
+    Data,
+    /// Blocks promised earlier by [`Allocator::reserve`] (a delayed allocation or a
+    /// direct write being placed): the promise shrinks by what is placed. Never refused
+    /// for the metadata reserve: the promise was taken outside it, and metadata
+    /// allocations do not take promised blocks.
+    Promised,
+    /// Metadata pages: any free block not promised, the metadata reserve included.
+    Meta,
+}
 
 /// Free space of one target.
 #[derive(Debug, Clone, Default)]
@@ -23,6 +43,8 @@ struct TargetSpace {
     free_blocks: u64,
     /// Free blocks promised to delayed allocations (not yet placed).
     reserved: u64,
+    /// Free blocks only [`Draw::Meta`] may take (while that many are free and unpromised).
+    meta_reserve: u64,
     data_start: u64,
     blocks: u64,
 }
@@ -32,6 +54,11 @@ impl TargetSpace {
     /// (so "available" = free - reserved is never negative) and the free blocks never
     /// exceed the data area.
     fn debug_check(&self, target: TargetId) {
+        debug_assert!(
+            self.meta_reserve <= self.blocks - self.data_start,
+            "target {target}: metadata reserve {} over the data area",
+            self.meta_reserve
+        );
         debug_assert!(
             self.reserved <= self.free_blocks,
             "target {target}: {} blocks reserved but only {} free",
@@ -77,6 +104,7 @@ impl Allocator {
                     free,
                     free_blocks: t.data_blocks(),
                     reserved: 0,
+                    meta_reserve: 0,
                     data_start: t.data_start,
                     blocks: t.blocks,
                 }
@@ -132,13 +160,73 @@ impl Allocator {
         Ok(())
     }
 
-    /// Allocates up to `want` blocks on `target`, preferring `goal`. Returns `(start, len)`
-    /// with `1 <= len <= want`, or `None` when the target is full.
+    /// The metadata reserve for a target of `data_blocks` data blocks of `block` bytes:
+    /// 1/64 of the data area, at least 1 MiB and at most 1 GiB, and never more than an
+    /// eighth of the data area (tiny test targets). See `docs/design/decisions.md`.
+    #[must_use]
+    pub fn meta_reserve_for(data_blocks: u64, block: BlockSize) -> u64 {
+        let (min, max) = (block.block_of(1 << 20).max(1), block.block_of(1 << 30));
+        (data_blocks / 64).clamp(min, max).min(data_blocks / 8)
+    }
+
+    /// Holds back `blocks` free blocks of `target` for metadata pages (see [`Draw`]).
+    /// It may be set when fewer are free: data then gets nothing until blocks are freed,
+    /// and freed blocks refill the reserve first.
+    pub fn set_meta_reserve(&mut self, target: TargetId, blocks: u64) {
+        let t = &mut self.targets[target.index()];
+        t.meta_reserve = blocks;
+        t.debug_check(target);
+    }
+
+    /// The metadata reserve of `target`, as set.
+    #[must_use]
+    pub fn meta_reserve(&self, target: TargetId) -> u64 {
+        self.targets[target.index()].meta_reserve
+    }
+
+    /// Free, unpromised blocks of `target` held back for metadata pages: the reserve, or
+    /// less once metadata pages have used part of it. Neither available nor in use.
+    #[must_use]
+    pub fn meta_held_blocks(&self, target: TargetId) -> u64 {
+        let t = &self.targets[target.index()];
+        t.meta_reserve.min(t.free_blocks - t.reserved)
+    }
+
+    /// Allocates up to `want` blocks of new data on `target`, preferring `goal`
+    /// ([`Self::alloc_from`] with [`Draw::Data`]).
     pub fn alloc(&mut self, target: TargetId, goal: Option<u64>, want: u64) -> Option<(u64, u64)> {
+        self.alloc_from(target, goal, want, Draw::Data)
+    }
+
+    /// Allocates up to `want` blocks on `target` from the blocks `draw` may take,
+    /// preferring `goal`. Returns `(start, len)` with `1 <= len <= want`, or `None` when
+    /// there are none.
+    ///
+    /// # Panics
+    /// Panics if `want` is zero, or with [`Draw::Promised`] over more than is promised.
+    pub fn alloc_from(
+        &mut self,
+        target: TargetId,
+        goal: Option<u64>,
+        want: u64,
+        draw: Draw,
+    ) -> Option<(u64, u64)> {
         assert!(want > 0, "zero-block allocation");
         let t = &mut self.targets[target.index()];
-        // Never hand out blocks promised to delayed allocations.
-        let want = want.min(t.free_blocks - t.reserved);
+        let room = match draw {
+            // Never hand out blocks promised to delayed allocations.
+            Draw::Data => (t.free_blocks - t.reserved).saturating_sub(t.meta_reserve),
+            Draw::Promised => {
+                assert!(
+                    want <= t.reserved,
+                    "placing {want} promised blocks of {} on target {target}",
+                    t.reserved
+                );
+                want
+            }
+            Draw::Meta => t.free_blocks - t.reserved,
+        };
+        let want = want.min(room);
         if want == 0 {
             return None;
         }
@@ -156,17 +244,20 @@ impl Allocator {
             t.free.insert(start + len, fs + fl - start - len);
         }
         t.free_blocks -= len;
+        if draw == Draw::Promised {
+            t.reserved -= len;
+        }
         t.debug_check(target);
         Some((start, len))
     }
 
     /// Promises `n` free blocks of `target` to delayed allocations; false if fewer than
-    /// `n` are free and unpromised.
+    /// `n` are available (free, unpromised, outside the metadata reserve).
     pub fn reserve(&mut self, target: TargetId, n: u64) -> bool {
-        let t = &mut self.targets[target.index()];
-        if t.free_blocks - t.reserved < n {
+        if self.available_blocks(target) < n {
             return false;
         }
+        let t = &mut self.targets[target.index()];
         t.reserved += n;
         t.debug_check(target);
         true
@@ -193,11 +284,22 @@ impl Allocator {
         self.targets[target.index()].reserved
     }
 
-    /// Free blocks not promised to delayed allocations.
+    /// Free blocks that new data may take: not promised to delayed allocations and not
+    /// held for metadata pages.
     #[must_use]
     pub fn available_blocks(&self, target: TargetId) -> u64 {
         let t = &self.targets[target.index()];
-        t.free_blocks - t.reserved
+        (t.free_blocks - t.reserved).saturating_sub(t.meta_reserve)
+    }
+
+    /// What users may still count on for data on `target` (`statfs`, `fallocate`'s
+    /// check): the available blocks plus the busy ones, which are free once their
+    /// transaction commits, less what those must first give back to the metadata
+    /// reserve.
+    #[must_use]
+    pub fn user_free_blocks(&self, target: TargetId) -> u64 {
+        let t = &self.targets[target.index()];
+        (t.free_blocks + self.busy_blocks_on(target) - t.reserved).saturating_sub(t.meta_reserve)
     }
 
     /// Returns a range to the free map at once (it was never visible on disk).
@@ -373,5 +475,118 @@ mod tests {
         a.mark_used(t, s, 4).unwrap();
         assert!(a.mark_used(t, s + 2, 4).is_err());
         assert!(a.mark_used(t, 0, 1).is_err(), "metadata area is not data");
+    }
+
+    /// The books of one target balance: available + promised + held for metadata +
+    /// allocated = data blocks.
+    fn balanced(a: &Allocator, t: TargetId, used: u64) {
+        let sum = a.available_blocks(t) + a.reserved_blocks(t) + a.meta_held_blocks(t) + used;
+        assert_eq!(sum, a.data_blocks(t), "books of target {t}");
+    }
+
+    #[test]
+    fn data_stops_at_the_metadata_reserve_and_pages_do_not() {
+        let g = geo();
+        let mut a = Allocator::new(&g);
+        let t = TargetId(0);
+        let data = a.data_blocks(t);
+        a.set_meta_reserve(t, 100);
+        assert_eq!(a.available_blocks(t), data - 100);
+        assert_eq!(a.meta_held_blocks(t), 100);
+        balanced(&a, t, 0);
+        let mut used = 0;
+        while let Some((_, l)) = a.alloc(t, None, 1000) {
+            used += l;
+            balanced(&a, t, used);
+        }
+        assert_eq!(used, data - 100, "data takes everything but the reserve");
+        assert!(!a.reserve(t, 1), "no promise out of the reserve");
+        assert_eq!(
+            a.user_free_blocks(t),
+            0,
+            "statfs reports the reserve as used"
+        );
+        let mut pages = 0;
+        while let Some((_, l)) = a.alloc_from(t, None, 7, Draw::Meta) {
+            pages += l;
+            balanced(&a, t, used + pages);
+        }
+        assert_eq!(pages, 100, "metadata pages take the reserve");
+        assert_eq!(a.free_blocks(t), 0);
+    }
+
+    /// A promise taken outside the reserve is honoured even after metadata pages used
+    /// the reserve (giving the promise back and allocating it as new data would be
+    /// refused: writeback would meet ENOSPC for data it accepted).
+    #[test]
+    fn a_promise_is_placed_after_pages_took_the_reserve() {
+        let g = geo();
+        let mut a = Allocator::new(&g);
+        let t = TargetId(1);
+        a.set_meta_reserve(t, 64);
+        let avail = a.available_blocks(t);
+        assert!(a.reserve(t, 50));
+        assert!(a.alloc(t, None, avail - 50).is_some());
+        assert_eq!(a.available_blocks(t), 0);
+        while a.alloc_from(t, None, 64, Draw::Meta).is_some() {}
+        assert_eq!(a.free_blocks(t), 50, "only the promised blocks are left");
+        assert_eq!(a.meta_held_blocks(t), 0);
+        let (_, l) = a.alloc_from(t, None, 50, Draw::Promised).unwrap();
+        assert_eq!(l, 50);
+        assert_eq!(a.reserved_blocks(t), 0);
+        assert_eq!(a.free_blocks(t), 0);
+    }
+
+    #[test]
+    fn freed_blocks_refill_the_reserve_before_users_see_them() {
+        let g = geo();
+        let mut a = Allocator::new(&g);
+        let t = TargetId(0);
+        a.set_meta_reserve(t, 40);
+        let avail = a.available_blocks(t);
+        let (s, l) = a.alloc(t, None, avail).unwrap();
+        assert_eq!(l, avail);
+        let (ps, _) = a.alloc_from(t, None, 30, Draw::Meta).unwrap();
+        a.free_after(t, s, 20, 9);
+        assert_eq!(
+            a.user_free_blocks(t),
+            0,
+            "20 busy blocks refill 30 used of the reserve"
+        );
+        a.free_after(t, s + 20, 20, 9);
+        assert_eq!(a.user_free_blocks(t), 10);
+        a.release_busy(9);
+        assert_eq!(a.available_blocks(t), 10);
+        assert_eq!(a.meta_held_blocks(t), 40);
+        a.free_now(t, ps, 30);
+        assert_eq!(a.available_blocks(t), 40);
+    }
+
+    #[test]
+    fn the_reserve_is_a_bounded_fraction_of_the_data_area() {
+        let bs = BlockSize::new(4096).unwrap();
+        let mib = 256; // blocks
+        assert_eq!(
+            Allocator::meta_reserve_for(64 * mib, bs),
+            mib,
+            "at least 1 MiB"
+        );
+        assert_eq!(
+            Allocator::meta_reserve_for(4 * mib, bs),
+            mib / 2,
+            "an eighth of 4 MiB"
+        );
+        assert_eq!(
+            Allocator::meta_reserve_for(1024 * mib, bs),
+            16 * mib,
+            "1/64 of 1 GiB"
+        );
+        assert_eq!(Allocator::meta_reserve_for(16 * 1024 * mib, bs), 256 * mib);
+        assert_eq!(
+            Allocator::meta_reserve_for(1 << 30, bs),
+            1024 * mib,
+            "capped at 1 GiB"
+        );
+        assert_eq!(Allocator::meta_reserve_for(40, bs), 5, "tiny: an eighth");
     }
 }

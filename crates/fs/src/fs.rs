@@ -423,8 +423,9 @@ impl Fs {
         let n = self.inner.geo.target_count();
         let blocks = (0..n).map(|t| m.alloc.data_blocks(TargetId(t))).sum();
         // Busy blocks are free: the allocator commits to reuse them (`commit_for_space`).
+        // The metadata reserve is not (XFS's reserved blocks).
         let free: Vec<u64> = (0..n)
-            .map(|t| m.alloc.available_blocks(TargetId(t)) + m.alloc.busy_blocks_on(TargetId(t)))
+            .map(|t| m.alloc.user_free_blocks(TargetId(t)))
             .collect();
         let blocks_free = free.iter().sum();
         let blocks_avail = self.default_file_blocks(&free);
@@ -503,6 +504,17 @@ impl Fs {
         }
     }
 
+    /// Test hook: holds back `blocks` free blocks of every target for metadata pages
+    /// (`Allocator::set_meta_reserve`), as the mount does once metadata pages live in the
+    /// data area.
+    #[doc(hidden)]
+    pub fn debug_set_meta_reserve(&self, blocks: u64) {
+        let mut m = self.inner.meta.lock();
+        for t in 0..self.inner.geo.target_count() {
+            m.alloc.set_meta_reserve(TargetId(t), blocks);
+        }
+    }
+
     /// Test hook: sweeps the in-core inode table now (as it is swept whenever it has
     /// doubled), returning how many inodes were evicted.
     #[doc(hidden)]
@@ -525,6 +537,7 @@ impl Fs {
                     data_blocks: m.alloc.data_blocks(id),
                     available_blocks: m.alloc.available_blocks(id),
                     reserved_blocks: m.alloc.reserved_blocks(id),
+                    meta_held_blocks: m.alloc.meta_held_blocks(id),
                     busy_blocks: m.alloc.busy_blocks_on(id),
                     extent_blocks: 0,
                     delalloc_blocks: 0,

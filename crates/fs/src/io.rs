@@ -226,7 +226,7 @@ impl Fs {
         }
         for (t, &want) in need.iter().enumerate() {
             let id = stripefs_core::TargetId(t as u32);
-            let free = m.alloc.available_blocks(id) + m.alloc.busy_blocks_on(id);
+            let free = m.alloc.user_free_blocks(id);
             if want > free {
                 return Err(FsError::NoSpace(format!(
                     "fallocate needs {want} blocks on target {t}, which has {free} free"

@@ -17,6 +17,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
+use stripefs_core::alloc::Draw;
 use stripefs_core::extent::{ExtentState, Lookup};
 use stripefs_core::inode::FileKind;
 use stripefs_core::layout::StripeLayout;
@@ -339,24 +340,17 @@ impl<'a> FileMapper<'a> {
         want: u64,
         funding: Funding,
     ) -> Result<(u64, u64)> {
-        let reserved = funding == Funding::Reserved;
         self.fs.inner.alloc_fault(target)?;
         let goal = self.goal(m, object, obj_block)?;
-        if reserved {
-            m.alloc.unreserve(target, want);
-        }
-        let got = m.alloc.alloc(target, goal, want);
-        if reserved {
-            // Whatever was not placed stays promised to the delalloc range.
-            let placed = got.map_or(0, |(_, l)| l);
-            assert!(
-                m.alloc.reserve(target, want - placed),
-                "re-reserving just-released blocks"
-            );
-        }
+        // Whatever a reservation could not place stays promised to it.
+        let draw = match funding {
+            Funding::Free => Draw::Data,
+            Funding::Reserved => Draw::Promised,
+        };
+        let got = m.alloc.alloc_from(target, goal, want, draw);
         let (phys, len) =
             got.ok_or_else(|| FsError::NoSpace(format!("target {target} is full")))?;
-        if reserved {
+        if funding == Funding::Reserved {
             // Placed: these blocks stop being delalloc now, since their reservation is
             // spent. Success records them written; failure frees them (the cache data
             // they carried is gone either way).

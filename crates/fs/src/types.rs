@@ -292,9 +292,10 @@ pub struct TargetStatus {
 /// The space books of one target (a diagnostic snapshot for tests and `inspect`).
 ///
 /// At rest (no I/O in flight) every data block is exactly one of: available, reserved
-/// (promised to a delayed allocation), in an extent of some file, or busy (freed by a
-/// transaction not yet durable); and every reserved block is backed by a delayed
-/// allocation. [`Self::check`] verifies both: reserved + allocated + free = total.
+/// (promised to a delayed allocation), held for metadata pages (the free part of the
+/// metadata reserve), in an extent of some file, or busy (freed by a transaction not yet
+/// durable); and every reserved block is backed by a delayed allocation. [`Self::check`]
+/// verifies both: reserved + allocated + free = total.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpaceAccount {
     pub target: u32,
@@ -303,6 +304,8 @@ pub struct SpaceAccount {
     pub available_blocks: u64,
     /// Free blocks promised to delayed allocations.
     pub reserved_blocks: u64,
+    /// Free blocks held back for metadata pages (`Allocator::meta_held_blocks`).
+    pub meta_held_blocks: u64,
     /// Blocks freed by a transaction that is not yet durable.
     pub busy_blocks: u64,
     /// Blocks in file extents (written or unwritten) on this target.
@@ -317,15 +320,19 @@ impl SpaceAccount {
     /// # Errors
     /// A sentence naming the target and the numbers that disagree.
     pub fn check(&self) -> Result<(), String> {
-        let sum =
-            self.available_blocks + self.reserved_blocks + self.extent_blocks + self.busy_blocks;
+        let sum = self.available_blocks
+            + self.reserved_blocks
+            + self.meta_held_blocks
+            + self.extent_blocks
+            + self.busy_blocks;
         if sum != self.data_blocks {
             return Err(format!(
-                "target {}: available {} + reserved {} + in extents {} + busy {} = {sum}, \
-                 not the {} data blocks",
+                "target {}: available {} + reserved {} + held for metadata {} + in extents {} \
+                 + busy {} = {sum}, not the {} data blocks",
                 self.target,
                 self.available_blocks,
                 self.reserved_blocks,
+                self.meta_held_blocks,
                 self.extent_blocks,
                 self.busy_blocks,
                 self.data_blocks

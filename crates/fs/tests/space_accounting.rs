@@ -234,3 +234,56 @@ fn small_files_get_no_speculative_preallocation() {
     );
     fs.unmount().unwrap();
 }
+
+/// The metadata reserve (issue 11, "Space") is not users' space: `statfs` leaves it out,
+/// buffered and direct writes and `fallocate` meet `ENOSPC` at it, and the books balance
+/// with the held blocks counted, before and after the space is given back.
+#[test]
+fn the_metadata_reserve_is_not_available_to_data() {
+    let s = common::sims(2, 16 << 20);
+    let fs = common::fresh(&s, 4096, 65536);
+    let before = fs.statfs().unwrap();
+    let held = 200u64;
+    fs.debug_set_meta_reserve(held);
+    let st = fs.statfs().unwrap();
+    assert_eq!(st.blocks_free, before.blocks_free - 2 * held);
+    assert!(st.blocks_avail <= st.blocks_free);
+    fs.check_space_accounting().unwrap();
+    let a = fs
+        .create(Ino::ROOT, "a".as_ref(), CreateParams::with_perm(0o644))
+        .unwrap();
+    let too_much = (st.blocks_free + 1) * 4096;
+    let e = fs
+        .fallocate(a.ino, stripefs::FallocMode::Allocate, 0, too_much)
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC, "fallocate over the reserve: {e}");
+    // Buffered writes fill everything but the reserve, then fail.
+    let chunk = vec![0x42u8; 1 << 20];
+    let mut written = 0u64;
+    let err = loop {
+        match fs.write_at(a.ino, written, &chunk) {
+            Ok(n) => written += n as u64,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    fs.fsync(a.ino, stripefs::SyncScope::All).unwrap();
+    fs.check_space_accounting().unwrap();
+    // The file is striped over both targets: the first to fill ends it.
+    let books = fs.space_accounting();
+    for t in &books {
+        assert_eq!(
+            t.meta_held_blocks, held,
+            "target {}: reserve intact",
+            t.target
+        );
+    }
+    assert!(books.iter().any(|t| t.available_blocks == 0), "{books:?}");
+    let avail: u64 = books.iter().map(|t| t.available_blocks).sum();
+    assert_eq!(fs.statfs().unwrap().blocks_free, avail);
+    fs.set_len(a.ino, 0).unwrap();
+    fs.sync().unwrap();
+    fs.check_space_accounting().unwrap();
+    assert_eq!(fs.statfs().unwrap().blocks_free, st.blocks_free);
+    fs.unmount().unwrap();
+}
