@@ -373,10 +373,15 @@ mod tests {
     fn engine_words_stay_with_the_engine_and_unknown_words_name_both_key_lists() {
         let (engine, s) = split_options(&[
             "writeback_cache,threads=4,noatime".into(),
-            "dirty_tracking=folio".into(),
+            "dirty_tracking=folio,meta_cache=32m".into(),
         ])
         .unwrap();
-        assert_eq!(engine, ["noatime", "dirty_tracking=folio"]);
+        assert_eq!(
+            engine,
+            ["noatime", "dirty_tracking=folio", "meta_cache=32m"]
+        );
+        let o = crate::mount_opts::parse(&engine).unwrap();
+        assert_eq!(o.meta_cache, stripefs::MetaCacheBytes(32 << 20));
         assert_eq!((s.threads, s.flags), (4, vec!["noatime".to_string()]));
         let e = split_options(&["bogus".into()]).unwrap_err();
         assert!(

@@ -10,7 +10,7 @@ use stripefs::{AtimePolicy, AtimeUpdate, AtimeWrite, DirAtime, MountOptions};
 use crate::size::parse_size;
 
 /// The keys `-o` understands, for help texts and errors.
-pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, readahead=SIZE, readahead_mode=async|sync (sync: wait for the window inside the read), writeback_depth=N (batches in flight, 1: wait for each), \
+pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, meta_cache=SIZE (metadata page cache, default 64m), readahead=SIZE, readahead_mode=async|sync (sync: wait for the window inside the read), writeback_depth=N (batches in flight, 1: wait for each), \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
 commit_interval=SECS (0: off), writeback_interval=SECS (0: off), \
 relatime (default), strictatime, noatime, nodiratime, lazytime and their opposites";
@@ -72,6 +72,12 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
             }
             "cache_size" => o.cache.budget_bytes = parse_size(v)?,
             "dirty_limit" => o.cache.dirty_limit_bytes = parse_size(v)?,
+            "meta_cache" => {
+                let m = stripefs::MetaCacheBytes(parse_size(v)?);
+                m.validate(4096)
+                    .map_err(|e| format!("{e} (-o meta_cache={v})"))?;
+                o.meta_cache = m;
+            }
             "readahead" => o.cache.readahead_bytes = parse_size(v)?,
             "readahead_mode" => {
                 o.cache.readahead = match v {
@@ -188,6 +194,29 @@ mod tests {
             (back.update, back.dirs),
             (AtimeUpdate::Strict, DirAtime::Update)
         );
+        assert_eq!(
+            parse(&[]).unwrap().meta_cache,
+            stripefs::MetaCacheBytes(64 << 20)
+        );
+        assert_eq!(
+            parse(&["meta_cache=16m".into()]).unwrap().meta_cache,
+            stripefs::MetaCacheBytes(16 << 20)
+        );
+        assert_eq!(
+            parse(&["meta_cache=256K".into()])
+                .unwrap()
+                .meta_cache
+                .bytes(),
+            256 << 10
+        );
+        let small = parse(&["meta_cache=100k".into()]).unwrap_err();
+        assert!(
+            small.contains("minimum of 64 pages") && small.contains("meta_cache=100k"),
+            "{small}"
+        );
+        assert!(parse(&["meta_cache=lots".into()])
+            .unwrap_err()
+            .contains("bad size"));
         assert!(parse(&["novalue".into()])
             .unwrap_err()
             .contains("key=value"));

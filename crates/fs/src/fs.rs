@@ -127,6 +127,11 @@ impl Fs {
         opts.cache
             .validate(l.geo.block_size.bytes())
             .map_err(FsError::Invalid)?;
+        // A page is 4 KiB, or a block where blocks are larger (metadata.md, "Integration" 9).
+        let page_bytes = u64::from(l.geo.block_size.bytes()).max(4096);
+        opts.meta_cache
+            .validate(page_bytes)
+            .map_err(FsError::Invalid)?;
         let inner = Arc::new(FsInner::new(l.geo, l.targets, meta, journal, opts.clone()));
         let fs = Fs { inner };
         let orphans = fs.free_orphans()?;

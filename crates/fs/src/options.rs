@@ -49,6 +49,53 @@ pub enum UnalignedPolicy {
     Exclusive,
 }
 
+/// The metadata page cache's byte budget (`-o meta_cache=SIZE`, `StoreConfig::cache_bytes`
+/// of `stripefs-meta`): clean pages are evicted under it, and pinned (dirty and frozen)
+/// pages count against it, so a checkpoint starts when they pass half of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaCacheBytes(pub u64);
+
+impl MetaCacheBytes {
+    /// 64 MiB: the branch levels of 10 million files (about 28 MiB at 4 KiB pages,
+    /// metadata.md "Page size") and a working set of leaves.
+    pub const DEFAULT: MetaCacheBytes = MetaCacheBytes(64 << 20);
+    /// The smallest budget, in pages: an operation's path (at most 8 levels) and its
+    /// siblings several times over, with room for a checkpoint's worth of dirty pages.
+    pub const MIN_PAGES: u64 = 64;
+
+    /// Checks the budget against the page size.
+    ///
+    /// # Errors
+    /// A sentence naming the value and the minimum.
+    pub fn validate(self, page_bytes: u64) -> Result<(), String> {
+        let min = Self::MIN_PAGES * page_bytes;
+        if self.0 < min {
+            return Err(format!(
+                "meta_cache {} bytes is below the minimum of {} pages ({} KiB)",
+                self.0,
+                Self::MIN_PAGES,
+                min >> 10
+            ));
+        }
+        if usize::try_from(self.0).is_err() {
+            return Err(format!("meta_cache {} bytes does not fit memory", self.0));
+        }
+        Ok(())
+    }
+
+    /// The budget as `StoreConfig::cache_bytes` takes it (validated: it fits).
+    #[must_use]
+    pub fn bytes(self) -> usize {
+        usize::try_from(self.0).unwrap_or(usize::MAX)
+    }
+}
+
+impl Default for MetaCacheBytes {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
 /// How a mounted file system behaves.
 #[derive(Debug, Clone)]
 pub struct MountOptions {
@@ -57,6 +104,8 @@ pub struct MountOptions {
     /// (`dirty_tracking = folio` brings back whole-folio writeback), readahead (size, and
     /// `readahead_mode = sync` brings back readahead waited for inside the read).
     pub cache: CacheConfig,
+    /// Metadata page cache budget (`meta_cache`).
+    pub meta_cache: MetaCacheBytes,
     /// How zero range and EOF zeroing treat dirty cache over holes and unwritten extents
     /// (`Flush` brings back the Linux 6.12 flush per extending write).
     pub eof_zeroing: ZeroMode,
@@ -87,6 +136,7 @@ impl Default for MountOptions {
     fn default() -> Self {
         Self {
             cache: CacheConfig::default(),
+            meta_cache: MetaCacheBytes::DEFAULT,
             eof_zeroing: ZeroMode::Cache,
             speculative_prealloc: true,
             force_zero_via_cache: false,
