@@ -7,56 +7,19 @@
 mod common;
 
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
 use common::*;
 use stripefs_core::btree::TreeId;
 use stripefs_meta::Store;
-use stripefs_target::{Completion, IoOp, Rng, SimTarget, Target, TargetInfo};
-
-/// Holds the first plain write once armed, until released.
-#[derive(Debug)]
-struct WriteGate {
-    inner: Arc<dyn Target>,
-    armed: Mutex<bool>,
-    state: Mutex<(bool, bool)>,
-    cv: Condvar,
-}
-
-impl Target for WriteGate {
-    fn info(&self) -> &TargetInfo {
-        self.inner.info()
-    }
-
-    fn submit(&self, op: IoOp, done: Completion) {
-        let mut armed = self.armed.lock().unwrap();
-        if *armed && matches!(op, IoOp::Write { .. }) {
-            *armed = false;
-            drop(armed);
-            let mut s = self.state.lock().unwrap();
-            s.0 = true;
-            self.cv.notify_all();
-            while !s.1 {
-                s = self.cv.wait(s).unwrap();
-            }
-        } else {
-            drop(armed);
-        }
-        self.inner.submit(op, done);
-    }
-}
+use stripefs_target::{GateTarget, IoOp, Rng, SimTarget, Target};
 
 #[test]
 fn changes_proceed_while_a_checkpoint_writes() {
     let sim: Arc<dyn Target> = Arc::new(SimTarget::new("t", TARGET_BYTES, SECTOR));
-    let gate = Arc::new(WriteGate {
-        inner: Arc::clone(&sim),
-        armed: Mutex::new(false),
-        state: Mutex::new((false, false)),
-        cv: Condvar::new(),
-    });
+    let gate = Arc::new(GateTarget::new(Arc::clone(&sim)));
     let pages = region(1);
     let targets = vec![Arc::clone(&gate) as Arc<dyn Target>];
     let store = Arc::new(Store::create(config(64), targets, pages.clone()));
@@ -74,17 +37,15 @@ fn changes_proceed_while_a_checkpoint_writes() {
         oracle.remove(&k);
     }
     let at_freeze = oracle.clone();
-    *gate.armed.lock().unwrap() = true;
+    gate.hold_next(|op| matches!(op, IoOp::Write { .. }));
     let ckpt = {
         let store = Arc::clone(&store);
         thread::spawn(move || store.checkpoint().unwrap())
     };
-    {
-        let mut s = gate.state.lock().unwrap();
-        while !s.0 {
-            s = gate.cv.wait(s).unwrap();
-        }
-    }
+    assert!(
+        gate.wait_held(Duration::from_secs(60)),
+        "a page write was held"
+    );
     // The checkpoint is inside its first page write. Change things meanwhile.
     let (tx, rx) = mpsc::channel();
     {
@@ -108,11 +69,8 @@ fn changes_proceed_while_a_checkpoint_writes() {
         });
     }
     let changed = rx.recv_timeout(Duration::from_secs(60));
-    let mut s = gate.state.lock().unwrap();
-    let still_writing = !s.1;
-    s.1 = true;
-    gate.cv.notify_all();
-    drop(s);
+    let still_writing = gate.is_holding();
+    gate.release();
     let changed = changed.expect("changes completed while the checkpoint was writing");
     assert!(still_writing);
     let g = ckpt.join().unwrap();

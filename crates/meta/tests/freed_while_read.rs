@@ -4,15 +4,16 @@
 
 mod common;
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread;
+use std::time::Duration;
 
 use common::*;
 use stripefs_core::btree::tree::Items;
 use stripefs_core::btree::{Key, KeyKind, PageAddr, TreeId};
 use stripefs_core::{PhysBlock, TargetId};
 use stripefs_meta::{MetaError, PageAlloc, Store};
-use stripefs_target::{Completion, IoOp, SimTarget, Target, TargetInfo};
+use stripefs_target::{GateTarget, IoOp, SimTarget, Target};
 
 /// Hands out the most recently freed page first, so a freed page is rewritten at once.
 #[derive(Debug)]
@@ -39,39 +40,6 @@ impl PageAlloc for Lifo {
     }
 }
 
-/// Holds the first read at one offset until released; later reads pass.
-#[derive(Debug)]
-struct OneShotGate {
-    inner: Arc<dyn Target>,
-    offset: Mutex<Option<u64>>,
-    state: Mutex<(bool, bool)>,
-    cv: Condvar,
-}
-
-impl Target for OneShotGate {
-    fn info(&self) -> &TargetInfo {
-        self.inner.info()
-    }
-
-    fn submit(&self, op: IoOp, done: Completion) {
-        let mut held = self.offset.lock().unwrap();
-        let hold = matches!(op, IoOp::Read { offset, .. } if Some(offset) == *held);
-        if hold {
-            *held = None;
-            drop(held);
-            let mut s = self.state.lock().unwrap();
-            s.0 = true;
-            self.cv.notify_all();
-            while !s.1 {
-                s = self.cv.wait(s).unwrap();
-            }
-        } else {
-            drop(held);
-        }
-        self.inner.submit(op, done);
-    }
-}
-
 fn inode(i: u64) -> Key {
     Key::new(i, KeyKind::Inode, 0, 0)
 }
@@ -79,12 +47,7 @@ fn inode(i: u64) -> Key {
 #[test]
 fn a_page_rewritten_during_its_read_is_not_corruption() {
     let sim: Arc<dyn Target> = Arc::new(SimTarget::new("t", TARGET_BYTES, SECTOR));
-    let gate = Arc::new(OneShotGate {
-        inner: sim,
-        offset: Mutex::new(None),
-        state: Mutex::new((false, false)),
-        cv: Condvar::new(),
-    });
+    let gate = Arc::new(GateTarget::new(sim));
     let alloc = Arc::new(Lifo(Mutex::new((Vec::new(), 15))));
     let targets = vec![Arc::clone(&gate) as Arc<dyn Target>];
     let store = Store::create(config(1024), targets.clone(), alloc.clone());
@@ -107,28 +70,23 @@ fn a_page_rewritten_during_its_read_is_not_corruption() {
         store.get(&inode(1999)).unwrap().is_some(),
         "warm the branches"
     );
-    *gate.offset.lock().unwrap() = Some(leaf.block.0 * 4096);
+    let held_at = leaf.block.0 * 4096;
+    gate.hold_next(move |op| matches!(op, IoOp::Read { offset, .. } if *offset == held_at));
     let reader = {
         let store = Arc::clone(&store);
         thread::spawn(move || store.get(&inode(0)))
     };
-    {
-        let mut s = gate.state.lock().unwrap();
-        while !s.0 {
-            s = gate.cv.wait(s).unwrap();
-        }
-    }
+    assert!(
+        gate.wait_held(Duration::from_secs(60)),
+        "the leaf read was held"
+    );
     // While the read is held: change the leaf, checkpoint (the old leaf is freed), change
     // it again and checkpoint (the freed address is rewritten with a newer page).
     store.insert(inode(0), b"two").unwrap();
     store.checkpoint().unwrap();
     store.insert(inode(0), b"three").unwrap();
     store.checkpoint().unwrap();
-    {
-        let mut s = gate.state.lock().unwrap();
-        s.1 = true;
-        gate.cv.notify_all();
-    }
+    gate.release();
     let got = reader.join().unwrap();
     assert_eq!(got.unwrap(), Some(b"three".to_vec()));
 }

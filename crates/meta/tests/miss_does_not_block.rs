@@ -5,7 +5,7 @@
 mod common;
 
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
@@ -13,35 +13,7 @@ use common::*;
 use stripefs_core::btree::tree::Items;
 use stripefs_core::btree::{Key, KeyKind, TreeId};
 use stripefs_meta::Store;
-use stripefs_target::{Completion, IoOp, SimTarget, Target, TargetInfo};
-
-/// Holds reads at one offset until released.
-#[derive(Debug)]
-struct Gate {
-    inner: Arc<dyn Target>,
-    held_offset: Mutex<Option<u64>>,
-    state: Mutex<(bool, bool)>, // (a read is waiting, released)
-    cv: Condvar,
-}
-
-impl Target for Gate {
-    fn info(&self) -> &TargetInfo {
-        self.inner.info()
-    }
-
-    fn submit(&self, op: IoOp, done: Completion) {
-        let hold = matches!(op, IoOp::Read { offset, .. } if Some(offset) == *self.held_offset.lock().unwrap());
-        if hold {
-            let mut s = self.state.lock().unwrap();
-            s.0 = true;
-            self.cv.notify_all();
-            while !s.1 {
-                s = self.cv.wait(s).unwrap();
-            }
-        }
-        self.inner.submit(op, done);
-    }
-}
+use stripefs_target::{GateTarget, IoOp, SimTarget, Target};
 
 fn inode(i: u64) -> Key {
     Key::new(i, KeyKind::Inode, 0, 0)
@@ -56,12 +28,7 @@ fn a_miss_in_one_subtree_does_not_block_another() {
     }
     store.checkpoint().unwrap();
     drop(store);
-    let gate = Arc::new(Gate {
-        inner: sim,
-        held_offset: Mutex::new(None),
-        state: Mutex::new((false, false)),
-        cv: Condvar::new(),
-    });
+    let gate = Arc::new(GateTarget::new(sim));
     let (store, _) = reopen(vec![Arc::clone(&gate) as Arc<dyn Target>], 1024);
     // The leaf holding inode 0.
     let mut leaf_of_0 = None;
@@ -80,18 +47,17 @@ fn a_miss_in_one_subtree_does_not_block_another() {
         store.get(&inode(1999)).unwrap(),
         Some(vec![1999u16 as u8; 100])
     );
-    *gate.held_offset.lock().unwrap() = Some(leaf.block.0 * 4096);
+    let held_at = leaf.block.0 * 4096;
+    gate.hold_next(move |op| matches!(op, IoOp::Read { offset, .. } if *offset == held_at));
     let store = Arc::new(store);
     let blocked = {
         let store = Arc::clone(&store);
         thread::spawn(move || store.get(&inode(0)).unwrap())
     };
-    {
-        let mut s = gate.state.lock().unwrap();
-        while !s.0 {
-            s = gate.cv.wait(s).unwrap();
-        }
-    }
+    assert!(
+        gate.wait_held(Duration::from_secs(60)),
+        "the leaf read was held"
+    );
     // inode 0's lookup is now inside its page read. Others must not wait for it.
     let (tx, rx) = mpsc::channel();
     {
@@ -107,12 +73,8 @@ fn a_miss_in_one_subtree_does_not_block_another() {
         });
     }
     let done = rx.recv_timeout(Duration::from_secs(20));
-    let still_held = !gate.state.lock().unwrap().1;
-    {
-        let mut s = gate.state.lock().unwrap();
-        s.1 = true;
-        gate.cv.notify_all();
-    }
+    let still_held = gate.is_holding();
+    gate.release();
     let (got, scanned) = done.expect("a lookup elsewhere completed while the miss was held");
     assert!(still_held, "the held read was still in progress");
     assert_eq!(got, Some(vec![1999u16 as u8; 100]));
