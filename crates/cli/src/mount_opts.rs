@@ -11,6 +11,7 @@ use crate::size::parse_size;
 
 /// The keys `-o` understands, for help texts and errors.
 pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, meta_cache=SIZE (metadata page cache, default 64m), readahead=SIZE, readahead_mode=async|sync (sync: wait for the window inside the read), writeback_depth=N (batches in flight, 1: wait for each), \
+writeback_copy=lend|stage (stage: copy written bytes into staging buffers), \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
 commit_interval=SECS (0: off), writeback_interval=SECS (0: off), \
 relatime (default), strictatime, noatime, nodiratime, lazytime and their opposites";
@@ -90,6 +91,13 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
                 o.cache.writeback_depth = match v.parse::<u32>() {
                     Ok(n) if n >= 1 => stripefs::WbDepth(n),
                     _ => return Err(format!("{k}: {v:?} is not a number of batches from 1")),
+                }
+            }
+            "writeback_copy" => {
+                o.cache.writeback_copy = match v {
+                    "lend" => stripefs::WbCopy::Lend,
+                    "stage" => stripefs::WbCopy::Stage,
+                    _ => return Err(format!("writeback_copy must be lend or stage, not {v:?}")),
                 }
             }
             "dirty_tracking" => {

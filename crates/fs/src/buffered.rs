@@ -48,7 +48,7 @@ impl FileIo for FileMapper<'_> {
         map: &Iomap<DevAddr>,
         pos: u64,
         dir: IoDir,
-        buf: IoBuf,
+        bufs: Vec<IoBuf>,
     ) -> usize {
         let bs = self.fs.inner.geo.block_size;
         let offset = bs.to_bytes(map.addr.phys) + (pos - map.offset);
@@ -57,8 +57,8 @@ impl FileIo for FileMapper<'_> {
             IoDir::Write => &self.fs.inner.data_bytes_written,
             IoDir::Read => &self.fs.inner.data_bytes_read,
         };
-        counter.fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let bufs = vec![buf];
+        let bytes: usize = bufs.iter().map(|b| b.len()).sum();
+        counter.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
         let op = match dir {
             IoDir::Write => IoOp::Write { offset, bufs },
             IoDir::Read => IoOp::Read { offset, bufs },

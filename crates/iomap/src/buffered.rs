@@ -33,7 +33,13 @@ pub(crate) fn read_block<O: FileIo>(
     bs: usize,
 ) -> Result<IoBuf, O::Error> {
     let batch = Batch::new();
-    ops.submit(&batch, map, block_pos, IoDir::Read, ops.buffers().get(bs));
+    ops.submit(
+        &batch,
+        map,
+        block_pos,
+        IoDir::Read,
+        vec![ops.buffers().get(bs)],
+    );
     let mut done = batch.wait();
     let d = done.pop().expect("one completion");
     d.result.map_err(|e| ops.io_error(e))?;
@@ -105,7 +111,13 @@ pub fn fill<O: FileIo>(
     for (a, e) in runs {
         iterate(ops, a, e - a, IomapOp::Read, |map, p, n| {
             if map.is_written() {
-                let slot = ops.submit(&batch, map, p, IoDir::Read, ops.buffers().get(n as usize));
+                let slot = ops.submit(
+                    &batch,
+                    map,
+                    p,
+                    IoDir::Read,
+                    vec![ops.buffers().get(n as usize)],
+                );
                 pending.push((slot, p, n));
             } else {
                 for_each_span(&mut guards, p, n, |g, off, len| {

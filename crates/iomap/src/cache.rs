@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+use stripefs_target::{IoBuf, SharedBuf};
 
 use crate::folio::{DirtyTracking, FolioState};
 use crate::lru::{LruKey, LruList, LruLists, LruSlot};
@@ -59,6 +60,23 @@ pub struct CacheConfig {
     /// submitted while earlier ones are on the device (1: submit a batch and wait for it
     /// before the next, the behaviour before pipelining).
     pub writeback_depth: WbDepth,
+    /// Whether writeback lends the folios' memory to the device or copies it into
+    /// staging buffers.
+    pub writeback_copy: WbCopy,
+}
+
+/// How writeback hands the folios' bytes to the device (`docs/design/cache.md`,
+/// "Writeback without the staging copy").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WbCopy {
+    /// The device writes from the folio's own memory (read-only windows of it); a folio
+    /// changed while its writeback is in flight gets a fresh copy of its bytes (copy on
+    /// write), so only such rewrites pay a copy.
+    #[default]
+    Lend,
+    /// Every written byte is copied into a pooled staging buffer first (the behaviour
+    /// before lending, kept as the benchmark switch).
+    Stage,
 }
 
 /// Writeback batches in flight at once (at least 1).
@@ -76,6 +94,7 @@ impl Default for CacheConfig {
             readahead_bytes: 2 << 20,
             readahead: ReadaheadMode::Async,
             writeback_depth: WbDepth(2),
+            writeback_copy: WbCopy::Lend,
         }
     }
 }
@@ -139,8 +158,11 @@ pub enum FolioSizing {
 pub struct Folio {
     /// File position of the folio's first byte (a multiple of its size).
     pub pos: u64,
-    /// The cached bytes (the folio's size: a power of two).
-    pub data: Box<[u8]>,
+    /// The cached bytes (the folio's size: a power of two), aligned for the device. With
+    /// [`WbCopy::Lend`] writeback lends windows of them to its writes; every change to
+    /// them goes through `DerefMut`, which copies them to fresh memory first while a
+    /// window is out (stable pages, `stripefs_target::SharedBuf`).
+    pub data: SharedBuf,
     /// Per-block state. Dirty bits change only through [`PageCache::set_dirty`] and the
     /// crate's writeback and invalidation paths, which keep the reclaim lists right.
     pub(crate) state: FolioState,
@@ -691,8 +713,11 @@ impl PageCache {
         let Ok(cell) = Arc::try_unwrap(cell) else {
             return;
         };
-        let data = cell.folio.into_inner().data;
-        self.spare.lock().put(data, self.cfg.budget_bytes / 8);
+        // Memory a write still holds (the folio was rewritten and dropped meanwhile) goes
+        // with the write's buffers instead.
+        if let Some(data) = cell.folio.into_inner().data.into_unshared() {
+            self.spare.lock().put(data, self.cfg.budget_bytes / 8);
+        }
     }
 
     /// The asynchronous readahead's shared state.
@@ -875,25 +900,25 @@ impl PageCache {
 #[derive(Debug, Default)]
 struct Spare {
     /// Index: log2 of the buffer size.
-    by_size: Vec<Vec<Box<[u8]>>>,
+    by_size: Vec<Vec<IoBuf>>,
     bytes: u64,
 }
 
 impl Spare {
     /// A buffer of `size` bytes (a power of two), recycled if one is kept.
-    fn take(&mut self, size: u64) -> Box<[u8]> {
+    fn take(&mut self, size: u64) -> SharedBuf {
         let class = size.ilog2() as usize;
         match self.by_size.get_mut(class).and_then(Vec::pop) {
             Some(b) => {
                 self.bytes -= size;
-                b
+                SharedBuf::from(b)
             }
-            None => vec![0u8; usize::try_from(size).expect("folio fits memory")].into_boxed_slice(),
+            None => SharedBuf::zeroed(usize::try_from(size).expect("folio fits memory")),
         }
     }
 
     /// Keeps `data` if the spare buffers stay within `limit` bytes.
-    fn put(&mut self, data: Box<[u8]>, limit: u64) {
+    fn put(&mut self, data: IoBuf, limit: u64) {
         let size = data.len() as u64;
         if self.bytes + size > limit {
             return;

@@ -441,9 +441,15 @@ fn read_fan_out<O: DioOps>(
         let batch = Batch::new();
         run.pieces.clear();
         let walked = iterate(ops, at, k, IomapOp::Read, |map, p, m| {
-            let slot = map
-                .is_written()
-                .then(|| ops.submit(&batch, map, p, IoDir::Read, ops.buffers().get(m as usize)));
+            let slot = map.is_written().then(|| {
+                ops.submit(
+                    &batch,
+                    map,
+                    p,
+                    IoDir::Read,
+                    vec![ops.buffers().get(m as usize)],
+                )
+            });
             run.pieces.push((slot, (p - pos) as usize, m as usize));
             Ok(m)
         });
@@ -475,9 +481,15 @@ fn read_serial<O: DioOps>(
 ) {
     let walked = iterate(ops, pos, span, IomapOp::Read, |map, p, m| {
         let batch = Batch::new();
-        let slot = map
-            .is_written()
-            .then(|| ops.submit(&batch, map, p, IoDir::Read, ops.buffers().get(m as usize)));
+        let slot = map.is_written().then(|| {
+            ops.submit(
+                &batch,
+                map,
+                p,
+                IoDir::Read,
+                vec![ops.buffers().get(m as usize)],
+            )
+        });
         let piece = [(slot, (p - pos) as usize, m as usize)];
         copy_out(end, &piece, batch.wait(), buf).map(|()| m)
     });
@@ -655,7 +667,7 @@ fn submit_write_piece<O: DioOps>(
     buf[..head].fill(0);
     buf[head..tail].copy_from_slice(data);
     buf[tail..].fill(0);
-    ops.submit(batch, map, start, IoDir::Write, buf);
+    ops.submit(batch, map, start, IoDir::Write, vec![buf]);
     DioPiece {
         map: *map,
         pos: start,

@@ -172,15 +172,17 @@ pub enum IoDir {
 pub trait FileIo: IomapOps {
     /// In-core file size.
     fn size(&self) -> u64;
-    /// Submits device I/O for bytes `[pos, pos + buf.len())` of mapping `map` (inside the
-    /// mapping) into `batch`; returns the completion slot.
+    /// Submits one device I/O for bytes `[pos, pos + total length of bufs)` of mapping
+    /// `map` (inside the mapping), vectored over `bufs` in order, into `batch`; returns the
+    /// completion slot. Writeback's buffers may be windows lent from folios
+    /// ([`IoBuf::is_lent`]).
     fn submit(
         &self,
         batch: &Batch,
         map: &Iomap<Self::Addr>,
         pos: u64,
         dir: IoDir,
-        buf: IoBuf,
+        bufs: Vec<IoBuf>,
     ) -> usize;
     /// Recycled I/O buffers.
     fn buffers(&self) -> &BufPool;

@@ -166,7 +166,7 @@ pub(crate) fn submit<O: FileIo>(cache: &PageCache, ops: &O, fc: &FileCache, from
         let walked = iterate(ops, a, e - a, IomapOp::Read, |map, p, n| {
             if map.is_written() {
                 let buf = shared.bufs.get(n as usize);
-                let slot = ops.submit(&batch, map, p, IoDir::Read, buf);
+                let slot = ops.submit(&batch, map, p, IoDir::Read, vec![buf]);
                 shared.submitted_bytes.fetch_add(n, Ordering::Relaxed);
                 pending.push(Pending {
                     slot,

@@ -9,14 +9,24 @@
 //! folio marked under writeback while its lock is held; a redirtying write during the I/O
 //! just sets them again. On failure the data is dropped (as Linux does) and the error is
 //! recorded in the file's error sequence for fsync.
+//!
+//! Lending (`WbCopy::Lend`, the default): the device writes from the folios' own memory,
+//! read-only windows of each folio's `SharedBuf`, several per vectored write when a run
+//! spans folios; a mapping piece boundary inside a run splits a window, never copies it.
+//! Only the EOF block is copied (its bytes past EOF go out as zeros without touching the
+//! folio). Stable pages: a writer that changes a folio while a window of it is on the
+//! device gets a fresh copy of its bytes (the `SharedBuf`'s copy on write), so the device
+//! keeps writing exactly what writeback took, and the new bytes, dirty again, go out with
+//! the next writeback. `WbCopy::Stage` copies every run into pooled staging buffers (the
+//! behaviour before lending).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use stripefs_target::{Batch, IoBuf};
+use stripefs_target::{Batch, IoBuf, SharedBuf};
 
 use crate::buffered::iter_err;
-use crate::cache::{FileCache, FolioCell, PageCache};
+use crate::cache::{FileCache, FolioCell, PageCache, WbCopy};
 use crate::{iterate, CacheIo, IoDir, Iomap, IomapOp};
 
 /// Most bytes of one writeback batch (collected, mapped and submitted together).
@@ -145,21 +155,16 @@ fn submit_chunk<O: CacheIo>(
     let batch = Batch::new();
     let mut ends: Vec<WbEnd<O::Addr>> = Vec::new();
     let mut map_err = None;
-    for (pos, data) in runs {
-        let len = data.len() as u64;
-        let mut whole = Some(data);
+    for run in runs {
+        let (pos, len) = (run.pos, run.len);
+        let mut rest = RunBytes {
+            at: pos,
+            segs: run.segs.into(),
+        };
         let walked = iterate(ops, pos, len, IomapOp::Writeback, |map, p, n| {
-            let buf = match whole.take() {
-                // The run is one mapping piece: submit its buffer as is.
-                Some(b) if p == pos && n == len => b,
-                Some(b) => {
-                    let piece = copy_piece(ops, &b, p - pos, n);
-                    whole = Some(b);
-                    piece
-                }
-                None => unreachable!("the whole-run buffer is only given away for a single piece"),
-            };
-            ops.submit(&batch, map, p, IoDir::Write, buf);
+            // Pieces split the run without copying: windows of windows.
+            let bufs = rest.take(p, n);
+            ops.submit(&batch, map, p, IoDir::Write, bufs);
             ends.push(WbEnd {
                 map: *map,
                 pos: p,
@@ -167,9 +172,7 @@ fn submit_chunk<O: CacheIo>(
             });
             Ok(n)
         });
-        if let Some(b) = whole {
-            ops.buffers().put_all([b]);
-        }
+        ops.buffers().put_all(rest.segs);
         if let Err(e) = walked {
             map_err.get_or_insert(iter_err(ops, e).1);
         }
@@ -181,6 +184,49 @@ fn submit_chunk<O: CacheIo>(
         busy,
         map_err,
     })
+}
+
+/// What is left of a run's bytes as its mapping pieces take them, in file order.
+struct RunBytes {
+    /// File position of the first byte of `segs`.
+    at: u64,
+    segs: VecDeque<IoBuf>,
+}
+
+impl RunBytes {
+    /// The buffers holding bytes `[p, p + n)` (`p` at or after `self.at`), split off the
+    /// front without copying.
+    fn take(&mut self, p: u64, n: u64) -> Vec<IoBuf> {
+        debug_assert!(p >= self.at, "mapping pieces go forward");
+        self.skip(p.saturating_sub(self.at));
+        let mut out = Vec::new();
+        let mut need = n;
+        while need > 0 {
+            let b = self
+                .segs
+                .pop_front()
+                .expect("a run holds the bytes its pieces cover");
+            let got = b.len() as u64;
+            if got <= need {
+                out.push(b);
+                need -= got;
+            } else {
+                let (head, tail) = b.split_at(need as usize);
+                out.push(head);
+                self.segs.push_front(tail);
+                need = 0;
+            }
+        }
+        self.at = p + n;
+        out
+    }
+
+    /// Drops `n` bytes from the front.
+    fn skip(&mut self, n: u64) {
+        if n > 0 {
+            drop(self.take(self.at, n));
+        }
+    }
 }
 
 /// Waits for batch `b`, lets the file system record it and ends writeback on its folios.
@@ -216,40 +262,87 @@ fn complete<O: CacheIo>(
     Ok(())
 }
 
-fn copy_piece<O: CacheIo>(ops: &O, run: &IoBuf, from: u64, n: u64) -> IoBuf {
-    let mut buf = ops.buffers().get(n as usize);
-    buf.copy_from_slice(&run[from as usize..(from + n) as usize]);
-    buf
-}
-
-/// Largest run staged in one buffer; runs never cross a multiple of it, so with stripe
+/// Largest run in one device write; runs never cross a multiple of it, so with stripe
 /// units that are multiples of it a full run is exactly one mapping piece.
 const RUN_BYTES: u64 = 1 << 20;
 
-/// Dirty runs taken for writeback (file position, bytes) and the folios now under
-/// writeback.
-type Collected = (Vec<(u64, IoBuf)>, Vec<Arc<FolioCell>>);
-
-/// A run being staged.
-struct Staging {
+/// A dirty run taken for writeback: file position, length and its bytes in order (windows
+/// lent from folios, or staging buffers).
+struct Run {
     pos: u64,
-    len: usize,
-    buf: IoBuf,
+    len: u64,
+    segs: Vec<IoBuf>,
 }
 
-fn finish<O: CacheIo>(ops: &O, runs: &mut Vec<(u64, IoBuf)>, s: Staging) {
-    if s.len == s.buf.len() {
-        runs.push((s.pos, s.buf));
-        return;
+/// Dirty runs taken for writeback and the folios now under writeback.
+type Collected = (Vec<Run>, Vec<Arc<FolioCell>>);
+
+/// A run being collected: bytes so far in `segs`, and a staging buffer filled up to
+/// `staged` bytes that follow them (all of the run with [`WbCopy::Stage`]; with
+/// [`WbCopy::Lend`] only the EOF block, whose bytes past EOF go out as zeros without
+/// changing the folio).
+struct Building {
+    pos: u64,
+    len: u64,
+    segs: Vec<IoBuf>,
+    stage: Option<(IoBuf, usize)>,
+}
+
+impl Building {
+    fn new(pos: u64) -> Self {
+        Self {
+            pos,
+            len: 0,
+            segs: Vec::new(),
+            stage: None,
+        }
     }
-    let mut exact = ops.buffers().get(s.len);
-    exact.copy_from_slice(&s.buf[..s.len]);
-    ops.buffers().put_all([s.buf]);
-    runs.push((s.pos, exact));
+
+    /// Appends a window lent from `data` (bytes `[from, from + n)`).
+    fn lend(&mut self, data: &SharedBuf, from: usize, n: usize) {
+        debug_assert!(self.stage.is_none(), "nothing follows the staged EOF block");
+        self.segs.push(data.window(from, n));
+        self.len += n as u64;
+    }
+
+    /// Appends a copy of `src` followed by `zeros` zero bytes, in a staging buffer of
+    /// `cap` bytes taken for the first such bytes of the run.
+    fn stage<O: CacheIo>(&mut self, ops: &O, src: &[u8], zeros: usize, cap: usize) {
+        let (buf, used) = self
+            .stage
+            .get_or_insert_with(|| (ops.buffers().get(cap), 0));
+        buf[*used..*used + src.len()].copy_from_slice(src);
+        buf[*used + src.len()..*used + src.len() + zeros].fill(0);
+        *used += src.len() + zeros;
+        self.len += (src.len() + zeros) as u64;
+    }
+
+    fn end(&self) -> u64 {
+        self.pos + self.len
+    }
+
+    fn finish(mut self) -> Run {
+        if let Some((buf, used)) = self.stage.take() {
+            // The staged bytes without a copy: a window of the staging buffer, which
+            // returns to the pool whole when the write gives the last window back.
+            let exact = if used == buf.len() {
+                buf
+            } else {
+                buf.split_at(used).0
+            };
+            self.segs.push(exact);
+        }
+        Run {
+            pos: self.pos,
+            len: self.len,
+            segs: self.segs,
+        }
+    }
 }
 
-/// Takes the dirty runs (clamped to EOF) out of `folios`: copies them into staging
-/// buffers (zeroing bytes past EOF), clears their dirty bits and marks the folios under
+/// Takes the dirty runs (clamped to EOF) out of `folios`: lends windows of the folios'
+/// memory (or copies it into staging buffers, [`WbCopy::Stage`]), with the bytes of the
+/// EOF block past EOF as zeros; clears their dirty bits and marks the folios under
 /// writeback. Returns the runs and the busy folios.
 fn collect<O: CacheIo>(
     cache: &PageCache,
@@ -258,9 +351,10 @@ fn collect<O: CacheIo>(
     wait: WbWait,
 ) -> Collected {
     let bs = u64::from(cache.block_size());
-    let mut runs: Vec<(u64, IoBuf)> = Vec::new();
+    let mode = cache.config().writeback_copy;
+    let mut runs: Vec<Run> = Vec::new();
     let mut busy = Vec::new();
-    let mut cur: Option<Staging> = None;
+    let mut cur: Option<Building> = None;
     for cell in folios {
         let mut g = match wait {
             // Only dirty blocks are taken, never the ones a readahead reads into.
@@ -283,36 +377,28 @@ fn collect<O: CacheIo>(
             let b = (a + u64::from(r.count) * bs).min(size.div_ceil(bs) * bs);
             let mut at = a;
             while at < b {
-                let fresh = match &cur {
-                    Some(s) => {
-                        s.pos + s.len as u64 != at
-                            || s.len as u64 == RUN_BYTES
-                            || at % RUN_BYTES == 0
-                    }
-                    None => true,
-                };
+                let fresh = cur.as_ref().is_none_or(|s| {
+                    s.end() != at || s.len == RUN_BYTES || at.is_multiple_of(RUN_BYTES)
+                });
                 if fresh {
                     if let Some(s) = cur.take() {
-                        finish(ops, &mut runs, s);
+                        runs.push(s.finish());
                     }
-                    cur = Some(Staging {
-                        pos: at,
-                        len: 0,
-                        buf: ops.buffers().get(RUN_BYTES as usize),
-                    });
+                    cur = Some(Building::new(at));
                 }
-                let s = cur.as_mut().expect("staging run");
+                let s = cur.as_mut().expect("a run being built");
                 let boundary = (at / RUN_BYTES + 1) * RUN_BYTES;
-                let n = (b - at).min(boundary - at) as usize;
-                let from = (at - g.pos) as usize;
-                s.buf[s.len..s.len + n].copy_from_slice(&g.data[from..from + n]);
-                if at + n as u64 > size {
-                    // The EOF block's bytes past EOF go out as zeros.
-                    let keep = size.saturating_sub(at) as usize;
-                    s.buf[s.len + keep..s.len + n].fill(0);
-                }
-                s.len += n;
-                at += n as u64;
+                let n = (b - at).min(boundary - at);
+                add_bytes(
+                    ops,
+                    s,
+                    &g.data,
+                    (at - g.pos, n),
+                    size.saturating_sub(at),
+                    bs,
+                    mode,
+                );
+                at += n;
             }
             let (oa, ob) = (a - g.pos, b - g.pos);
             cache.take_for_writeback(&mut g, (oa / bs) as u32, (ob / bs) as u32);
@@ -323,7 +409,38 @@ fn collect<O: CacheIo>(
         }
     }
     if let Some(s) = cur.take() {
-        finish(ops, &mut runs, s);
+        runs.push(s.finish());
     }
     (runs, busy)
+}
+
+/// Adds folio bytes `[from, from + n)` (whole blocks of `bs` bytes) to run `s`; only the
+/// first `keep` of them are inside EOF (the rest, in the last block, go out as zeros).
+#[allow(clippy::too_many_arguments)]
+fn add_bytes<O: CacheIo>(
+    ops: &O,
+    s: &mut Building,
+    data: &SharedBuf,
+    (from, n): (u64, u64),
+    keep: u64,
+    bs: u64,
+    mode: WbCopy,
+) {
+    let keep = keep.min(n) as usize;
+    let (from, n, bs) = (from as usize, n as usize, bs as usize);
+    match mode {
+        WbCopy::Stage => s.stage(ops, &data[from..from + keep], n - keep, RUN_BYTES as usize),
+        WbCopy::Lend if keep == n => s.lend(data, from, n),
+        WbCopy::Lend => {
+            // The EOF block: lend what precedes it, stage it with zeros past EOF. The
+            // folio's own bytes past EOF are left alone (a writer extending the file may
+            // have put data there that the size does not cover yet).
+            debug_assert!(n % bs == 0 && n - keep < bs, "EOF inside the last block");
+            let lent = n - bs;
+            if lent > 0 {
+                s.lend(data, from, lent);
+            }
+            s.stage(ops, &data[from + lent..from + keep], n - keep, bs);
+        }
+    }
 }

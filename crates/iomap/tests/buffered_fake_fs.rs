@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use stripefs_iomap::cache::{CacheConfig, FolioSizing, PageCache, ReadaheadMode, WbDepth};
+use stripefs_iomap::cache::{CacheConfig, FolioSizing, PageCache, ReadaheadMode, WbCopy, WbDepth};
 use stripefs_iomap::folio::DirtyTracking;
 use stripefs_iomap::{
     self as iomap, CacheIo, FileIo, IoDir, Iomap, IomapFlags, IomapKind, IomapOp, IomapOps, WbEnd,
@@ -145,7 +145,14 @@ impl FileIo for Fake {
         *self.size.borrow()
     }
 
-    fn submit(&self, batch: &Batch, map: &Iomap<u64>, pos: u64, dir: IoDir, buf: IoBuf) -> usize {
+    fn submit(
+        &self,
+        batch: &Batch,
+        map: &Iomap<u64>,
+        pos: u64,
+        dir: IoDir,
+        bufs: Vec<IoBuf>,
+    ) -> usize {
         let write = dir == IoDir::Write;
         assert!(
             map.kind == IomapKind::Mapped || map.kind == IomapKind::Unwritten || write,
@@ -154,15 +161,9 @@ impl FileIo for Fake {
         );
         let offset = map.addr * BS + (pos - map.offset);
         let op = if write {
-            IoOp::Write {
-                offset,
-                bufs: vec![buf],
-            }
+            IoOp::Write { offset, bufs }
         } else {
-            IoOp::Read {
-                offset,
-                bufs: vec![buf],
-            }
+            IoOp::Read { offset, bufs }
         };
         batch.submit(&self.dev, op)
     }
@@ -236,6 +237,11 @@ fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32, folio_sizing: Folio
             ReadaheadMode::Sync
         },
         writeback_depth: WbDepth(1 + (seed % 3) as u32),
+        writeback_copy: if seed % 4 < 2 {
+            WbCopy::Lend
+        } else {
+            WbCopy::Stage
+        },
     };
     let cache = PageCache::new(cfg, BS as u32);
     let fc = cache.file(1);

@@ -38,7 +38,7 @@ mod uring;
 use std::sync::Arc;
 
 pub use batch::Batch;
-pub use buf::{IoBuf, IO_ALIGN};
+pub use buf::{IoBuf, SharedBuf, IO_ALIGN};
 pub use counts::{OpCounters, OpCounts};
 pub use error::{OpKind, TargetError, TargetErrorKind};
 pub use fault::{FaultInjector, FaultKind, FaultPoint, Persistence, PointMatch};

@@ -149,7 +149,12 @@ fn each_buf(
     let mut at = offset;
     for b in bufs.iter_mut() {
         let len = b.len();
-        transfer(fd, at, len, how, b.as_mut_ptr())?;
+        // A write only reads its buffer: a lent window is passed as it is.
+        let ptr = match how {
+            Transfer::Read => b.as_mut_ptr(),
+            Transfer::Write | Transfer::WriteDsync => b.as_ptr().cast_mut(),
+        };
+        transfer(fd, at, len, how, ptr)?;
         at += len as u64;
     }
     Ok(())
@@ -167,7 +172,8 @@ fn transfer(
     while done < len {
         let pos = (offset + done as u64) as libc::off_t;
         // SAFETY: `ptr` is valid for `len` bytes (an IoBuf owned by the operation) and is
-        // not aliased while the worker holds the operation.
+        // not aliased while the worker holds the operation; a write only reads through it
+        // (lent memory is never written while a window is out: stable pages, `buf.rs`).
         let n = unsafe {
             let p = ptr.add(done);
             match how {

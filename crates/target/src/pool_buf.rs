@@ -54,10 +54,12 @@ impl BufPool {
         b
     }
 
-    /// Returns buffers to the pool (freed if the pool is full).
+    /// Returns buffers to the pool (freed if the pool is full). A lent window gives back
+    /// its whole allocation if it was the last holder of it, and is dropped otherwise (its
+    /// lender still uses the memory).
     pub fn put_all(&self, bufs: impl IntoIterator<Item = IoBuf>) {
         let mut inner = self.inner.lock();
-        for b in bufs {
+        for b in bufs.into_iter().filter_map(IoBuf::into_unshared) {
             if b.is_empty() || inner.idle_bytes + b.len() > self.limit_bytes {
                 continue;
             }

@@ -221,6 +221,15 @@ fn build_sqe(fd: RawFd, op: &mut IoOp, token: u64) -> (squeue::Entry, Box<[libc:
             })
             .collect()
     };
+    // A write only reads its buffers: lent windows go to the kernel as they are.
+    let write_iov = |bufs: &Vec<crate::IoBuf>| -> Box<[libc::iovec]> {
+        bufs.iter()
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr().cast_mut().cast(),
+                iov_len: b.len(),
+            })
+            .collect()
+    };
     let (entry, iov) = match op {
         IoOp::Read { offset, bufs } => {
             let iov = iov_of(bufs);
@@ -230,14 +239,14 @@ fn build_sqe(fd: RawFd, op: &mut IoOp, token: u64) -> (squeue::Entry, Box<[libc:
             (e, iov)
         }
         IoOp::Write { offset, bufs } => {
-            let iov = iov_of(bufs);
+            let iov = write_iov(bufs);
             let e = opcode::Writev::new(types::Fd(fd), iov.as_ptr(), iov.len() as u32)
                 .offset(*offset)
                 .build();
             (e, iov)
         }
         IoOp::WriteFua { offset, bufs } => {
-            let iov = iov_of(bufs);
+            let iov = write_iov(bufs);
             let e = opcode::Writev::new(types::Fd(fd), iov.as_ptr(), iov.len() as u32)
                 .offset(*offset)
                 .rw_flags(libc::RWF_DSYNC)
