@@ -12,6 +12,7 @@ use crate::size::parse_size;
 /// The keys `-o` understands, for help texts and errors.
 pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, meta_cache=SIZE (metadata page cache, default 64m), readahead=SIZE, readahead_mode=async|sync (sync: wait for the window inside the read), writeback_depth=N (batches in flight, 1: wait for each), \
 writeback_copy=lend|stage (stage: copy written bytes into staging buffers), \
+wb_batch=files|single (single: write dirty files back one at a time), \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
 commit_interval=SECS (0: off), writeback_interval=SECS (0: off), \
 relatime (default), strictatime, noatime, nodiratime, lazytime and their opposites";
@@ -139,6 +140,13 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
                     _ => return Err(format!("dio_submit must be parallel or serial, not {v:?}")),
                 }
             }
+            "wb_batch" => {
+                o.wb_batch = match v {
+                    "files" => stripefs::WbBatch::Files,
+                    "single" => stripefs::WbBatch::Single,
+                    _ => return Err(format!("wb_batch must be files or single, not {v:?}")),
+                }
+            }
             "commit_interval" => o.commit_interval = secs(v)?,
             "writeback_interval" => o.writeback_interval = secs(v)?,
             _ => return Err(format!("unknown mount option {k:?} (known: {KEYS})")),
@@ -180,6 +188,14 @@ mod tests {
         assert!(parse(&["readahead_mode=later".into()])
             .unwrap_err()
             .contains("async or sync"));
+        assert_eq!(
+            parse(&["wb_batch=single".into()]).unwrap().wb_batch,
+            stripefs::WbBatch::Single
+        );
+        assert_eq!(parse(&[]).unwrap().wb_batch, stripefs::WbBatch::Files);
+        assert!(parse(&["wb_batch=all".into()])
+            .unwrap_err()
+            .contains("files or single"));
         assert!(parse(&["bogus=1".into()])
             .unwrap_err()
             .contains("unknown mount option"));

@@ -23,6 +23,7 @@ use crate::inner::FsInner;
 use crate::mapping::piece_record;
 use crate::mapping::{DevAddr, FileMapper, Settle};
 use crate::namespace::{data_changed, inode};
+use crate::wbgroup::WbBatch;
 
 /// Inode flag: the file has explicit preallocation beyond EOF (`fallocate KEEP_SIZE`), so
 /// speculative preallocation is never trimmed from it (XFS's `PREALLOC` flag).
@@ -59,6 +60,11 @@ impl FileIo for FileMapper<'_> {
         };
         let bytes: usize = bufs.iter().map(|b| b.len()).sum();
         counter.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        if let (Some(plug), IoDir::Write) = (self.plug(), dir) {
+            // A multi-file writeback group: queued, merged and submitted with the group's.
+            plug.push(map.addr.target, offset, bufs);
+            return 0;
+        }
         let op = match dir {
             IoDir::Write => IoOp::Write { offset, bufs },
             IoDir::Read => IoOp::Read { offset, bufs },
@@ -275,7 +281,11 @@ impl Fs {
     /// whose dirty data was punched, zeroed or never existed (holes, unwritten blocks)
     /// would otherwise keep it short forever. Raising it can only expose blocks that read
     /// as zeros, never stale data.
-    fn settle_size(&self, ino: Ino, fc: &stripefs_iomap::cache::FileCache) -> Result<()> {
+    pub(crate) fn settle_size(
+        &self,
+        ino: Ino,
+        fc: &stripefs_iomap::cache::FileCache,
+    ) -> Result<()> {
         let size = match self.inner.meta.lock().isize_of(ino) {
             Some(s) => s,
             None => return Ok(()),
@@ -321,6 +331,9 @@ impl Fs {
         );
         files.sort_unstable();
         files.dedup();
+        if self.inner.opts.wb_batch == WbBatch::Files {
+            return self.writeback_files_grouped(&files, wait);
+        }
         let mut first = None;
         for ino in files {
             let r = match self.inner.cache.existing(ino.0) {

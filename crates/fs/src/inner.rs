@@ -226,6 +226,11 @@ pub(crate) struct FsInner {
     pub data_bytes_written: std::sync::atomic::AtomicU64,
     /// Bytes read from targets for file data.
     pub data_bytes_read: std::sync::atomic::AtomicU64,
+    /// Multi-file writeback: groups written back, files in them, and device writes they
+    /// submitted (after merging neighbours).
+    pub wb_groups: std::sync::atomic::AtomicU64,
+    pub wb_group_files: std::sync::atomic::AtomicU64,
+    pub wb_group_writes: std::sync::atomic::AtomicU64,
     /// Bytes written to the journal and checkpoints.
     pub meta_bytes_written: std::sync::atomic::AtomicU64,
     /// Of those, bytes written by checkpoints (payload and header), and checkpoints
@@ -287,6 +292,9 @@ impl FsInner {
             handles: Mutex::new(HashMap::new()),
             next_fh: std::sync::atomic::AtomicU64::new(1),
             data_bytes_written: std::sync::atomic::AtomicU64::new(0),
+            wb_groups: std::sync::atomic::AtomicU64::new(0),
+            wb_group_files: std::sync::atomic::AtomicU64::new(0),
+            wb_group_writes: std::sync::atomic::AtomicU64::new(0),
             data_bytes_read: std::sync::atomic::AtomicU64::new(0),
             meta_bytes_written: std::sync::atomic::AtomicU64::new(0),
             ckpt_bytes_written: std::sync::atomic::AtomicU64::new(0),

@@ -43,6 +43,7 @@ mod path;
 mod queue;
 mod recovery;
 mod types;
+mod wbgroup;
 
 pub use atime::{AtimePolicy, AtimeUpdate, AtimeWrite, DirAtime};
 pub use buffered::Whence;
@@ -69,3 +70,4 @@ pub use types::{
     RenameMode, SetAttr, SgidDrop, SpaceAccount, StatFs, SyncScope, TargetStatus, TimeSet,
     WriteOrigin,
 };
+pub use wbgroup::WbBatch;

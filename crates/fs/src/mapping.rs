@@ -30,6 +30,7 @@ use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::MetaCore;
 use crate::namespace::inode;
+use crate::wbgroup::WbPlug;
 
 /// Where a mapping lives on the devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,9 +270,14 @@ pub(crate) struct FileMapper<'a> {
     /// committed).
     pub allocated: Allocated<'a>,
     /// Blocks reserved for this direct write; `Write` allocations draw on it.
-    dio_reserved: RefCell<Option<Reservation<'a>>>,
+    /// (Boxed: only direct writes over holes have one, and the mapper stays small
+    /// enough to travel by value in the direct path's lock guard.)
+    dio_reserved: RefCell<Option<Box<Reservation<'a>>>>,
     /// The inode lock of the direct write this mapper serves, if any.
     dio_lock: Option<DioLock>,
+    /// The multi-file writeback group this mapper serves, if any: its writes are queued
+    /// there, and its allocations follow the group's cursor.
+    plug: Option<&'a WbPlug>,
 }
 
 impl<'a> FileMapper<'a> {
@@ -296,6 +302,7 @@ impl<'a> FileMapper<'a> {
             allocated: Allocated::new(fs),
             dio_reserved: RefCell::new(None),
             dio_lock: None,
+            plug: None,
         })
     }
 
@@ -306,6 +313,18 @@ impl<'a> FileMapper<'a> {
         self
     }
 
+    /// This mapper serves a multi-file writeback group.
+    #[must_use]
+    pub fn with_plug(mut self, plug: &'a WbPlug) -> Self {
+        self.plug = Some(plug);
+        self
+    }
+
+    /// The multi-file writeback group this mapper serves, if any.
+    pub fn plug(&self) -> Option<&'a WbPlug> {
+        self.plug
+    }
+
     /// The inode lock of the direct write this mapper serves, if any.
     pub fn dio_lock(&self) -> Option<DioLock> {
         self.dio_lock
@@ -314,7 +333,7 @@ impl<'a> FileMapper<'a> {
     /// Hands this operation a reservation for its `Write` allocations; what they do not
     /// use goes back when the mapper is dropped.
     pub fn set_dio_reservation(&self, r: Reservation<'a>) {
-        *self.dio_reserved.borrow_mut() = Some(r);
+        *self.dio_reserved.borrow_mut() = Some(Box::new(r));
     }
 
     fn goal(&self, m: &MetaCore, object: u32, obj_block: u64) -> Result<Option<u64>> {
@@ -341,7 +360,12 @@ impl<'a> FileMapper<'a> {
         funding: Funding,
     ) -> Result<(u64, u64)> {
         self.fs.inner.alloc_fault(target)?;
-        let goal = self.goal(m, object, obj_block)?;
+        // A file's own neighbour first; in a writeback group, right after the group's
+        // previous allocation on this target, so the group's writes are contiguous.
+        let goal = match self.goal(m, object, obj_block)? {
+            Some(g) => Some(g),
+            None => self.plug.and_then(|p| p.goal(target)),
+        };
         // Whatever a reservation could not place stays promised to it.
         let draw = match funding {
             Funding::Free => Draw::Data,
@@ -360,6 +384,9 @@ impl<'a> FileMapper<'a> {
         self.hint
             .borrow_mut()
             .insert(object, (obj_block + len, phys + len));
+        if let Some(p) = self.plug {
+            p.allocated(target, phys + len);
+        }
         self.allocated.push(NewBlocks {
             target,
             phys,

@@ -120,6 +120,10 @@ pub struct MountOptions {
     /// `dio_submit = serial` submits one stripe piece and waits before the next (Lustre
     /// before 2.15).
     pub dio_submit: DioSubmit,
+    /// How the flusher, `sync` and unmount write dirty files back: many small files per
+    /// device round trip (`Files`, default) or one after the other (`Single`, the
+    /// behaviour before).
+    pub wb_batch: crate::WbBatch,
     /// Background writeback interval (`None`: writeback only on fsync, pressure, unmount).
     pub writeback_interval: Option<Duration>,
     /// Commit the running transaction this often even without `fsync` (`None`: only on
@@ -142,6 +146,7 @@ impl Default for MountOptions {
             force_zero_via_cache: false,
             dio_unaligned: UnalignedPolicy::Shared,
             dio_submit: DioSubmit::Parallel,
+            wb_batch: crate::WbBatch::Files,
             writeback_interval: Some(Duration::from_secs(5)),
             commit_interval: Some(Duration::from_secs(5)),
             atime: crate::AtimePolicy::default(),

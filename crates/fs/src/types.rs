@@ -255,6 +255,11 @@ pub struct FsStatus {
     /// Bytes of file data written to / read from the targets since mount.
     pub data_bytes_written: u64,
     pub data_bytes_read: u64,
+    /// Multi-file writeback (`wb_batch = files`) since mount: groups, files written back
+    /// in them, and the device writes they took (neighbouring files' writes merged).
+    pub wb_groups: u64,
+    pub wb_group_files: u64,
+    pub wb_group_writes: u64,
     /// Bytes written to the journal and checkpoints since mount.
     pub meta_bytes_written: u64,
     /// Of those, bytes written by checkpoints (the whole metadata model each time), and

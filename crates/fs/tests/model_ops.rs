@@ -42,6 +42,10 @@ struct Cfg {
     /// Reads complete on a thread of their own, later ([`LateReads`]): readahead left in
     /// flight meets the operations that follow it.
     late_reads: bool,
+    /// Multi-file writeback constantly: half the syncs are `Fs::sync` (every dirty file,
+    /// in groups), under a tiny cache and dirty limit (so writers are throttled and clean
+    /// folios evicted all the time).
+    group_sync: bool,
 }
 
 /// Completes reads on one thread per target, in submission order, after the submitter
@@ -99,6 +103,10 @@ impl Cfg {
         if self.fixed_folios {
             o.cache.folio_sizing = stripefs_iomap::cache::FolioSizing::Fixed;
         }
+        if self.group_sync {
+            o.cache.dirty_limit_bytes = u64::from(self.folio_bytes).max(256 << 10);
+            o.cache.budget_bytes = 4 * o.cache.dirty_limit_bytes;
+        }
         o
     }
 }
@@ -131,6 +139,9 @@ struct Run {
     last_read: Option<(u32, u64)>,
     /// Bytes asynchronous readahead submitted, over every mount of the run.
     readahead_async_bytes: u64,
+    /// Multi-file writeback groups and the files in them, over every mount of the run.
+    wb_groups: u64,
+    wb_group_files: u64,
 }
 
 impl Run {
@@ -418,7 +429,22 @@ impl Run {
         }
     }
 
+    /// Adds the current mount's counters to the run's.
+    fn count_mount(&mut self) {
+        let st = self.sut.fs.status();
+        self.readahead_async_bytes += st.cache.readahead_async_bytes;
+        self.wb_groups += st.wb_groups;
+        self.wb_group_files += st.wb_group_files;
+    }
+
     fn op_sync(&mut self) {
+        if self.c.group_sync && self.rng.one_in(2) {
+            self.log.push("sync".into());
+            if let Err(e) = self.sut.fs.sync() {
+                self.fail(&format!("sync failed: {e}"));
+            }
+            return;
+        }
         let Some((name, id)) = self.existing() else {
             return;
         };
@@ -638,7 +664,7 @@ impl Run {
         for id in ids {
             self.forget_if_unreferenced(id);
         }
-        self.readahead_async_bytes += self.sut.fs.status().cache.readahead_async_bytes;
+        self.count_mount();
         if let Err(e) = self.sut.fs.unmount() {
             self.fail(&format!("unmount failed: {e}"));
         }
@@ -740,15 +766,24 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
         ops: 0,
         last_read: None,
         readahead_async_bytes: 0,
+        wb_groups: 0,
+        wb_group_files: 0,
     };
     for _ in 0..ops {
         run.step();
     }
     run.verify_all();
-    run.readahead_async_bytes += run.sut.fs.status().cache.readahead_async_bytes;
+    run.count_mount();
     assert!(
         !c.late_reads || run.readahead_async_bytes > 0,
         "({c:?}): no asynchronous readahead ran: the configuration tests nothing"
+    );
+    assert!(
+        !c.group_sync || run.wb_group_files > run.wb_groups,
+        "({c:?}): no writeback group held more than one file ({} files in {} groups): \
+         the configuration tests nothing",
+        run.wb_group_files,
+        run.wb_groups
     );
     run.sut.handles.clear();
     run.sut.fs.unmount().expect("unmount");
@@ -784,6 +819,7 @@ fn cfg(stripe_count: u32, block_size: u32, folio_bytes: u32) -> Cfg {
         folio_tracking: false,
         fixed_folios: false,
         late_reads: false,
+        group_sync: false,
     }
 }
 
@@ -907,6 +943,25 @@ model_case!(
     late_reads_bs1k_folio4k,
     Cfg {
         late_reads: true,
+        force_zero: true,
+        ..cfg(8, 1024, 4096)
+    }
+);
+
+// Multi-file writeback under a tiny cache: groups of dirty files written back by `sync`
+// while writers are throttled and clean folios evicted.
+model_case!(
+    group_sync_stripes3,
+    Cfg {
+        group_sync: true,
+        pollute: true,
+        ..cfg(3, 4096, 65536)
+    }
+);
+model_case!(
+    group_sync_bs1k_folio4k,
+    Cfg {
+        group_sync: true,
         force_zero: true,
         ..cfg(8, 1024, 4096)
     }

@@ -369,6 +369,23 @@ impl FileCache {
         out
     }
 
+    /// Every cached folio, ascending, if together they hold at most `limit` bytes
+    /// (`None` otherwise; stops counting at the limit, so a large file costs little).
+    #[must_use]
+    pub fn folios_within(&self, limit: u64) -> Option<Vec<Arc<FolioCell>>> {
+        let map = self.folios.read();
+        let mut bytes = 0;
+        let mut out = Vec::new();
+        for c in map.values() {
+            bytes += c.len();
+            if bytes > limit {
+                return None;
+            }
+            out.push(Arc::clone(c));
+        }
+        Some(out)
+    }
+
     /// File position of the first cached folio starting after `pos`.
     #[must_use]
     pub fn next_folio_after(&self, pos: u64) -> Option<u64> {

@@ -22,7 +22,8 @@ mod zero;
 pub use buffered::{balance_dirty, fill, read, write};
 pub use iter::{iterate, IterError, Step};
 pub use writeback::{
-    writeback, WbEnd, WbOutcome, WbStats, WbWait, BATCH_BYTES as WRITEBACK_BATCH_BYTES,
+    writeback, writeback_finish, writeback_start, WbEnd, WbOutcome, WbStart, WbStarted, WbStats,
+    WbWait, BATCH_BYTES as WRITEBACK_BATCH_BYTES,
 };
 pub use zero::{invalidate_range, zero_cached, zero_range, ZeroMode};
 

@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use stripefs_target::{Batch, IoBuf, SharedBuf};
+use stripefs_target::{Batch, IoBuf, SharedBuf, TargetError};
 
 use crate::buffered::iter_err;
 use crate::cache::{FileCache, FolioCell, PageCache, WbCopy};
@@ -109,6 +109,90 @@ pub fn writeback<O: CacheIo>(
     first_err.map_or(Ok(stats), Err)
 }
 
+/// One small file's writeback, submitted by [`writeback_start`] and not yet settled.
+pub struct WbStarted<O: CacheIo> {
+    sub: Submitted<O>,
+}
+
+impl<O: CacheIo> std::fmt::Debug for WbStarted<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WbStarted")
+            .field("pieces", &self.sub.ends.len())
+            .field("folios", &self.sub.busy.len())
+            .field("map_failed", &self.sub.map_err.is_some())
+            .finish()
+    }
+}
+
+impl<O: CacheIo> WbStarted<O> {
+    /// Bytes submitted.
+    #[must_use]
+    pub fn bytes(&self) -> u64 {
+        self.sub.ends.iter().map(|e| e.len).sum()
+    }
+}
+
+/// What [`writeback_start`] did with a file.
+#[derive(Debug)]
+pub enum WbStart<O: CacheIo> {
+    /// Its dirty blocks were taken, mapped and submitted: settle with [`writeback_finish`]
+    /// once the submitted I/O completed.
+    Started(WbStarted<O>),
+    /// Nothing to write (nothing dirty inside EOF, or every dirty folio busy under
+    /// `SkipBusy`).
+    Clean,
+    /// More than the limit is cached: write it back with [`writeback`].
+    TooLarge,
+}
+
+/// Starts the writeback of all of a small file without waiting, for a caller that writes
+/// back many files at once (the file system's multi-file writeback): collects the dirty
+/// blocks (clamped to EOF, I-002-5), maps them and submits them through `ops` into
+/// `batch`, which the caller shares among the files and waits for once. The caller then
+/// hands each file the result of its own I/O through [`writeback_finish`]. Files with
+/// more than `limit` bytes cached are left alone (`TooLarge`), so one started file is
+/// always one batch of at most [`BATCH_BYTES`].
+///
+/// The folios stay under writeback until [`writeback_finish`]: a caller holding several
+/// started files walks them in one ascending order (as [`writeback`] walks folios), so
+/// waiting for a folio another writeback holds cannot close a cycle.
+pub fn writeback_start<O: CacheIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+    wait: WbWait,
+    limit: u64,
+    batch: &Batch,
+) -> WbStart<O> {
+    let limit = limit.min(BATCH_BYTES);
+    let Some(folios) = fc.folios_within(limit) else {
+        return WbStart::TooLarge;
+    };
+    match submit_into(cache, ops, &folios, wait, batch) {
+        Some(sub) => WbStart::Started(WbStarted { sub }),
+        None => WbStart::Clean,
+    }
+}
+
+/// Settles a file started by [`writeback_start`] once its I/O completed: `io` is the
+/// first device error among that file's own writes (the caller attributes them), which
+/// fails this file only. The file system records the pieces or frees what was placed, the
+/// folios leave writeback, and an error enters the file's error sequence.
+///
+/// # Errors
+/// The file's mapping, device or completion error.
+pub fn writeback_finish<O: CacheIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+    started: WbStarted<O>,
+    io: Option<TargetError>,
+) -> Result<WbStats, O::Error> {
+    let mut stats = WbStats::default();
+    settle(cache, ops, fc, started.sub, io, &mut stats)?;
+    Ok(stats)
+}
+
 /// Splits folios into groups of at most `BATCH_BYTES` (or one folio).
 fn chunks(folios: &[Arc<FolioCell>]) -> impl Iterator<Item = &[Arc<FolioCell>]> {
     let mut rest = folios;
@@ -134,6 +218,12 @@ fn chunks(folios: &[Arc<FolioCell>]) -> impl Iterator<Item = &[Arc<FolioCell>]> 
 /// A submitted writeback batch, completed by [`complete`].
 struct InFlight<O: CacheIo> {
     batch: Batch,
+    sub: Submitted<O>,
+}
+
+/// What completing a submitted set of runs needs: the pieces written, the folios under
+/// writeback, and the first mapping error.
+struct Submitted<O: CacheIo> {
     ends: Vec<WbEnd<O::Addr>>,
     busy: Vec<Arc<FolioCell>>,
     map_err: Option<O::Error>,
@@ -147,12 +237,25 @@ fn submit_chunk<O: CacheIo>(
     folios: &[Arc<FolioCell>],
     wait: WbWait,
 ) -> Option<InFlight<O>> {
+    let batch = Batch::new();
+    let sub = submit_into(cache, ops, folios, wait, &batch)?;
+    Some(InFlight { batch, sub })
+}
+
+/// Collects the dirty runs of `folios`, maps them and submits them into `batch`; `None`
+/// if nothing was dirty.
+fn submit_into<O: CacheIo>(
+    cache: &PageCache,
+    ops: &O,
+    folios: &[Arc<FolioCell>],
+    wait: WbWait,
+    batch: &Batch,
+) -> Option<Submitted<O>> {
     let (runs, busy) = collect(cache, ops, folios, wait);
     if runs.is_empty() {
         debug_assert!(busy.is_empty(), "folios taken for writeback without a run");
         return None;
     }
-    let batch = Batch::new();
     let mut ends: Vec<WbEnd<O::Addr>> = Vec::new();
     let mut map_err = None;
     for run in runs {
@@ -164,7 +267,7 @@ fn submit_chunk<O: CacheIo>(
         let walked = iterate(ops, pos, len, IomapOp::Writeback, |map, p, n| {
             // Pieces split the run without copying: windows of windows.
             let bufs = rest.take(p, n);
-            ops.submit(&batch, map, p, IoDir::Write, bufs);
+            ops.submit(batch, map, p, IoDir::Write, bufs);
             ends.push(WbEnd {
                 map: *map,
                 pos: p,
@@ -178,8 +281,7 @@ fn submit_chunk<O: CacheIo>(
         }
     }
     ops.writeback_submitted();
-    Some(InFlight {
-        batch,
+    Some(Submitted {
         ends,
         busy,
         map_err,
@@ -240,6 +342,19 @@ fn complete<O: CacheIo>(
     let done = b.batch.wait();
     let io_err = done.iter().find_map(|d| d.result.clone().err());
     ops.buffers().put_all(done.into_iter().flat_map(|d| d.bufs));
+    settle(cache, ops, fc, b.sub, io_err, stats)
+}
+
+/// Lets the file system record (or, after `io_err` or a mapping error, undo) the pieces
+/// of `b`, whose I/O completed, and ends writeback on its folios.
+fn settle<O: CacheIo>(
+    cache: &PageCache,
+    ops: &O,
+    fc: &FileCache,
+    b: Submitted<O>,
+    io_err: Option<TargetError>,
+    stats: &mut WbStats,
+) -> Result<(), O::Error> {
     let outcome = if io_err.is_none() && b.map_err.is_none() {
         WbOutcome::Written
     } else {
