@@ -9,7 +9,7 @@ use crate::progress::spinner;
 use crate::targets::open_all;
 
 /// Exit status bit: warnings only (damage the file system repairs by itself, such as a
-/// damaged inactive checkpoint area; as e2fsck's bit 1 for problems that need no repair by
+/// damaged older root record slot; as e2fsck's bit 1 for problems that need no repair by
 /// hand).
 pub const EXIT_WARNINGS: i32 = 1;
 /// Exit status: problems found (as e2fsck's "errors left uncorrected").
@@ -29,8 +29,8 @@ pub struct FsckArgs {
 /// The exit status, for `--help`.
 const EXIT_HELP: &str = "Exit status (bits, as e2fsck):
   0  clean
-  1  warnings only: damage that needs no repair by hand (a damaged inactive checkpoint
-     area, which the next checkpoint rewrites); the file system is correct and usable
+  1  warnings only: damage that needs no repair by hand (a damaged older root record
+     slot, which the next checkpoint rewrites); the file system is correct and usable
   4  problems: a violated invariant, or damage that prevents loading (corruption)
   8  could not check (I/O error, missing, unreadable or locked targets)
 Bits combine: 5 is problems and warnings. Invalid arguments exit 2.";

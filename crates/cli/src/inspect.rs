@@ -1,4 +1,4 @@
-//! `stripefs inspect`: superblocks, checkpoints, journal state and free space.
+//! `stripefs inspect`: superblocks, metadata trees, journal state and free space.
 
 use std::path::PathBuf;
 
@@ -41,22 +41,44 @@ pub fn run(a: &InspectArgs) -> Result<i32, String> {
             sb.features_compat, sb.features_incompat, sb.features_ro_compat
         );
     }
-    for (n, c) in i.checkpoints.iter().enumerate() {
-        match c {
-            Some(h) => println!(
-                "checkpoint area {n}: generation {} payload {} in {} blocks, journal tail {} next seq {}{}",
-                h.generation,
-                human(h.payload_bytes),
-                h.payload_blocks,
-                h.journal_tail,
-                h.journal_seq,
-                if h.generation == i.active.generation { " (active)" } else { "" }
+    for (n, slot) in i.root_slots.iter().enumerate() {
+        match slot {
+            Ok(Some(r)) => println!(
+                "root record slot {n}: generation {} journal mark unit {} next seq {}{}",
+                r.generation,
+                r.journal_tail,
+                r.journal_seq,
+                if r.generation.0 == i.generation {
+                    " (active)"
+                } else {
+                    ""
+                }
             ),
-            None => println!("checkpoint area {n}: empty"),
+            Ok(None) => println!("root record slot {n}: never written"),
+            Err(e) => println!("root record slot {n}: {e}"),
         }
     }
     println!(
-        "journal: {} transactions ({} records) after the checkpoint; {}/{} units in use",
+        "metadata trees: generation {}, replay from journal unit {} (transaction {})",
+        i.generation, i.journal_mark.0, i.journal_mark.1
+    );
+    for t in &i.trees {
+        println!(
+            "  tree {}: root level {}, {} pages",
+            t.tree, t.root_level, t.pages
+        );
+    }
+    let c = &i.meta_cache;
+    println!(
+        "  page cache: {} pages ({}), {} hits, {} misses, {} evictions",
+        c.pages,
+        human(c.bytes as u64),
+        c.hits,
+        c.misses,
+        c.evictions
+    );
+    println!(
+        "journal: {} transactions ({} records) after the mark; {}/{} units in use",
         i.journal_txns, i.journal_records, i.journal_used_units, i.journal_units
     );
     println!("metadata: {} inodes, {} extents", i.inodes, i.extents);

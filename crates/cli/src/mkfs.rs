@@ -33,10 +33,6 @@ pub struct MkfsArgs {
     /// Journal size (default: 1/64 of target 0, 256k to 128m).
     #[arg(long, value_parser = parse_size)]
     journal_size: Option<u64>,
-    /// Size of each of the two checkpoint areas; bounds the metadata the file system can
-    /// hold (default: 1/32 of target 0, 256k to 256m).
-    #[arg(long, value_parser = parse_size)]
-    ckpt_size: Option<u64>,
     /// Do not write zeros over newly created target files. mkfs is faster, but later
     /// direct writes into never-written host blocks are slower (measured 4x on this kind of
     /// machine).
@@ -80,7 +76,6 @@ pub fn run(a: &MkfsArgs) -> Result<i32, String> {
         stripe_unit,
         stripe_count: a.stripe_count,
         journal_bytes: a.journal_size,
-        ckpt_bytes: a.ckpt_size,
     };
     let geo = Fs::mkfs(&targets, &opts).map_err(|e| format!("mkfs failed: {e}"))?;
     print_summary(&geo, &targets);
@@ -151,11 +146,11 @@ fn print_summary(geo: &stripefs_core::geometry::Geometry, targets: &[Arc<dyn Tar
         geo.stripe_unit, geo.stripe_count
     );
     println!(
-        "log:       journal={} ({} units of {}) checkpoint areas=2x{}",
+        "log:       journal={} ({} units of {}); metadata pages of {} in the data area",
         human(bs.to_bytes(geo.journal_blocks)),
         geo.journal_units(),
         geo.journal_unit,
-        human(bs.to_bytes(geo.ckpt_blocks))
+        human(geo.page_size().bytes() as u64)
     );
     for (i, (t, g)) in targets.iter().zip(&geo.targets).enumerate() {
         println!(

@@ -136,12 +136,12 @@ fn fsck_reports_damage_with_status_4() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// A damaged inactive checkpoint area (the previous checkpoint, the fallback) is a
-/// warning with its own exit-status bit (1), not silence and not a problem (4); the next
-/// checkpoint rewrites the area and the warning goes away.
+/// A damaged older root record slot (the previous generation of the metadata trees, the
+/// fallback) is a warning with its own exit-status bit (1), not silence and not a problem
+/// (4); the next checkpoint rewrites the slot and the warning goes away.
 #[test]
-fn fsck_warns_about_a_damaged_inactive_checkpoint_with_status_1() {
-    let d = dir("inactive-ckpt");
+fn fsck_warns_about_a_damaged_older_root_slot_with_status_1() {
+    let d = dir("older-root");
     let t = targets(&d, 2);
     let mkfs = run(bin()
         .args([
@@ -154,32 +154,27 @@ fn fsck_warns_about_a_damaged_inactive_checkpoint_with_status_1() {
         ])
         .args(&t));
     assert_eq!(mkfs.0, 0, "{mkfs:?}");
-    // Right after mkfs the second area has never been written: not damage.
+    // Right after mkfs slot 0 has never been written: not damage.
     let (code, out, err) = run(bin().arg("fsck").args(&t));
     assert_eq!((code, out.contains("clean")), (0, true), "{out}{err}");
-    // One mount and unmount: generation 2 goes to area 1, generation 1 stays in area 0.
+    // One mount and unmount: generation 2 goes to slot 0, generation 1 stays in slot 1.
     let io = |dir: &str| run(bin().arg("io").args(&t).args(["-c", dir]));
     assert_eq!(io("mkdir /d").0, 0);
     let clean = std::fs::read(&t[0]).unwrap();
     let (code, out, err) = run(bin().arg("fsck").args(&t));
     assert_eq!(code, 0, "{out}{err}");
-    // Area 0 starts at block 1: its header, then its first payload block.
-    for (at, why) in [
-        (4096 + 40, "no valid checkpoint header"),
-        (2 * 4096 + 100, "checkpoint generation 1 is damaged"),
-    ] {
-        let mut img = clean.clone();
-        img[at] ^= 0x20;
-        std::fs::write(&t[0], &img).unwrap();
-        let (code, out, err) = run(bin().arg("fsck").args(&t));
-        assert_eq!(code, 1, "{out}{err}");
-        assert!(
-            out.contains("warning: inactive checkpoint area 0") && out.contains(why),
-            "{out}"
-        );
-        assert!(out.contains("clean, 1 warnings"), "{out}");
-    }
-    // The file system is usable, and its next checkpoint (generation 3) rewrites area 0.
+    // Slot 1 is block 2 of target 0.
+    let mut img = clean.clone();
+    img[2 * 4096 + 40] ^= 0x20;
+    std::fs::write(&t[0], &img).unwrap();
+    let (code, out, err) = run(bin().arg("fsck").args(&t));
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("warning: metadata root record slot 1: no valid record (torn or damaged)"),
+        "{out}"
+    );
+    assert!(out.contains("clean, 1 warnings"), "{out}");
+    // The file system is usable, and its next checkpoint (generation 3) rewrites slot 1.
     assert_eq!(io("mkdir /e").0, 0);
     let (code, out, err) = run(bin().arg("fsck").args(&t));
     assert_eq!(code, 0, "{out}{err}");
@@ -321,8 +316,9 @@ fn json_field<'a>(j: &'a str, key: &str) -> &'a str {
 }
 
 /// `bench -w meta` at a tiny size, so the workload cannot rot: every phase runs, the
-/// crash is recovered by replaying the journal, the plot is drawn; and a run that fills
-/// today's checkpoint area stops with the count reached instead of failing.
+/// crash is recovered by replaying the journal, the plot is drawn; a run past version 1's
+/// checkpoint-area limit creates every file; and a run that fills the data area stops
+/// with the count reached instead of failing.
 #[test]
 fn bench_meta_runs_and_reports_enospc() {
     let d = dir("bench-meta");
@@ -351,17 +347,30 @@ fn bench_meta_runs_and_reports_enospc() {
     assert_eq!(plot.matches("<circle").count(), 2 + 1, "{plot}");
     assert!(!d.join("meta-t0").exists(), "targets removed");
 
-    // 8 MiB targets: a 256 KiB checkpoint area holds about 1,500 empty files.
+    // 8 MiB targets: version 1's 256 KiB checkpoint area held about 1,500 empty files;
+    // metadata pages share the data area now, so 4,000 fit.
     let (code, out, err) = run(bin()
         .args(["bench", "-w", "meta", "--files", "4000", "--dirs", "10"])
         .args(["--target-size", "8m", "--json", "--dir"])
         .arg(&d));
     assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(json_field(&out, "files_created"), "4000", "{out}");
+    assert_eq!(json_field(&out, "enospc"), "null", "{out}");
+    // 16 KiB files fill the data area first: the creates stop at ENOSPC with the count.
+    let (code, out, err) = run(bin()
+        .args(["bench", "-w", "meta", "--files", "4000", "--dirs", "10"])
+        .args([
+            "--file-size",
+            "16k",
+            "--target-size",
+            "8m",
+            "--json",
+            "--dir",
+        ])
+        .arg(&d));
+    assert_eq!(code, 0, "{out}{err}");
     let created: u64 = json_field(&out, "files_created").parse().unwrap();
     assert!((500..4000).contains(&created), "{out}");
-    assert!(
-        json_field(&out, "enospc").contains("metadata area is full"),
-        "{out}"
-    );
+    assert!(json_field(&out, "enospc").contains("is full"), "{out}");
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -425,7 +425,6 @@ mod tests {
             stripe_unit: 65536,
             stripe_count: 2,
             journal_bytes: None,
-            ckpt_bytes: None,
             mkfs_time_sec: 0,
         })
         .unwrap()

@@ -629,7 +629,6 @@ mod tests {
             stripe_unit: 16384,
             stripe_count: 2,
             journal_bytes: None,
-            ckpt_bytes: None,
             mkfs_time_sec: 0,
         })
         .unwrap()

@@ -1,14 +1,21 @@
 //! Where everything lives on the targets, computed once by mkfs and stored in superblocks.
 //!
 //! ```text
-//! target 0: | sb | ckpt A ........ | ckpt B ........ | journal .......... | pad | data ... |
-//! target n: | sb | pad                                                       | data ......... |
+//! target 0: | sb | root slot A | root slot B | journal .......... | pad | data ........ |
+//! target n: | sb | pad                                                 | data ........ |
 //! ```
+//! The root record slots (one block each) are the commit points of the metadata trees'
+//! checkpoints; the trees' pages live in the data area of every target, allocated as
+//! needed (`docs/design/metadata.md`), so no fixed area caps the number of files.
 //! Data starts on a 1 MiB boundary on every target so that stripe units stay aligned to the
 //! host's allocation and the device's erase/RAID geometry.
 
+use crate::btree::page::PageSize;
 use crate::superblock::Superblock;
 use crate::{BlockSize, CoreError, TargetId, Uuid};
+
+/// Blocks of target 0 holding the two root record slots (right after the superblock).
+pub const ROOT_SLOTS: [u64; 2] = [1, 2];
 
 /// Bytes of alignment for the start of the data area.
 pub const DATA_ALIGN_BYTES: u64 = 1 << 20;
@@ -39,10 +46,8 @@ pub struct Geometry {
     pub targets: Vec<TargetGeometry>,
     pub stripe_unit: u32,
     pub stripe_count: u32,
-    /// First block of checkpoint areas A and B on target 0.
-    pub ckpt_start: [u64; 2],
-    /// Blocks per checkpoint area.
-    pub ckpt_blocks: u64,
+    /// Blocks on target 0 of root record slots A and B.
+    pub root_slots: [u64; 2],
     /// First block of the journal on target 0.
     pub journal_start: u64,
     /// Blocks in the journal.
@@ -63,8 +68,6 @@ pub struct MkfsParams {
     pub stripe_count: u32,
     /// Journal size in bytes; `None` picks 1/64 of target 0 within 256 KiB..128 MiB.
     pub journal_bytes: Option<u64>,
-    /// Checkpoint area size in bytes; `None` picks 1/32 of target 0 within 256 KiB..256 MiB.
-    pub ckpt_bytes: Option<u64>,
     pub mkfs_time_sec: i64,
 }
 
@@ -103,13 +106,9 @@ impl Geometry {
         let journal_bytes = p
             .journal_bytes
             .unwrap_or_else(|| clamp(t0 / 64, 256 << 10, 128 << 20));
-        let ckpt_bytes = p
-            .ckpt_bytes
-            .unwrap_or_else(|| clamp(t0 / 32, 256 << 10, 256 << 20));
         let journal_blocks = bs.blocks_for(journal_bytes).max(4);
-        let ckpt_blocks = bs.blocks_for(ckpt_bytes).max(2);
         let align = bs.blocks_for(DATA_ALIGN_BYTES).max(1);
-        let meta_end = 1 + 2 * ckpt_blocks + journal_blocks;
+        let meta_end = ROOT_SLOTS[1] + 1 + journal_blocks;
         let round = |b: u64| b.div_ceil(align) * align;
         let mut targets = Vec::with_capacity(p.target_bytes.len());
         for (i, &bytes) in p.target_bytes.iter().enumerate() {
@@ -131,9 +130,8 @@ impl Geometry {
             targets,
             stripe_unit: p.stripe_unit,
             stripe_count: p.stripe_count,
-            ckpt_start: [1, 1 + ckpt_blocks],
-            ckpt_blocks,
-            journal_start: 1 + 2 * ckpt_blocks,
+            root_slots: ROOT_SLOTS,
+            journal_start: ROOT_SLOTS[1] + 1,
             journal_blocks,
             journal_unit: unit,
             mkfs_time_sec: p.mkfs_time_sec,
@@ -157,8 +155,7 @@ impl Geometry {
             features_compat: 0,
             features_incompat: 0,
             features_ro_compat: 0,
-            ckpt_start: self.ckpt_start,
-            ckpt_blocks: self.ckpt_blocks,
+            root_slots: self.root_slots,
             journal_start: self.journal_start,
             journal_blocks: self.journal_blocks,
             journal_unit: self.journal_unit,
@@ -178,7 +175,7 @@ impl Geometry {
             let same = sb.uuid == first.uuid
                 && sb.block_size == first.block_size
                 && sb.target_count == first.target_count
-                && sb.ckpt_start == first.ckpt_start
+                && sb.root_slots == first.root_slots
                 && sb.journal_start == first.journal_start
                 && sb.journal_blocks == first.journal_blocks;
             if !same || sb.target_index.index() != i {
@@ -203,8 +200,7 @@ impl Geometry {
                 .collect(),
             stripe_unit: first.stripe_unit,
             stripe_count: first.stripe_count,
-            ckpt_start: first.ckpt_start,
-            ckpt_blocks: first.ckpt_blocks,
+            root_slots: first.root_slots,
             journal_start: first.journal_start,
             journal_blocks: first.journal_blocks,
             journal_unit: first.journal_unit,
@@ -231,10 +227,26 @@ impl Geometry {
         self.block_size.to_bytes(self.journal_start) + phys * u64::from(self.journal_unit)
     }
 
-    /// Bytes a checkpoint payload may occupy.
+    /// Byte offsets on target 0 of the two root record slots.
     #[must_use]
-    pub fn ckpt_payload_capacity(&self) -> u64 {
-        (self.ckpt_blocks - 1)
-            * (self.block_size.bytes_u64() - crate::checkpoint::BLOCK_HEADER_BYTES as u64)
+    pub fn root_slot_offsets(&self) -> [u64; 2] {
+        self.root_slots.map(|b| self.block_size.to_bytes(b))
+    }
+
+    /// The metadata page size: the block size, but at least 4 KiB (decisions.md). A page
+    /// of a file system with smaller blocks takes [`Self::page_blocks`] contiguous blocks.
+    #[must_use]
+    pub fn page_size(&self) -> PageSize {
+        let bytes = self
+            .block_size
+            .bytes()
+            .max(PageSize::DEFAULT.bytes() as u32);
+        PageSize::new(bytes).expect("block sizes are powers of two up to 64 KiB")
+    }
+
+    /// Blocks one metadata page occupies (1 unless blocks are smaller than 4 KiB).
+    #[must_use]
+    pub fn page_blocks(&self) -> u64 {
+        self.page_size().bytes() as u64 / self.block_size.bytes_u64()
     }
 }

@@ -8,7 +8,6 @@
 pub mod alloc;
 pub mod btree;
 pub mod check;
-pub mod checkpoint;
 pub mod codec;
 pub mod error;
 pub mod extent;

@@ -2,13 +2,13 @@
 //!
 //! All metadata (inodes, extent maps, directories, xattrs) lives in memory as a
 //! [`MetaState`]. The running file system changes it only by appending [`Record`]s through
-//! [`MetaState::apply`]; recovery replays the journal through the same function; a
-//! checkpoint is the state re-expressed as the records that rebuild it from empty. The
-//! model's size is bounded by the checkpoint area (a documented limit of this design).
+//! [`MetaState::apply`]; recovery replays the journal through the same function. The
+//! persistent form is the metadata trees (`stripefs-meta`), to which a checkpoint applies
+//! the same records; in stage 1 of issue 11 the file system still keeps this full
+//! in-memory copy, loaded from the trees at mount (`docs/design/metadata.md`).
 
 use std::collections::BTreeMap;
 
-use crate::codec::Enc;
 use crate::extent::Extent;
 use crate::inode::{FileKind, Inode};
 use crate::record::Record;
@@ -170,31 +170,6 @@ impl MetaState {
         Ok(())
     }
 
-    /// The records that rebuild this state from empty, encoded.
-    #[must_use]
-    pub fn encode_snapshot(&self) -> Vec<u8> {
-        let mut e = Enc::new();
-        for inode in self.inodes.values() {
-            for rec in inode_records(inode) {
-                rec.encode(&mut e);
-            }
-        }
-        e.buf
-    }
-
-    /// Rebuilds a state from a snapshot payload.
-    ///
-    /// # Errors
-    /// `Corrupted` if a record fails to decode or apply.
-    pub fn from_snapshot(payload: &[u8], next_ino: u64) -> Result<Self, CoreError> {
-        let mut m = Self::new();
-        for rec in Record::decode_all(payload, "checkpoint payload")? {
-            m.apply(&rec)?;
-        }
-        m.next_ino = m.next_ino.max(next_ino);
-        Ok(m)
-    }
-
     /// Total extents across all files.
     #[must_use]
     pub fn extent_count(&self) -> usize {
@@ -204,45 +179,4 @@ impl MetaState {
             .map(crate::extent::ExtentMap::len)
             .sum()
     }
-}
-
-/// The records that recreate `inode` and everything it owns.
-fn inode_records(inode: &Inode) -> Vec<Record> {
-    let ino = inode.attrs.ino;
-    let mut out = vec![Record::InodeSet(inode.attrs.clone())];
-    if !inode.symlink.is_empty() {
-        out.push(Record::SymlinkSet {
-            ino,
-            target: inode.symlink.clone(),
-        });
-    }
-    for (object, map) in inode.objects.iter().enumerate() {
-        for (block, e) in map.iter() {
-            out.push(Record::ExtentSet {
-                ino,
-                object: object as u32,
-                block,
-                len: e.len,
-                phys: e.phys,
-                state: e.state,
-                refcount: e.refcount,
-            });
-        }
-    }
-    for (name, de) in &inode.entries {
-        out.push(Record::DirAdd {
-            dir: ino,
-            name: name.clone(),
-            ino: de.ino,
-            kind: de.kind,
-        });
-    }
-    for (name, value) in &inode.xattrs {
-        out.push(Record::XattrSet {
-            ino,
-            name: name.clone(),
-            value: value.clone(),
-        });
-    }
-    out
 }

@@ -6,13 +6,17 @@
 //!  40 block_size u32         44 sector_size u32    48 target_blocks u64
 //!  56 data_start u64         64 stripe_unit u32    68 stripe_count u32
 //!  72 features compat u64    80 incompat u64       88 ro_compat u64
-//!  96 ckpt_start[0] u64     104 ckpt_start[1] u64  112 ckpt_blocks u64
+//!  96 root_slot[0] u64      104 root_slot[1] u64   112 zero u64
 //! 120 journal_start u64     128 journal_blocks u64 136 journal_unit u32
 //! 140 mkfs_time_sec i64     148 .. 508 zero        508 crc32c u32 of bytes 0..508
 //! ```
-//! The checkpoint and journal fields are meaningful on target 0 and repeated on every
+//! The root record slot and journal fields are meaningful on target 0 and repeated on every
 //! target so that any one of them describes the whole geometry. The superblock is written
-//! once by mkfs and never rewritten: the moving state lives in the checkpoint headers.
+//! once by mkfs and never rewritten: the moving state lives in the metadata trees' root
+//! records (`btree::root`), one block each at `root_slot`.
+//!
+//! Version 1 (whole-model checkpoint areas at bytes 96..120) is refused: there is no
+//! migration, and no deployed file system to migrate.
 
 use crate::codec::{Dec, Enc};
 use crate::{crc32c, BlockSize, CoreError, TargetId, Uuid};
@@ -22,7 +26,7 @@ pub const SB_BYTES: usize = 512;
 /// Magic at byte 0.
 pub const SB_MAGIC: [u8; 8] = *b"STRIPEFS";
 /// The format version this code writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Incompatible features this code understands (none defined yet).
 pub const INCOMPAT_SUPPORTED: u64 = 0;
 
@@ -41,8 +45,8 @@ pub struct Superblock {
     pub features_compat: u64,
     pub features_incompat: u64,
     pub features_ro_compat: u64,
-    pub ckpt_start: [u64; 2],
-    pub ckpt_blocks: u64,
+    /// Blocks on target 0 of the two root record slots (metadata trees).
+    pub root_slots: [u64; 2],
     pub journal_start: u64,
     pub journal_blocks: u64,
     pub journal_unit: u32,
@@ -69,9 +73,9 @@ impl Superblock {
         e.u64(self.features_compat);
         e.u64(self.features_incompat);
         e.u64(self.features_ro_compat);
-        e.u64(self.ckpt_start[0]);
-        e.u64(self.ckpt_start[1]);
-        e.u64(self.ckpt_blocks);
+        e.u64(self.root_slots[0]);
+        e.u64(self.root_slots[1]);
+        e.u64(0);
         e.u64(self.journal_start);
         e.u64(self.journal_blocks);
         e.u32(self.journal_unit);
@@ -110,26 +114,44 @@ impl Superblock {
         let mut d = Dec::new(&buf[8..], &what);
         let version = d.u32()?;
         if version != FORMAT_VERSION {
+            let hint = if version < FORMAT_VERSION {
+                "; there is no migration: mkfs again"
+            } else {
+                ""
+            };
             return Err(d.err(format!(
-                "format version {version}, this build reads {FORMAT_VERSION}"
+                "format version {version}, this build reads {FORMAT_VERSION}{hint}"
             )));
         }
         let _sb_bytes = d.u32()?;
+        let uuid = Uuid(d.array()?);
+        let target_index = TargetId(d.u32()?);
+        let target_count = d.u32()?;
+        let block_size = d.u32()?;
+        let sector_size = d.u32()?;
+        let target_blocks = d.u64()?;
+        let data_start = d.u64()?;
+        let stripe_unit = d.u32()?;
+        let stripe_count = d.u32()?;
+        let features = [d.u64()?, d.u64()?, d.u64()?];
+        let root_slots = [d.u64()?, d.u64()?];
+        if d.u64()? != 0 {
+            return Err(d.err("reserved field at byte 112 is not zero"));
+        }
         let sb = Superblock {
-            uuid: Uuid(d.array()?),
-            target_index: TargetId(d.u32()?),
-            target_count: d.u32()?,
-            block_size: d.u32()?,
-            sector_size: d.u32()?,
-            target_blocks: d.u64()?,
-            data_start: d.u64()?,
-            stripe_unit: d.u32()?,
-            stripe_count: d.u32()?,
-            features_compat: d.u64()?,
-            features_incompat: d.u64()?,
-            features_ro_compat: d.u64()?,
-            ckpt_start: [d.u64()?, d.u64()?],
-            ckpt_blocks: d.u64()?,
+            uuid,
+            target_index,
+            target_count,
+            block_size,
+            sector_size,
+            target_blocks,
+            data_start,
+            stripe_unit,
+            stripe_count,
+            features_compat: features[0],
+            features_incompat: features[1],
+            features_ro_compat: features[2],
+            root_slots,
             journal_start: d.u64()?,
             journal_blocks: d.u64()?,
             journal_unit: d.u32()?,
@@ -175,8 +197,10 @@ impl Superblock {
         let unit_ok = self.journal_unit.is_power_of_two()
             && self.journal_unit >= 512
             && self.journal_unit <= self.block_size;
-        if !unit_ok || self.journal_blocks == 0 || self.ckpt_blocks < 2 {
-            return bad("journal or checkpoint geometry is impossible".into());
+        let [a, b] = self.root_slots;
+        let slots_ok = a >= 1 && b >= 1 && a != b && a.max(b) < self.journal_start;
+        if !unit_ok || self.journal_blocks == 0 || !slots_ok {
+            return bad("journal or root record slot geometry is impossible".into());
         }
         if self.sector_size > self.block_size || !self.sector_size.is_power_of_two() {
             return bad(format!(
@@ -207,9 +231,8 @@ mod tests {
             features_compat: 0,
             features_incompat: 0,
             features_ro_compat: 0,
-            ckpt_start: [1, 50],
-            ckpt_blocks: 49,
-            journal_start: 99,
+            root_slots: [1, 2],
+            journal_start: 3,
             journal_blocks: 100,
             journal_unit: 4096,
             mkfs_time_sec: 1,
@@ -222,6 +245,19 @@ mod tests {
         let buf = sb.encode();
         assert_eq!(buf.len(), SB_BYTES);
         assert_eq!(Superblock::decode(&buf, "t").unwrap(), sb);
+    }
+
+    #[test]
+    fn version_1_is_refused_naming_both_versions() {
+        let mut buf = sample().encode();
+        buf[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let crc = crc32c(&buf[..SB_BYTES - 4]);
+        buf[SB_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
+        let e = Superblock::decode(&buf, "t").unwrap_err().to_string();
+        assert!(
+            e.contains("format version 1, this build reads 2; there is no migration: mkfs again"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -193,7 +193,6 @@ impl Fs {
 
     fn write_chunk(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
         let end = off + data.len() as u64;
-        self.reserve_metadata(256)?;
         let lock = self.inner.io_lock(ino);
         let size = self
             .inner

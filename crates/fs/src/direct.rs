@@ -277,8 +277,6 @@ impl Fs {
         off.checked_add(len as u64)
             .filter(|&e| e <= crate::MAX_FILE_BYTES)
             .ok_or(FsError::FileTooBig)?;
-        let unit = u64::from(self.inner.geo.stripe_unit);
-        self.reserve_metadata(64 * (2 + len as u64 / unit))?;
         Ok(change)
     }
 

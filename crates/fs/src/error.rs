@@ -98,6 +98,20 @@ impl FsError {
 /// A walk of a file's mappings that stopped: the file system's own error, or a broken
 /// mapping contract reported as corruption (never trusted). The bytes processed before the
 /// error are dropped: a caller that needs them matches the [`stripefs_iomap::IterError`].
+impl From<stripefs_meta::MetaError> for FsError {
+    fn from(e: stripefs_meta::MetaError) -> Self {
+        use stripefs_meta::MetaError;
+        match e {
+            MetaError::Corrupted(c) => FsError::Corrupted(c),
+            MetaError::Target(t) => FsError::Io(t),
+            MetaError::NoSpace(why) => FsError::NoSpace(format!("metadata pages: {why}")),
+            MetaError::Poisoned => {
+                FsError::Poisoned("metadata store poisoned by an earlier failed checkpoint".into())
+            }
+        }
+    }
+}
+
 impl From<stripefs_iomap::IterError<FsError>> for FsError {
     fn from(e: stripefs_iomap::IterError<FsError>) -> Self {
         e.into_parts(|m| CoreError::corrupted("mapping contract", m).into())

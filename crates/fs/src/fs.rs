@@ -4,18 +4,20 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use stripefs_core::alloc::Allocator;
-use stripefs_core::checkpoint::CheckpointHeader;
+use stripefs_core::btree::TreeId;
 use stripefs_core::geometry::{Geometry, MkfsParams};
 use stripefs_core::inode::{FileKind, InodeAttrs};
 use stripefs_core::layout::StripeLayout;
 use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::{BlockSize, CoreError, Ino, TargetId, Uuid};
+use stripefs_meta::{items, JournalMark, Store};
 use stripefs_target::{IoBuf, Target};
 
 use crate::error::{FsError, Result};
 use crate::inner::{FsInner, MetaCore, Txn};
-use crate::journal::{write_checkpoint, CommitMode, Journal, JournalPosition};
+use crate::journal::{CommitMode, Journal, JournalPosition};
+use crate::metapages::MetaPages;
 use crate::options::{MkfsOptions, MountOptions};
 use crate::recovery;
 use crate::types::{Access, AccessSource, FsStatus, SpaceAccount, StatFs, TargetStatus};
@@ -59,7 +61,6 @@ impl Fs {
             stripe_unit: opts.stripe_unit,
             stripe_count: opts.stripe_count.unwrap_or(n),
             journal_bytes: opts.journal_bytes,
-            ckpt_bytes: opts.ckpt_bytes,
             mkfs_time_sec: crate::clock::time_now().sec,
         };
         let geo = Geometry::plan(&params).map_err(|e| FsError::Invalid(e.to_string()))?;
@@ -70,28 +71,21 @@ impl Fs {
             buf[..sb.len()].copy_from_slice(&sb);
             t.write_sync(0, buf)?;
         }
-        let t0 = targets[0].as_ref();
+        // A stale root record of an earlier file system must not be mistaken for one of
+        // this one (the uuid check would refuse it, and with it the mount).
         let bs = geo.block_size;
-        // A stale header from an earlier file system must not be mistaken for area 1's.
-        t0.write_sync(
-            bs.to_bytes(geo.ckpt_start[1]),
-            IoBuf::zeroed(bs.bytes() as usize),
-        )?;
-        let mut state = MetaState::new();
-        state.apply(&Record::InodeSet(root_attrs()))?;
-        let hdr = CheckpointHeader {
-            area: 0,
-            own_block: 0,
-            generation: 1,
-            payload_blocks: 0,
-            payload_bytes: 0,
-            payload_crc: 0,
-            journal_tail: 0,
-            journal_seq: 1,
-            next_ino: state.next_ino,
-            time_sec: params.mkfs_time_sec,
-        };
-        write_checkpoint(t0, &geo, hdr, &state.encode_snapshot())?;
+        for slot in geo.root_slots {
+            targets[0].write_sync(bs.to_bytes(slot), IoBuf::zeroed(bs.bytes() as usize))?;
+        }
+        let pages = Arc::new(MetaPages::standalone(&geo));
+        let store = Store::create(
+            recovery::store_config(&geo, crate::options::MetaCacheBytes::DEFAULT),
+            targets.to_vec(),
+            pages as Arc<dyn stripefs_meta::PageAlloc>,
+        );
+        items::apply_record(&store, &Record::InodeSet(root_attrs()))?;
+        // Generation 1: replay starts at journal unit 0 with transaction 1.
+        store.checkpoint_at(JournalMark { tail: 0, seq: 1 })?;
         for t in targets {
             t.flush_sync()?;
         }
@@ -106,16 +100,19 @@ impl Fs {
     /// A clear error naming the target or structure when superblocks, checkpoint or
     /// journal fail verification, or targets are missing, duplicated or foreign.
     pub fn mount(targets: Vec<Arc<dyn Target>>, opts: MountOptions) -> Result<(Fs, MountReport)> {
-        let l = recovery::load(targets)?;
-        let alloc = build_allocator(&l.state, &l.geo)?;
+        let l = recovery::load(targets, opts.meta_cache)?;
+        let replayed_records = l.replayed.len() as u64;
+        opts.cache
+            .validate(l.geo.block_size.bytes())
+            .map_err(FsError::Invalid)?;
+        let alloc = build_allocator(&l.state, &l.geo, &l.store, &l.pages)?;
         let committed = l.next_seq - 1;
         let pos = JournalPosition {
             head: l.head,
-            tail: l.ckpt.journal_tail,
-            generation: l.ckpt.generation,
-            area: l.ckpt.area,
+            tail: l.mark.tail,
+            generation: l.store.durable_generation().0,
         };
-        let journal = Journal::new(pos, committed, l.snapshot_len);
+        let journal = Journal::new(pos, committed, l.replayed);
         let meta = MetaCore {
             state: l.state,
             alloc,
@@ -124,15 +121,20 @@ impl Fs {
             inodes: crate::icache::InodeTable::default(),
             dead: Vec::new(),
         };
-        opts.cache
-            .validate(l.geo.block_size.bytes())
-            .map_err(FsError::Invalid)?;
-        // A page is 4 KiB, or a block where blocks are larger (metadata.md, "Integration" 9).
-        let page_bytes = u64::from(l.geo.block_size.bytes()).max(4096);
         opts.meta_cache
-            .validate(page_bytes)
+            .validate(l.geo.page_size().bytes() as u64)
             .map_err(FsError::Invalid)?;
-        let inner = Arc::new(FsInner::new(l.geo, l.targets, meta, journal, opts.clone()));
+        let pages = Arc::clone(&l.pages);
+        let trees = (l.store, l.pages);
+        let inner = Arc::new(FsInner::new(
+            l.geo,
+            l.targets,
+            meta,
+            journal,
+            trees,
+            opts.clone(),
+        ));
+        pages.attach(Arc::downgrade(&inner));
         let fs = Fs { inner };
         let orphans = fs.free_orphans()?;
         if l.replayed_txns > 0 || orphans > 0 {
@@ -148,7 +150,7 @@ impl Fs {
         }
         let report = MountReport {
             replayed_txns: l.replayed_txns,
-            replayed_records: l.replayed_records,
+            replayed_records,
             orphans_freed: orphans,
         };
         Ok((fs, report))
@@ -330,16 +332,43 @@ impl Fs {
 
     /// Admits a call that changes the file system (see [`FsInner::begin_change`]),
     /// following the access source when it is read-only.
+    /// Before the change, commits the running transaction if it has grown past
+    /// [`Fs::txn_limit`]: call it holding no lock.
     pub(crate) fn begin_change(
         &self,
     ) -> Result<parking_lot::RwLockReadGuard<'_, crate::types::Access>> {
-        match self.inner.begin_change() {
+        let g = match self.inner.begin_change() {
             Err(FsError::ReadOnly) => {
                 self.follow_access_source()?;
                 self.inner.begin_change()
             }
             r => r,
-        }
+        }?;
+        self.commit_if_large()?;
+        Ok(g)
+    }
+
+    /// Bytes of records past which the running transaction is committed before the next
+    /// change starts: an eighth of the journal. Without it, a mount with no `fsync` and
+    /// no background commit would gather everything into one transaction, whose freed
+    /// blocks stay busy (unusable, for data and for the checkpoint's pages) until it
+    /// commits, and which a checkpoint must then commit whole.
+    fn txn_limit(&self) -> usize {
+        let g = &self.inner.geo;
+        (g.journal_units() * u64::from(g.journal_unit) / 8) as usize
+    }
+
+    fn commit_if_large(&self) -> Result<()> {
+        let seq = {
+            let m = self.inner.meta.lock();
+            if m.txn.bytes <= self.txn_limit() {
+                return Ok(());
+            }
+            m.txn.seq
+        };
+        self.inner
+            .journal
+            .commit(&self.inner, seq, CommitMode::Append)
     }
 
     /// Makes the in-memory state complete: direct writes in flight finish, dirty data is
@@ -435,28 +464,19 @@ impl Fs {
         let blocks_free = free.iter().sum();
         let blocks_avail = self.default_file_blocks(&free);
         let files = m.state.inodes.len() as u64;
-        let room = self
-            .inner
-            .geo
-            .ckpt_payload_capacity()
-            .saturating_sub(self.metadata_bound(&m));
+        // Metadata pages come from the data area: every free block could hold inodes.
+        // Estimate 16 inodes per 4 KiB page of free space (an inode item with a directory
+        // entry and its cookie takes roughly 250 bytes of leaf).
+        let per_block = (u64::from(self.inner.geo.block_size.bytes()) / 256).max(1);
         Ok(StatFs {
             block_size: self.inner.geo.block_size.bytes(),
             blocks,
             blocks_free,
             blocks_avail,
             files,
-            files_free: room / 160,
+            files_free: blocks_free * per_block,
             name_max: 255,
         })
-    }
-
-    /// Data blocks of all targets together.
-    pub(crate) fn data_blocks_total(&self) -> u64 {
-        let m = self.inner.meta.lock();
-        (0..self.inner.geo.target_count())
-            .map(|t| m.alloc.data_blocks(TargetId(t)))
-            .sum()
     }
 
     /// Counters for `inspect` and tests.
@@ -488,8 +508,8 @@ impl Fs {
             running_records: m.txn.records.len(),
             inodes: m.state.inodes.len() as u64,
             extents: m.state.extent_count() as u64,
-            metadata_bytes_bound: self.metadata_bound(&m),
-            metadata_capacity: self.inner.geo.ckpt_payload_capacity(),
+            meta_page_blocks: self.inner.pages.live_blocks_total(),
+            meta_cache: self.inner.store.stats().cache,
             busy_blocks: m.alloc.busy_blocks(),
             poisoned: self.inner.is_poisoned(),
             data_bytes_written: self.inner.data_bytes_written.load(Ordering::Relaxed),
@@ -547,6 +567,7 @@ impl Fs {
                     reserved_blocks: m.alloc.reserved_blocks(id),
                     meta_held_blocks: m.alloc.meta_held_blocks(id),
                     busy_blocks: m.alloc.busy_blocks_on(id),
+                    meta_page_blocks: self.inner.pages.live_blocks(id),
                     extent_blocks: 0,
                     delalloc_blocks: 0,
                 }
@@ -595,31 +616,6 @@ impl Fs {
             .journal
             .commit(&self.inner, seq, CommitMode::Append)?;
         Ok(true)
-    }
-
-    /// Upper bound on the checkpoint size if one were written now.
-    pub(crate) fn metadata_bound(&self, m: &MetaCore) -> u64 {
-        let j = &self.inner.journal;
-        j.snapshot_len.load(Ordering::Relaxed)
-            + j.bytes_since.load(Ordering::Relaxed)
-            + m.txn.bytes as u64
-    }
-
-    /// Admission control for metadata growth: refuses `bytes` more unless the checkpoint
-    /// area can hold them, checkpointing first to measure exactly when the bound is loose.
-    pub(crate) fn reserve_metadata(&self, bytes: u64) -> Result<()> {
-        let cap = self.inner.geo.ckpt_payload_capacity() / 10 * 9;
-        let fits = |fs: &Fs| fs.metadata_bound(&fs.inner.meta.lock()) + bytes <= cap;
-        if fits(self) {
-            return Ok(());
-        }
-        self.checkpoint()?;
-        if fits(self) {
-            return Ok(());
-        }
-        Err(FsError::NoSpace(format!(
-            "the metadata area is full ({cap} bytes usable); mkfs with a larger --ckpt-size"
-        )))
     }
 
     /// The largest file (in blocks) the default layout can hold given `free` blocks per
@@ -747,8 +743,24 @@ impl Drop for Fs {
     }
 }
 
-fn build_allocator(state: &MetaState, geo: &Geometry) -> Result<Allocator> {
+/// The free space at mount: every data block that neither a page of the durable trees
+/// nor an extent of the (replayed) state holds. Walks every tree: linear in the size of
+/// the metadata (stage 1; persisted free space removes the walk).
+fn build_allocator(
+    state: &MetaState,
+    geo: &Geometry,
+    store: &Store,
+    pages: &MetaPages,
+) -> Result<Allocator> {
     let mut alloc = Allocator::new(geo);
+    mark_pages(&mut alloc, store, pages)?;
+    // Blocks data cannot take, so a checkpoint finds room for its copy-on-write pages
+    // when users filled the file system (metadata.md, "Space").
+    for (t, g) in geo.targets.iter().enumerate() {
+        let reserve = Allocator::meta_reserve_for(g.data_blocks(), geo.block_size);
+        alloc.set_meta_reserve(TargetId(t as u32), reserve);
+    }
+
     for inode in state.inodes.values() {
         for (object, map) in inode.objects.iter().enumerate() {
             if object as u32 >= inode.attrs.layout.count
@@ -775,6 +787,31 @@ fn build_allocator(state: &MetaState, geo: &Geometry) -> Result<Allocator> {
         }
     }
     Ok(alloc)
+}
+
+/// Marks every page the durable trees reach as used, and counts it.
+///
+/// # Errors
+/// A page read or verification error; `Corrupted` for a page outside the data area or on
+/// blocks another page holds.
+pub(crate) fn mark_pages(alloc: &mut Allocator, store: &Store, pages: &MetaPages) -> Result<()> {
+    let pb = pages.page_blocks();
+    for tree in TreeId::ALL {
+        let mut bad = None;
+        store.walk(tree, &mut |at, _| {
+            if bad.is_some() {
+                return;
+            }
+            match alloc.mark_used(at.target, at.block.0, pb) {
+                Ok(()) => pages.note_live(at),
+                Err(e) => bad = Some(format!("metadata page of tree {tree} at {at}: {e}")),
+            }
+        })?;
+        if let Some(why) = bad {
+            return Err(CoreError::corrupted("metadata pages", why).into());
+        }
+    }
+    Ok(())
 }
 
 fn root_attrs() -> InodeAttrs {

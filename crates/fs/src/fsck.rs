@@ -1,21 +1,23 @@
-//! Offline consistency check: load read-only (replaying the journal in memory), then verify
-//! every invariant of the format. Nothing is written.
+//! Offline consistency check: load read-only (the metadata trees, then the journal replayed
+//! in memory), walk and verify every page of every tree, then verify every invariant of the
+//! format, including that no block is both a page and in an extent. Nothing is written.
 
 use std::sync::Arc;
 
+use stripefs_core::btree::root::RootRecord;
+use stripefs_core::btree::{PageAddr, TreeId};
 use stripefs_core::check;
-use stripefs_core::checkpoint;
-use stripefs_core::meta::MetaState;
 use stripefs_core::Ino;
 use stripefs_target::Target;
 
 use crate::error::Result;
+use crate::options::MetaCacheBytes;
 use crate::recovery;
 
 /// Stages reported to a progress callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FsckStage {
-    /// Superblocks, checkpoint and journal read and verified.
+    /// Superblocks, metadata trees and journal read and verified.
     Loaded { inodes: u64, journal_txns: u64 },
     /// Invariants checked.
     Checked,
@@ -30,7 +32,7 @@ pub struct FsckReport {
     /// past EOF).
     pub notes: Vec<String>,
     /// Damage that leaves the file system correct and usable but less protected, and that
-    /// the file system repairs by itself (a damaged inactive checkpoint area: the next
+    /// the file system repairs by itself (a damaged older root record slot: the next
     /// checkpoint rewrites it). Not problems: [`FsckReport::is_clean`] ignores them.
     pub warnings: Vec<String>,
     /// Files with non-zero bytes past EOF in their last block (none after a clean unmount).
@@ -39,6 +41,8 @@ pub struct FsckReport {
     pub extents: u64,
     pub data_blocks_used: u64,
     pub data_blocks: u64,
+    /// Pages of the metadata trees (all verified).
+    pub meta_pages: u64,
 }
 
 impl FsckReport {
@@ -58,7 +62,7 @@ pub fn fsck(
     targets: Vec<Arc<dyn Target>>,
     progress: &mut dyn FnMut(FsckStage),
 ) -> Result<FsckReport> {
-    let mut l = recovery::load(targets)?;
+    let mut l = recovery::load(targets, MetaCacheBytes::DEFAULT)?;
     progress(FsckStage::Loaded {
         inodes: l.state.inodes.len() as u64,
         journal_txns: l.replayed_txns,
@@ -86,7 +90,16 @@ pub fn fsck(
             l.state.inodes.remove(&o);
         }
     }
-    let r = check::check(&l.state, &l.geo);
+    let pages = tree_pages(&l)?;
+    let mut r = check::check(&l.state, &l.geo);
+    let pb = l.geo.page_blocks();
+    for (tree, at) in &pages {
+        if let Err(e) = r.allocator.mark_used(at.target, at.block.0, pb) {
+            r.problems.push(format!(
+                "metadata page of tree {tree} at {at} (+{pb} blocks): {e}"
+            ));
+        }
+    }
     let tails = eof_tails_not_zero(&l)?;
     if !tails.is_empty() {
         notes.push(format!(
@@ -94,7 +107,7 @@ pub fn fsck(
             tails.len()
         ));
     }
-    let warnings = inactive_checkpoint(&l)?.into_iter().collect();
+    let warnings = older_root_slot(&l)?.into_iter().collect();
     progress(FsckStage::Checked);
     let data_blocks = l.geo.targets.iter().map(|t| t.data_blocks()).sum();
     Ok(FsckReport {
@@ -104,50 +117,70 @@ pub fn fsck(
         warnings,
         inodes: r.inodes,
         extents: r.extents,
-        data_blocks_used: r.data_blocks_used,
+        data_blocks_used: r.data_blocks_used + pages.len() as u64 * pb,
         data_blocks,
+        meta_pages: pages.len() as u64,
     })
 }
 
-/// Whether the checkpoint area not in charge is damaged. It holds the previous checkpoint
-/// (the fallback should the active one become unreadable) and receives the next one; only
-/// right after mkfs has it never been written (all zeros, active generation 1).
+/// Every page of every tree the durable root record reaches, read from disk and verified
+/// (magic, checksum, address, tree, level, generation, key order and bounds); memory is
+/// bounded by the tree depth plus the list of addresses.
+///
+/// # Errors
+/// The first page that fails verification (naming the tree and address) or read error.
+fn tree_pages(l: &recovery::Loaded) -> Result<Vec<(TreeId, PageAddr)>> {
+    let mut out = Vec::new();
+    for tree in TreeId::ALL {
+        l.store.walk(tree, &mut |at, _| out.push((tree, at)))?;
+    }
+    Ok(out)
+}
+
+/// The root records in the two slots (`None`: never written or torn), and the slot of
+/// the one in charge.
 ///
 /// # Errors
 /// Target read errors.
-fn inactive_checkpoint(l: &recovery::Loaded) -> Result<Option<String>> {
-    let geo = &l.geo;
-    let bs = geo.block_size;
-    let area = 1 - l.ckpt.area as usize;
-    let start = geo.ckpt_start[area];
+fn root_slots(
+    l: &recovery::Loaded,
+) -> Result<[std::result::Result<Option<RootRecord>, String>; 2]> {
     let t0 = l.targets[0].as_ref();
-    let what = format!("inactive checkpoint area {area} (target 0 block {start})");
-    let consequence = "the file system is usable, but has no older checkpoint to fall back \
-        on should the active one become unreadable; the next checkpoint (at the latest the \
-        next unmount) rewrites this area";
-    let hdr_block = t0.read_sync(bs.to_bytes(start), bs.bytes() as usize)?;
-    let hdr = match checkpoint::decode_header(&hdr_block, geo.uuid, start, geo.ckpt_blocks - 1) {
-        Ok(Some(h)) => h,
-        Ok(None) if l.ckpt.generation == 1 && hdr_block.iter().all(|&b| b == 0) => {
-            return Ok(None); // never written: mkfs wrote only the first checkpoint
+    let len = (t0.info().sector_size as usize).max(stripefs_core::btree::root::ROOT_RECORD_BYTES);
+    let mut out = [Ok(None), Ok(None)];
+    for (slot, off) in l.geo.root_slot_offsets().iter().enumerate() {
+        let buf = t0.read_sync(*off, len)?;
+        out[slot] = RootRecord::decode(&buf, l.geo.uuid, slot as u32).map_err(|e| e.to_string());
+        if out[slot] == Ok(None) && buf.iter().any(|&b| b != 0) {
+            out[slot] = Err(format!(
+                "metadata root record slot {slot}: no valid record (torn or damaged)"
+            ));
         }
-        Ok(None) => {
-            return Ok(Some(format!(
-                "{what}: no valid checkpoint header (torn or damaged); {consequence}"
-            )))
-        }
-        Err(e) => return Ok(Some(format!("{what}: {e}; {consequence}"))),
-    };
-    let len = bs.to_bytes(hdr.payload_blocks) as usize;
-    let blocks = t0.read_sync(bs.to_bytes(start + 1), len)?;
-    let loaded = checkpoint::decode_payload(&hdr, geo.uuid, bs.bytes(), &blocks)
-        .and_then(|p| MetaState::from_snapshot(&p, hdr.next_ino));
-    Ok(loaded.err().map(|e| {
-        format!(
-            "{what}: checkpoint generation {} is damaged ({e}); {consequence}",
-            hdr.generation
-        )
-    }))
+    }
+    Ok(out)
+}
+
+/// Whether the root record slot not in charge is damaged. It holds the previous
+/// generation (the fallback should the newest become unreadable) and receives the next
+/// one; only right after mkfs has it never been written (all zeros, generation 1).
+///
+/// # Errors
+/// Target read errors.
+fn older_root_slot(l: &recovery::Loaded) -> Result<Option<String>> {
+    let active = l.store.durable_generation();
+    let older = 1 - RootRecord::slot_of(active) as usize;
+    let consequence = "the file system is usable, but has no older generation of the \
+        metadata trees to fall back on should the newest become unreadable; the next \
+        checkpoint (at the latest the next unmount) rewrites this slot";
+    let slots = root_slots(l)?;
+    Ok(match &slots[older] {
+        Ok(Some(_)) => None,
+        Ok(None) if active.0 == 1 => None, // never written: mkfs wrote generation 1 only
+        Ok(None) => Some(format!(
+            "metadata root record slot {older}: never written; {consequence}"
+        )),
+        Err(e) => Some(format!("{e}; {consequence}")),
+    })
 }
 
 /// Files whose last block holds non-zero bytes past EOF on disk. After a clean unmount
@@ -189,16 +222,30 @@ fn eof_tails_not_zero(l: &recovery::Loaded) -> Result<Vec<u64>> {
     Ok(out)
 }
 
+/// One tree's shape, for `inspect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeShape {
+    pub tree: TreeId,
+    /// Level of the root (0: the root is a leaf).
+    pub root_level: u8,
+    pub pages: u64,
+}
+
 /// A read-only look at a file system's on-disk state, for `stripefs inspect`.
 #[derive(Debug, Clone)]
 pub struct Inspection {
     pub superblocks: Vec<stripefs_core::superblock::Superblock>,
     pub target_names: Vec<String>,
-    /// Both checkpoint headers (`None`: empty or torn).
-    pub checkpoints: [Option<stripefs_core::checkpoint::CheckpointHeader>; 2],
-    /// The one in charge.
-    pub active: stripefs_core::checkpoint::CheckpointHeader,
-    /// Journal transactions after the active checkpoint.
+    /// Both root record slots (`Ok(None)`: never written; `Err`: torn or damaged).
+    pub root_slots: [std::result::Result<Option<RootRecord>, String>; 2],
+    /// The generation of the metadata trees in charge.
+    pub generation: u64,
+    /// Where its root record says journal replay starts (unit, next sequence).
+    pub journal_mark: (u64, u64),
+    pub trees: Vec<TreeShape>,
+    /// The store's page cache after loading and walking.
+    pub meta_cache: stripefs_meta::CacheStats,
+    /// Journal transactions after the root record's mark.
     pub journal_txns: u64,
     pub journal_records: u64,
     /// Journal units in use and in all.
@@ -216,20 +263,28 @@ pub struct Inspection {
 /// # Errors
 /// As [`fsck`].
 pub fn inspect(targets: Vec<Arc<dyn Target>>) -> Result<Inspection> {
-    let l = recovery::load(targets)?;
-    let t0 = l.targets[0].as_ref();
+    let l = recovery::load(targets, MetaCacheBytes::DEFAULT)?;
     let geo = &l.geo;
-    let bs = geo.block_size;
-    let mut checkpoints = [None, None];
-    for (i, start) in geo.ckpt_start.iter().enumerate() {
-        let buf = t0.read_sync(bs.to_bytes(*start), bs.bytes() as usize)?;
-        checkpoints[i] =
-            stripefs_core::checkpoint::decode_header(&buf, geo.uuid, *start, geo.ckpt_blocks - 1)
-                .ok()
-                .flatten();
-    }
+    let root_slots = root_slots(&l)?;
     let (_, sbs) = recovery::read_superblocks(l.targets.clone())?;
-    let r = check::check(&l.state, geo);
+    let mut r = check::check(&l.state, geo);
+    let levels = l.store.stats().trees;
+    let mut trees = Vec::new();
+    for tree in TreeId::ALL {
+        let mut pages = 0u64;
+        l.store.walk(tree, &mut |at, _| {
+            pages += 1;
+            let _ = r
+                .allocator
+                .mark_used(at.target, at.block.0, geo.page_blocks());
+        })?;
+        let root_level = levels.iter().find(|t| t.0 == tree).map_or(0, |t| t.1);
+        trees.push(TreeShape {
+            tree,
+            root_level,
+            pages,
+        });
+    }
     let space = (0..geo.target_count())
         .map(|t| {
             let id = stripefs_core::TargetId(t);
@@ -247,15 +302,18 @@ pub fn inspect(targets: Vec<Arc<dyn Target>>) -> Result<Inspection> {
             .iter()
             .map(|t| t.info().name.to_string())
             .collect(),
-        checkpoints,
-        active: l.ckpt,
+        root_slots,
+        generation: l.store.durable_generation().0,
+        journal_mark: (l.mark.tail, l.mark.seq),
+        trees,
+        meta_cache: l.store.stats().cache,
         journal_txns: l.replayed_txns,
-        journal_records: l.replayed_records,
-        journal_used_units: l.head - l.ckpt.journal_tail,
+        journal_records: l.replayed.len() as u64,
+        journal_used_units: l.head - l.mark.tail,
         journal_units: geo.journal_units(),
         inodes: r.inodes,
         extents: r.extents,
         space,
-        block_size: bs.bytes(),
+        block_size: geo.block_size.bytes(),
     })
 }

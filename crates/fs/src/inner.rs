@@ -196,6 +196,11 @@ pub(crate) struct FsInner {
     pub targets: Vec<Arc<dyn Target>>,
     pub meta: Mutex<MetaCore>,
     pub journal: Journal,
+    /// The metadata trees, the persistent form of the metadata: the checkpoint applies
+    /// committed records to them (`journal.rs`). Read only at mount in stage 1.
+    pub store: stripefs_meta::Store,
+    /// Their page allocation, over `meta.alloc`; counts the blocks pages hold.
+    pub pages: Arc<crate::metapages::MetaPages>,
     /// Targets with completed writes not yet covered by a completed flush.
     pub dirty: DirtyTargets,
     poisoned: AtomicBool,
@@ -266,6 +271,7 @@ impl FsInner {
         targets: Vec<Arc<dyn Target>>,
         meta: MetaCore,
         journal: Journal,
+        trees: (stripefs_meta::Store, Arc<crate::metapages::MetaPages>),
         opts: crate::options::MountOptions,
     ) -> Self {
         let faults = opts.faults.clone();
@@ -276,6 +282,8 @@ impl FsInner {
             targets,
             meta: Mutex::new(meta),
             journal,
+            store: trees.0,
+            pages: trees.1,
             dirty,
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(None),

@@ -108,11 +108,6 @@ impl Fs {
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_BYTES)
             .ok_or(FsError::FileTooBig)?;
-        // Records: about one per stripe unit allocated or extent touched, and no range can
-        // allocate or hold more than the data area, however large it is.
-        let unit = u64::from(self.inner.geo.stripe_unit);
-        let data_bytes = self.inner.geo.block_size.to_bytes(self.data_blocks_total());
-        self.reserve_metadata(64 * (2 + len.min(data_bytes) / unit))?;
         let lock = self.inner.io_lock(ino);
         let _excl = lock.write();
         lock.dio.drain();

@@ -37,6 +37,7 @@ mod inner;
 mod io;
 mod journal;
 mod mapping;
+mod metapages;
 mod namespace;
 mod options;
 mod path;

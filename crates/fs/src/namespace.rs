@@ -325,7 +325,6 @@ impl Fs {
         self.inner.check()?;
         let _change = self.begin_change()?;
         let name = check_name(name)?;
-        self.reserve_metadata(256 + 2 * name.len() as u64 + link.map_or(0, |l| l.len() as u64))?;
         let mut m = self.inner.meta.lock();
         let d = live_dir(&m, parent)?;
         if d.entries.contains_key(name) {
@@ -432,7 +431,6 @@ impl Fs {
         self.inner.check()?;
         let _change = self.begin_change()?;
         let name = check_name(newname)?;
-        self.reserve_metadata(128 + name.len() as u64)?;
         let mut m = self.inner.meta.lock();
         let i = inode(&m, ino)?;
         if i.attrs.kind == FileKind::Directory {
@@ -586,7 +584,6 @@ impl Fs {
         if old.is_empty() || old == b"." || old == b".." {
             return Err(FsError::invalid("cannot rename '.' or '..'"));
         }
-        self.reserve_metadata(256 + new.len() as u64)?;
         let mut m = self.inner.meta.lock();
         let src = *dir(&m, parent)?.entries.get(old).ok_or(FsError::NotFound)?;
         let dst = live_dir(&m, newparent)?.entries.get(new).copied();
@@ -859,7 +856,6 @@ impl Fs {
         if value.len() > XATTR_VALUE_MAX {
             return Err(FsError::TooBig);
         }
-        self.reserve_metadata(64 + (n.len() + value.len()) as u64)?;
         let mut m = self.inner.meta.lock();
         let i = inode(&m, ino)?;
         let old = i.xattrs.get(n).map(Vec::len);

@@ -18,9 +18,6 @@ pub struct MkfsOptions {
     pub stripe_count: Option<u32>,
     /// Journal size in bytes (`None`: 1/64 of target 0, 256 KiB to 128 MiB).
     pub journal_bytes: Option<u64>,
-    /// Size of each of the two checkpoint areas (`None`: 1/32 of target 0, 256 KiB to
-    /// 256 MiB). It bounds the metadata the file system can hold.
-    pub ckpt_bytes: Option<u64>,
 }
 
 impl Default for MkfsOptions {
@@ -30,7 +27,6 @@ impl Default for MkfsOptions {
             stripe_unit: 1 << 20,
             stripe_count: None,
             journal_bytes: None,
-            ckpt_bytes: None,
         }
     }
 }

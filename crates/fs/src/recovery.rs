@@ -1,14 +1,16 @@
-//! Mount-time loading: superblocks, the newest valid checkpoint, and journal replay.
+//! Mount-time loading: superblocks, the metadata trees as the newest valid root record
+//! leaves them (loaded whole into a `MetaState` in stage 1), and journal replay from the
+//! position that root record names.
 //!
 //! Replay is pure: it reads, verifies and applies records in memory, writing nothing, so it
-//! is idempotent and a crash during it changes nothing. The caller (mount) then writes a
-//! fresh checkpoint; a crash before that checkpoint's header is durable simply replays again.
+//! is idempotent and a crash during it changes nothing. The replayed records are handed to
+//! the journal's apply queue; the caller (mount) then checkpoints, which applies them to
+//! the trees; a crash before that checkpoint's root record is durable simply replays again.
 //! fsck uses the same loader read-only.
 
 use std::sync::Arc;
 
 use stripefs_core::check::ReplayCheck;
-use stripefs_core::checkpoint::{self, CheckpointHeader};
 use stripefs_core::geometry::Geometry;
 use stripefs_core::journal::{
     decode_header, find_later, log_limit, verify_payload, HeaderMismatch,
@@ -17,9 +19,12 @@ use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::superblock::{Superblock, SB_BYTES};
 use stripefs_core::CoreError;
+use stripefs_meta::{items, JournalMark, RootSlots, Store, StoreConfig};
 use stripefs_target::Target;
 
 use crate::error::{FsError, Result};
+use crate::metapages::MetaPages;
+use crate::options::MetaCacheBytes;
 
 /// What loading found.
 #[derive(Debug)]
@@ -28,14 +33,19 @@ pub(crate) struct Loaded {
     /// Targets sorted by their superblock index.
     pub targets: Vec<Arc<dyn Target>>,
     pub state: MetaState,
-    pub ckpt: CheckpointHeader,
+    /// The metadata trees as the durable root record leaves them.
+    pub store: Store,
+    /// Their page allocation (not attached to an allocator yet).
+    pub pages: Arc<MetaPages>,
+    /// Where the durable root record says replay starts.
+    pub mark: JournalMark,
     /// Journal position after the last replayed transaction.
     pub head: u64,
     /// Sequence number of the next transaction.
     pub next_seq: u64,
     pub replayed_txns: u64,
-    pub replayed_records: u64,
-    pub snapshot_len: u64,
+    /// The replayed records, in journal order (the trees do not hold them yet).
+    pub replayed: Vec<Record>,
 }
 
 /// Targets in index order with their superblocks.
@@ -118,51 +128,46 @@ pub(crate) fn read_superblocks(targets: Vec<Arc<dyn Target>>) -> Result<Ordered>
     Ok((ts, sbs))
 }
 
-/// Loads the whole file system: superblocks, checkpoint, journal replay.
+/// The metadata store's configuration for `geo`.
+pub(crate) fn store_config(geo: &Geometry, cache: MetaCacheBytes) -> StoreConfig {
+    StoreConfig {
+        uuid: geo.uuid,
+        page_size: geo.page_size(),
+        block_size: geo.block_size,
+        cache_bytes: usize::try_from(cache.0).unwrap_or(usize::MAX),
+        slots: RootSlots {
+            target: stripefs_core::TargetId(0),
+            offsets: geo.root_slot_offsets(),
+        },
+    }
+}
+
+/// Loads the whole file system: superblocks, metadata trees, journal replay.
 ///
 /// # Errors
-/// As [`read_superblocks`]; `Corrupted` for damaged checkpoints or journal records.
-pub(crate) fn load(targets: Vec<Arc<dyn Target>>) -> Result<Loaded> {
+/// As [`read_superblocks`]; `Corrupted` for damaged root records, tree pages or journal
+/// records.
+pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Result<Loaded> {
     let (targets, sbs) = read_superblocks(targets)?;
     let geo = Geometry::from_superblocks(&sbs)?;
+    let pages = Arc::new(MetaPages::for_mount(&geo));
+    let alloc: Arc<dyn stripefs_meta::PageAlloc> = Arc::clone(&pages) as _;
+    let store = Store::open(store_config(&geo, cache), targets.clone(), alloc)?;
+    let mut state = items::load_state(&store)?;
+    let mark = store.journal_mark();
     let t0 = targets[0].as_ref();
-    let ckpt = newest_checkpoint(t0, &geo)?;
-    let bs = geo.block_size;
-    let len = bs.to_bytes(ckpt.payload_blocks) as usize;
-    let blocks = t0.read_sync(bs.to_bytes(ckpt.own_block + 1), len)?;
-    let payload = checkpoint::decode_payload(&ckpt, geo.uuid, bs.bytes(), &blocks)?;
-    let mut state = MetaState::from_snapshot(&payload, ckpt.next_ino)?;
-    let (head, next_seq, txns, records) = replay(t0, &geo, &ckpt, &mut state)?;
+    let (head, next_seq, txns, replayed) = replay(t0, &geo, mark, &mut state)?;
     Ok(Loaded {
         geo,
         targets,
         state,
-        ckpt,
+        store,
+        pages,
+        mark,
         head,
         next_seq,
         replayed_txns: txns,
-        replayed_records: records,
-        snapshot_len: payload.len() as u64,
-    })
-}
-
-fn newest_checkpoint(t0: &dyn Target, geo: &Geometry) -> Result<CheckpointHeader> {
-    let bs = geo.block_size;
-    let mut best: Option<CheckpointHeader> = None;
-    for start in geo.ckpt_start {
-        let buf = t0.read_sync(bs.to_bytes(start), bs.bytes() as usize)?;
-        if let Some(h) = checkpoint::decode_header(&buf, geo.uuid, start, geo.ckpt_blocks - 1)? {
-            if best.is_none_or(|b| h.generation > b.generation) {
-                best = Some(h);
-            }
-        }
-    }
-    best.ok_or_else(|| {
-        CoreError::corrupted(
-            "checkpoint headers",
-            "neither checkpoint area holds a valid header (mkfs did not finish, or both are damaged)",
-        )
-        .into()
+        replayed,
     })
 }
 
@@ -184,7 +189,7 @@ fn read_units(t0: &dyn Target, geo: &Geometry, lsn: u64, n: u64) -> Result<Vec<u
     Ok(out)
 }
 
-/// Replays transactions after `ckpt`; returns (head, next seq, transactions, records).
+/// Replays transactions from `mark`; returns (head, next seq, transactions, records).
 ///
 /// Every transaction is checked against the rules fsck applies ([`ReplayCheck`]) before
 /// the model accepts it; one that breaks them is corruption named by its sequence and
@@ -196,22 +201,23 @@ fn read_units(t0: &dyn Target, geo: &Geometry, lsn: u64, n: u64) -> Result<Vec<u
 fn replay(
     t0: &dyn Target,
     geo: &Geometry,
-    ckpt: &CheckpointHeader,
+    mark: JournalMark,
     state: &mut MetaState,
-) -> Result<(u64, u64, u64, u64)> {
+) -> Result<(u64, u64, u64, Vec<Record>)> {
     let cap = geo.journal_units();
-    let (mut lsn, mut seq) = (ckpt.journal_tail, ckpt.journal_seq);
-    let (mut txns, mut records) = (0u64, 0u64);
+    let (mut lsn, mut seq) = (mark.tail, mark.seq);
+    let mut txns = 0u64;
+    let mut records = Vec::new();
     // The rules fsck checks, applied to every transaction (built at the first one: a clean
     // unmount leaves none to replay).
     let mut rules: Option<ReplayCheck> = None;
-    while lsn - ckpt.journal_tail < cap {
+    while lsn - mark.tail < cap {
         let what = format!("journal transaction {seq} at journal unit {lsn}");
-        let room = cap - (lsn - ckpt.journal_tail);
+        let room = cap - (lsn - mark.tail);
         let (units, payload) = match read_txn(t0, geo, lsn, seq, room)? {
             TxnRead::Found(units, payload) => (units, payload),
             TxnRead::Missing(why) => {
-                end_of_log(t0, geo, ckpt, lsn, seq, &what, &why)?;
+                end_of_log(t0, geo, mark, lsn, seq, &what, &why)?;
                 break;
             }
         };
@@ -219,13 +225,16 @@ fn replay(
         let rules = match &mut rules {
             Some(r) => r,
             None => rules.insert(ReplayCheck::new(state, geo).map_err(|e| {
-                CoreError::corrupted(format!("checkpoint generation {}", ckpt.generation), e)
+                CoreError::corrupted(
+                    format!("metadata trees (replay from journal unit {})", mark.tail),
+                    e,
+                )
             })?),
         };
         rules
             .apply_txn(state, geo, &recs)
             .map_err(|e| CoreError::corrupted(what.clone(), e))?;
-        records += recs.len() as u64;
+        records.extend(recs);
         txns += 1;
         lsn += units;
         seq += 1;
@@ -270,13 +279,13 @@ const SCAN_BYTES: u64 = 1 << 20;
 fn end_of_log(
     t0: &dyn Target,
     geo: &Geometry,
-    ckpt: &CheckpointHeader,
+    mark: JournalMark,
     lsn: u64,
     seq: u64,
     what: &str,
     why: &str,
 ) -> Result<()> {
-    let end = ckpt.journal_tail + log_limit(geo.journal_units());
+    let end = mark.tail + log_limit(geo.journal_units());
     let step = (SCAN_BYTES / u64::from(geo.journal_unit)).max(1);
     let mut at = lsn;
     while at < end {

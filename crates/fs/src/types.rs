@@ -248,8 +248,10 @@ pub struct FsStatus {
     pub running_records: usize,
     pub inodes: u64,
     pub extents: u64,
-    pub metadata_bytes_bound: u64,
-    pub metadata_capacity: u64,
+    /// Blocks held by metadata tree pages, on all targets.
+    pub meta_page_blocks: u64,
+    /// The metadata trees' page cache.
+    pub meta_cache: stripefs_meta::CacheStats,
     pub busy_blocks: u64,
     pub poisoned: bool,
     /// Bytes of file data written to / read from the targets since mount.
@@ -262,8 +264,8 @@ pub struct FsStatus {
     pub wb_group_writes: u64,
     /// Bytes written to the journal and checkpoints since mount.
     pub meta_bytes_written: u64,
-    /// Of those, bytes written by checkpoints (the whole metadata model each time), and
-    /// checkpoints written, since mount.
+    /// Of those, bytes written by checkpoints (the tree pages dirtied since the previous
+    /// one, and the root record), and checkpoints written, since mount.
     pub ckpt_bytes_written: u64,
     pub checkpoints: u64,
     /// Page cache counters.
@@ -313,6 +315,8 @@ pub struct SpaceAccount {
     pub meta_held_blocks: u64,
     /// Blocks freed by a transaction that is not yet durable.
     pub busy_blocks: u64,
+    /// Blocks held by metadata tree pages on this target.
+    pub meta_page_blocks: u64,
     /// Blocks in file extents (written or unwritten) on this target.
     pub extent_blocks: u64,
     /// Blocks of delayed allocations on this target.
@@ -329,17 +333,19 @@ impl SpaceAccount {
             + self.reserved_blocks
             + self.meta_held_blocks
             + self.extent_blocks
-            + self.busy_blocks;
+            + self.busy_blocks
+            + self.meta_page_blocks;
         if sum != self.data_blocks {
             return Err(format!(
                 "target {}: available {} + reserved {} + held for metadata {} + in extents {} \
-                 + busy {} = {sum}, not the {} data blocks",
+                 + busy {} + metadata pages {} = {sum}, not the {} data blocks",
                 self.target,
                 self.available_blocks,
                 self.reserved_blocks,
                 self.meta_held_blocks,
                 self.extent_blocks,
                 self.busy_blocks,
+                self.meta_page_blocks,
                 self.data_blocks
             ));
         }

@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use common::*;
 use stripefs::{CreateParams, Fs, Ino, RenameMode};
+use stripefs_core::btree::{PageAddr, TreeId};
 use stripefs_core::codec::Enc;
 use stripefs_core::inode::FileKind;
 use stripefs_core::record::Record;
+use stripefs_meta::{RootSlots, Store, StoreConfig};
 use stripefs_target::{CrashMode, Rng, SimTarget, Target};
 
 /// A small file system with some content; returns the targets after a clean unmount.
@@ -82,30 +84,127 @@ fn not_a_stripefs_target() {
     );
 }
 
-#[test]
-fn corrupted_checkpoint_block_is_named() {
+/// Every page of every metadata tree of the durable root record: (tree, address, level).
+fn tree_pages(s: &[Arc<SimTarget>]) -> Vec<(TreeId, PageAddr, u8)> {
+    let (fs, _) = Fs::mount(dyns(&copy(s)), quiet()).unwrap();
+    let geo = fs.geometry().clone();
+    drop(fs);
+    let cfg = StoreConfig {
+        uuid: geo.uuid,
+        page_size: geo.page_size(),
+        block_size: geo.block_size,
+        cache_bytes: 1 << 20,
+        slots: RootSlots {
+            target: stripefs_core::TargetId(0),
+            offsets: geo.root_slot_offsets(),
+        },
+    };
+    // Only read: the allocator is never asked for a page.
+    let alloc = Arc::new(stripefs_meta::region::RegionAlloc::new(1, 0, 1, 0));
+    let store = Store::open(cfg, dyns(s), alloc).unwrap();
+    let mut out = Vec::new();
+    for tree in TreeId::ALL {
+        store
+            .walk(tree, &mut |at, node| out.push((tree, at, node.level)))
+            .unwrap();
+    }
+    out
+}
+
+/// The targets after a second mount and unmount that changed nothing: the newest root
+/// record (written by that unmount) and the one before it reach the same pages.
+fn populated_twice() -> Vec<Arc<SimTarget>> {
     let s = populated();
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).unwrap();
+    fs.unmount().unwrap();
+    s
+}
+
+#[test]
+fn version_1_superblock_is_refused_naming_the_version() {
+    let s = populated();
+    for t in &s {
+        let mut sb = t.durable_image()[..512].to_vec();
+        sb[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let crc = stripefs_core::crc32c(&sb[..508]);
+        sb[508..].copy_from_slice(&crc.to_le_bytes());
+        t.write_sync(0, stripefs_target::IoBuf::from_slice(&sb))
+            .unwrap();
+    }
+    for msg in [mount_err(dyns(&s)), fsck_err(dyns(&s))] {
+        assert!(
+            msg.contains("format version 1, this build reads 2; there is no migration: mkfs again"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn damaged_root_record_slots_fall_back_or_are_refused_naming_both() {
+    let s = populated_twice();
     let geo = Fs::mount(dyns(&copy(&s)), quiet())
         .unwrap()
         .0
         .geometry()
         .clone();
-    let bs = u64::from(geo.block_size.bytes());
-    // Damage the payload (inode and extent records) of whichever checkpoint is active.
-    for start in geo.ckpt_start {
+    let slots = geo.root_slot_offsets();
+    // One slot damaged (either one): the other is used, every file is there, and fsck
+    // warns about the damaged one without calling it a problem.
+    for damaged in slots {
         let c = copy(&s);
-        c[0].corrupt((start + 1) * bs + 200, 0x80);
-        if let Err(e) = Fs::mount(dyns(&c), quiet()) {
-            let msg = e.to_string();
-            assert!(
-                msg.contains("checkpoint block 0") && msg.contains("checksum"),
-                "{msg}"
-            );
-            assert!(fsck_err(dyns(&c)).contains("checkpoint block 0"));
-            return;
+        c[0].corrupt(damaged + 100, 0x10);
+        let r = stripefs::fsck::fsck(dyns(&c), &mut |_| {}).unwrap();
+        assert!(r.is_clean(), "{:?}", r.problems);
+        let (fs, _) = Fs::mount(dyns(&c), quiet()).unwrap();
+        assert_eq!(fs.readdir(Ino::ROOT).unwrap().len(), 5);
+        let f = fs.lookup(Ino::ROOT, "f3".as_ref()).unwrap();
+        let mut buf = vec![0u8; 70_000];
+        fs.read_at(f.ino, 0, &mut buf).unwrap();
+        assert_eq!(buf, pattern(3, 0, 70_000));
+        fs.unmount().unwrap();
+        // The next checkpoint (that unmount's) rewrote the damaged slot or left it older.
+        let r = stripefs::fsck::fsck(dyns(&c), &mut |_| {}).unwrap();
+        assert!(r.is_clean(), "{:?}", r.problems);
+    }
+    let c = copy(&s);
+    let r = {
+        let c1 = copy(&s);
+        c1[0].corrupt(slots[0] + 100, 0x10);
+        stripefs::fsck::fsck(dyns(&c1), &mut |_| {}).unwrap()
+    };
+    assert!(
+        r.warnings.iter().any(|w| w.contains("root record slot 0")),
+        "{:?}",
+        r.warnings
+    );
+    for off in slots {
+        c[0].corrupt(off + 100, 0x10);
+    }
+    for msg in [mount_err(dyns(&c)), fsck_err(dyns(&c))] {
+        assert!(
+            msg.contains("metadata root records") && msg.contains("neither slot"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn damaged_tree_leaf_page_is_refused_naming_the_tree_and_address() {
+    let s = populated();
+    let bs = 4096u64;
+    let leaves: Vec<_> = tree_pages(&s)
+        .into_iter()
+        .filter(|(t, _, level)| *t == TreeId::Fs && *level == 0)
+        .collect();
+    assert!(!leaves.is_empty());
+    for (tree, at, _) in leaves {
+        let c = copy(&s);
+        c[at.target.index()].corrupt(at.block.0 * bs + 1000, 0x08);
+        let want = format!("metadata page of tree {tree} at {at}");
+        for msg in [mount_err(dyns(&c)), fsck_err(dyns(&c))] {
+            assert!(msg.contains(&want) && msg.contains("checksum"), "{msg}");
         }
     }
-    panic!("damaging both checkpoint areas went unnoticed");
 }
 
 #[test]
@@ -449,17 +548,24 @@ fn random_metadata_damage_never_panics() {
         .0
         .geometry()
         .clone();
-    let meta_end = geo.targets[0].data_start * u64::from(geo.block_size.bytes());
+    let bs = u64::from(geo.block_size.bytes());
+    let meta_end = geo.targets[0].data_start * bs;
+    let pages = tree_pages(&s);
     let mut rng = Rng::new(99);
     let (mut failed, mut mounted) = (0, 0);
     for _ in 0..300 {
         let c = copy(&s);
         for _ in 0..rng.range(1, 8) {
             let t = rng.below(3) as usize;
-            let at = if t == 0 {
-                rng.below(meta_end)
-            } else {
-                rng.below(4096)
+            let (t, at) = match rng.below(3) {
+                // Superblocks, root record slots and the journal.
+                0 if t == 0 => (0, rng.below(meta_end)),
+                0 => (t, rng.below(4096)),
+                // A page of a metadata tree.
+                _ => {
+                    let (_, p, _) = pages[rng.below(pages.len() as u64) as usize];
+                    (p.target.index(), p.block.0 * bs + rng.below(bs))
+                }
             };
             c[t].corrupt(at, 1 << rng.below(8));
         }

@@ -508,3 +508,138 @@ fn every_flush_point_recovers_1k() {
         "workloads produced too few crash points: {total}"
     );
 }
+
+/// Names of the tree-split workload: (name, event index its create started at, event
+/// count when the sync after it returned, and the same for its unlink if any).
+struct Named {
+    name: String,
+    created: (usize, usize),
+    unlinked: Option<(usize, usize)>,
+}
+
+/// Crash at every flush and FUA point of a workload whose checkpoints split the fs tree's
+/// leaves (300 creates in one directory, a checkpoint, and journal-full checkpoints on the
+/// way) and then merge them (250 unlinks, a checkpoint): every acknowledged create and
+/// unlink survives, nothing unacknowledged is half there, and fsck (which walks and
+/// verifies every page) is clean.
+#[test]
+fn every_flush_point_across_checkpoints_that_split_and_merge_tree_pages() {
+    let sims = sims(NTARGETS, TARGET_BYTES);
+    let opts = MkfsOptions {
+        block_size: 4096,
+        stripe_unit: 16384,
+        journal_bytes: Some(64 << 10),
+        ..MkfsOptions::default()
+    };
+    Fs::mkfs(&dyns(&sims), &opts).unwrap();
+    let initial: Vec<Vec<u8>> = sims.iter().map(|s| s.durable_image()).collect();
+    let rec = Recorder::new();
+    let wrapped: Vec<Arc<dyn Target>> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            Arc::new(RecordingTarget::new(
+                Arc::clone(s) as Arc<dyn Target>,
+                i as u32,
+                Arc::clone(&rec),
+            )) as Arc<dyn Target>
+        })
+        .collect();
+    let (fs, _) = Fs::mount(wrapped, quiet()).unwrap();
+    let now = || rec.events().len();
+    let mut names: Vec<Named> = Vec::new();
+    let mut pending = Vec::new();
+    for i in 0..300 {
+        let name = format!("entry-with-a-longish-name-{i:05}");
+        let start = now();
+        fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
+            .unwrap();
+        pending.push((name, start));
+        if i % 25 == 24 {
+            fs.sync().unwrap();
+            let acked = now();
+            names.extend(pending.drain(..).map(|(name, s)| Named {
+                name,
+                created: (s, acked),
+                unlinked: None,
+            }));
+        }
+    }
+    fs.checkpoint().unwrap();
+    let split_at = now();
+    for i in 0..250 {
+        let start = now();
+        fs.unlink(Ino::ROOT, names[i].name.as_ref()).unwrap();
+        names[i].unlinked = Some((start, usize::MAX));
+        if i % 25 == 24 {
+            fs.sync().unwrap();
+            let acked = now();
+            for n in names_unacked(&mut names[..=i]) {
+                n.1 = acked;
+            }
+        }
+    }
+    fs.checkpoint().unwrap();
+    std::mem::forget(fs);
+
+    // The first explicit checkpoint left a fs tree of more than one leaf.
+    let images = rec.images_at(&initial, split_at, UnflushedPolicy::Drop, 512);
+    let (s2, fs2) = mount_images(&images);
+    drop(fs2);
+    let shape = stripefs::fsck::inspect(dyns(&s2)).unwrap();
+    let fs_tree = shape
+        .trees
+        .iter()
+        .find(|t| t.tree == stripefs_core::btree::TreeId::Fs)
+        .unwrap();
+    assert!(fs_tree.root_level >= 1, "no split: {fs_tree:?}");
+
+    let mut covered = 0;
+    for p in rec.durability_points() {
+        for policy in [
+            UnflushedPolicy::Drop,
+            UnflushedPolicy::Tear { seed: p as u64 },
+        ] {
+            let images = rec.images_at(&initial, p + 1, policy, 512);
+            let what = format!("crash after event {p} ({policy:?})");
+            let (s2, fs2) = mount_images(&images);
+            check_names(&fs2, &names, Cut::after(p), &what);
+            drop(fs2);
+            fsck_clean(&s2, &what);
+            covered += 1;
+        }
+    }
+    for p in rec.fua_points() {
+        let images = rec.images_in_flight(&initial, p, (p as u64) << 1, 512);
+        let what = format!("crash during FUA write {p}");
+        let (s2, fs2) = mount_images(&images);
+        check_names(&fs2, &names, Cut::during(p), &what);
+        drop(fs2);
+        fsck_clean(&s2, &what);
+        covered += 1;
+    }
+    eprintln!("crash points covered (tree splits and merges): {covered}");
+    assert!(covered > 40, "too few crash points: {covered}");
+}
+
+/// The unlinks of `names` whose sync has not returned yet.
+fn names_unacked(names: &mut [Named]) -> impl Iterator<Item = &mut (usize, usize)> {
+    names
+        .iter_mut()
+        .filter_map(|n| n.unlinked.as_mut())
+        .filter(|u| u.1 == usize::MAX)
+}
+
+fn check_names(fs: &Fs, names: &[Named], cut: Cut, what: &str) {
+    for n in names {
+        let present = fs.lookup(Ino::ROOT, n.name.as_ref()).is_ok();
+        let created = n.created.1 <= cut.returned;
+        let unlink_started = n.unlinked.is_some_and(|u| u.0 <= cut.started);
+        let unlinked = n.unlinked.is_some_and(|u| u.1 <= cut.returned);
+        if unlinked || n.created.0 > cut.started {
+            assert!(!present, "{what}: {} is back", n.name);
+        } else if created && !unlink_started {
+            assert!(present, "{what}: acknowledged {} is lost", n.name);
+        }
+    }
+}

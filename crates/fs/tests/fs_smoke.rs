@@ -149,3 +149,37 @@ fn read_only_switch_settles_refuses_changes_and_writes_nothing() {
     fs.write_at(a.ino, 0, b"again").unwrap();
     fs.unmount().unwrap();
 }
+
+/// Issue 11: format version 1 kept the whole model in a checkpoint area of 1/32 of target
+/// 0 (256 KiB at least, about 1,400 empty files here) and refused more with `ENOSPC`
+/// although the data area was empty. Metadata pages now come from the data area: 6,000
+/// files fit, survive a remount, and fsck (which walks every page) finds them clean.
+#[test]
+fn many_files_exceed_the_old_checkpoint_area() {
+    let s = sims(2, 8 << 20);
+    let fs = fresh(&s, 4096, 65536);
+    let d = fs
+        .mkdir(Ino::ROOT, "d".as_ref(), CreateParams::with_perm(0o755))
+        .unwrap();
+    for i in 0..6000 {
+        fs.create(
+            d.ino,
+            format!("file-{i}").as_ref(),
+            CreateParams::with_perm(0o644),
+        )
+        .unwrap_or_else(|e| panic!("create {i}: {e}"));
+    }
+    fs.unmount().unwrap();
+    let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+    assert_eq!(r.inodes, 6002);
+    assert!(r.meta_pages > 10, "{} pages", r.meta_pages);
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).unwrap();
+    let d = fs.lookup(Ino::ROOT, "d".as_ref()).unwrap();
+    assert_eq!(fs.readdir(d.ino).unwrap().len(), 6000);
+    for i in (0..6000).step_by(97) {
+        fs.lookup(d.ino, format!("file-{i}").as_ref()).unwrap();
+    }
+    fs.check_space_accounting().unwrap();
+    fs.unmount().unwrap();
+}

@@ -40,7 +40,6 @@ fn mount_small_cache_with(
             block_size: BS,
             stripe_unit: 4 * BS,
             journal_bytes: Some(4 << 20),
-            ckpt_bytes: Some(8 << 20),
             ..MkfsOptions::default()
         },
     )
