@@ -643,9 +643,12 @@ impl Fs {
                 while b < p + n {
                     let data = match map.kind {
                         IomapKind::Mapped | IomapKind::Delalloc | IomapKind::Shared => true,
+                        // Data the device does not hold yet: dirty, or being written
+                        // back (the flusher runs without the inode lock, and a block it
+                        // took is neither dirty nor recorded until its write completes).
                         IomapKind::Hole | IomapKind::Unwritten => fc
                             .as_ref()
-                            .is_some_and(|fc| fc.block_dirty(&self.inner.cache, b)),
+                            .is_some_and(|fc| fc.block_pending(&self.inner.cache, b)),
                     };
                     if data == (what == Whence::Data) {
                         found = Some(b);

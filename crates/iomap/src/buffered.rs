@@ -333,6 +333,10 @@ fn copy_in<O: FileIo>(
     while cur < end {
         let cell = cache.folio(fc, cur, end - cur);
         let mut g = cell.lock_settled();
+        if g.data.is_lent() {
+            // A write in flight holds these bytes: the change below copies them first.
+            cache.count_lent_rewrite();
+        }
         let off = cur - g.pos;
         let len = (g.len() - off).min(end - cur);
         let b0 = (off / bs) as u32;

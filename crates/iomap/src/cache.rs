@@ -408,6 +408,20 @@ impl FileCache {
             .is_dirty(((pos - g.pos) / u64::from(cache.block_size())) as u32)
     }
 
+    /// True if the block holding byte `pos` holds cached data the device may not have
+    /// yet: dirty, or uptodate in a folio under writeback (taken for writeback, its
+    /// extent recorded only when the write completes). Per folio, so it may also answer
+    /// true for a clean block beside the ones being written.
+    #[must_use]
+    pub fn block_pending(&self, cache: &PageCache, pos: u64) -> bool {
+        let Some(cell) = self.get(pos) else {
+            return false;
+        };
+        let g = cell.lock();
+        let b = ((pos - g.pos) / u64::from(cache.block_size())) as u32;
+        g.state.is_dirty(b) || (g.writeback && g.state.is_uptodate(b))
+    }
+
     /// True if any cached block starting below `end` is dirty.
     #[must_use]
     pub fn has_dirty_below(&self, cache: &PageCache, end: u64) -> bool {
@@ -486,6 +500,9 @@ pub struct CacheStats {
     /// (their blocks were left not uptodate).
     pub readahead_async_bytes: u64,
     pub readahead_failed_reads: u64,
+    /// Buffered writes into a folio whose memory a write in flight held (lent by
+    /// writeback): each made the folio copy its bytes first (stable pages).
+    pub lent_rewrites: u64,
 }
 
 /// What reclaim did with the oldest clean folio.
@@ -504,6 +521,7 @@ pub struct PageCache {
     peak: AtomicU64,
     dirty: AtomicU64,
     evicted: AtomicU64,
+    lent_rewrites: AtomicU64,
     scanned: AtomicU64,
     /// The reclaim lists (innermost lock: nothing is locked while holding it).
     lru: Mutex<LruLists>,
@@ -536,6 +554,7 @@ impl PageCache {
             peak: AtomicU64::new(0),
             dirty: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            lent_rewrites: AtomicU64::new(0),
             scanned: AtomicU64::new(0),
             lru: Mutex::new(LruLists::new()),
             reads: Arc::new(ReadShared::new(
@@ -742,6 +761,11 @@ impl PageCache {
         &self.reads
     }
 
+    /// Counts a buffered write into a folio whose memory was lent (it copies first).
+    pub(crate) fn count_lent_rewrite(&self) {
+        self.lent_rewrites.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Moves a folio to the front of its reclaim list (it was just used).
     pub fn touch(&self, f: &Folio) {
         self.lru.lock().touch(f.lru);
@@ -909,6 +933,7 @@ impl PageCache {
             reading_folios: self.reads.reading_folios(),
             readahead_async_bytes: self.reads.submitted_bytes(),
             readahead_failed_reads: self.reads.failed_reads(),
+            lent_rewrites: self.lent_rewrites.load(Ordering::Relaxed),
         }
     }
 }

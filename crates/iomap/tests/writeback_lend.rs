@@ -226,6 +226,11 @@ fn rewrite_during_writeback(mode: WbCopy) {
         // device will write.
         let n = iomap::write(&cache, &fs, &fc, BS, &new, ZeroMode::Cache).unwrap();
         assert_eq!(n, new.len());
+        assert_eq!(
+            cache.stats().lent_rewrites,
+            u64::from(mode == WbCopy::Lend),
+            "{mode:?}: a rewrite of lent memory is counted"
+        );
         let mut got = vec![0u8; size as usize];
         assert_eq!(
             iomap::read(&cache, &fs, &fc, 0, &mut got).unwrap(),
