@@ -386,6 +386,20 @@ impl Allocator {
         t.blocks - t.data_start
     }
 
+    /// The start of the first free range on `target` at least `len` blocks long, `None` if
+    /// there is none: where a caller placing many small allocations side by side starts
+    /// (the file system's multi-file writeback, as ext4's locality-group preallocation
+    /// takes a chunk), rather than in the first hole. O(free ranges), like [`Self::alloc`]
+    /// without a goal.
+    #[must_use]
+    pub fn first_range_at_least(&self, target: TargetId, len: u64) -> Option<u64> {
+        self.targets[target.index()]
+            .free
+            .iter()
+            .find(|(_, &l)| l >= len)
+            .map(|(&s, _)| s)
+    }
+
     /// Number of free ranges on `target` (fragmentation indicator).
     #[must_use]
     pub fn free_ranges(&self, target: TargetId) -> usize {
@@ -444,6 +458,21 @@ mod tests {
         assert!(a.reserve(t, all));
         let start = g.targets[0].data_start;
         a.mark_used(t, start, 1).unwrap();
+    }
+
+    #[test]
+    fn first_range_at_least_skips_short_holes() {
+        let g = geo();
+        let mut a = Allocator::new(&g);
+        let t = TargetId(1);
+        let (s, l) = a.alloc(t, None, 10).unwrap();
+        assert_eq!(l, 10);
+        a.free_now(t, s + 2, 1);
+        a.free_now(t, s + 5, 2);
+        assert_eq!(a.first_range_at_least(t, 1), Some(s + 2));
+        assert_eq!(a.first_range_at_least(t, 2), Some(s + 5));
+        assert_eq!(a.first_range_at_least(t, 3), Some(s + 10));
+        assert_eq!(a.first_range_at_least(t, u64::MAX), None);
     }
 
     #[test]

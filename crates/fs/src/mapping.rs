@@ -30,7 +30,7 @@ use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::MetaCore;
 use crate::namespace::inode;
-use crate::wbgroup::WbPlug;
+use crate::wbgroup::{WbPlug, GROUP_CHUNK_BYTES};
 
 /// Where a mapping lives on the devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,9 +362,13 @@ impl<'a> FileMapper<'a> {
         self.fs.inner.alloc_fault(target)?;
         // A file's own neighbour first; in a writeback group, right after the group's
         // previous allocation on this target, so the group's writes are contiguous.
-        let goal = match self.goal(m, object, obj_block)? {
-            Some(g) => Some(g),
-            None => self.plug.and_then(|p| p.goal(target)),
+        let goal = match (self.goal(m, object, obj_block)?, self.plug) {
+            (Some(g), _) => Some(g),
+            (None, Some(p)) => {
+                let bs = self.fs.inner.geo.block_size;
+                p.goal(target, &m.alloc, bs.blocks_for(GROUP_CHUNK_BYTES))
+            }
+            (None, None) => None,
         };
         // Whatever a reservation could not place stays promised to it.
         let draw = match funding {

@@ -6,7 +6,8 @@
 //! at most [`GROUP_BYTES`] in all, taken in ascending inode order. For each file in turn
 //! the page cache takes its dirty blocks and maps them (`iomap::writeback_start`); the
 //! delayed allocations of the whole group are placed from one allocation cursor per
-//! target, so consecutive files land in consecutive blocks. Their writes are not issued
+//! target, so consecutive files land in consecutive blocks (the cursor starts in the
+//! first free range of at least [`GROUP_CHUNK_BYTES`], not in the first hole). Their writes are not issued
 //! one by one: the mappers queue them in a [`WbPlug`] (Linux's block plug idea), which
 //! then sorts them by target and address, merges neighbours into one vectored write, and
 //! submits them all into one batch that is waited for once. Each file is then settled on
@@ -28,6 +29,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use stripefs_core::alloc::Allocator;
 use stripefs_core::{Ino, TargetId};
 use stripefs_iomap::cache::FileCache;
 use stripefs_iomap::{self as iomap, WbStart, WbStarted, WbWait};
@@ -47,6 +49,8 @@ pub(crate) const GROUP_BYTES: u64 = 32 << 20;
 const MERGE_BUFS: usize = 256;
 /// Most bytes merged into one write.
 const MERGE_BYTES: u64 = 8 << 20;
+/// A group's first allocation on a target starts in a free range of at least this much.
+pub(crate) const GROUP_CHUNK_BYTES: u64 = 2 << 20;
 
 /// How the flusher, `sync` and unmount write dirty files back (mount option `wb_batch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -109,9 +113,13 @@ impl WbPlug {
         });
     }
 
-    /// Where the next allocation on `target` should start (right after the group's last).
-    pub fn goal(&self, target: TargetId) -> Option<u64> {
-        self.cursor.borrow().get(&target).copied()
+    /// Where the next allocation on `target` should start: right after the group's last
+    /// there; for the group's first, at the first free range of at least `chunk` blocks
+    /// (so a group on aged space is not scattered over the holes freed files left, each a
+    /// write of its own; ext4's locality groups take such a chunk for small files).
+    pub fn goal(&self, target: TargetId, alloc: &Allocator, chunk: u64) -> Option<u64> {
+        let cursor = self.cursor.borrow().get(&target).copied();
+        cursor.or_else(|| alloc.first_range_at_least(target, chunk))
     }
 
     /// An allocation on `target` ended at physical block `end`.

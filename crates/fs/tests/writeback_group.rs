@@ -113,6 +113,50 @@ fn small_files_are_written_back_in_few_device_writes() {
     );
 }
 
+/// On aged space (every other small file deleted, leaving one-block holes) a group still
+/// starts in a large free range, not in the first hole: the new files' writes merge.
+#[test]
+fn a_group_on_aged_space_is_not_scattered_over_holes() {
+    const OLD: u64 = 300;
+    const NEW: u64 = 100;
+    let sims = sims(1, 16 << 20);
+    mkfs(&sims);
+    let fs = mount(&sims, quiet());
+    create_files(&fs, OLD);
+    fs.sync().expect("sync");
+    for i in (0..OLD).step_by(2) {
+        fs.unlink(Ino::ROOT, format!("f{i}").as_ref())
+            .expect("unlink");
+    }
+    // Committed, the freed blocks are no longer busy: 150 holes of one block.
+    fs.sync().expect("sync");
+    fs.sync().expect("sync");
+    let holes = fs.status().targets[0].free_ranges;
+    assert!(holes > 100, "aged space has {holes} free ranges");
+    for i in OLD..OLD + NEW {
+        let a = fs
+            .create(
+                Ino::ROOT,
+                format!("f{i}").as_ref(),
+                CreateParams::with_perm(0o644),
+            )
+            .expect("create");
+        fs.write_at(a.ino, 0, &pattern(i, 0, FILE_BYTES))
+            .expect("write");
+    }
+    let before = plain_writes(&sims);
+    fs.sync().expect("sync");
+    let writes = plain_writes(&sims) - before;
+    assert!(
+        writes <= 2,
+        "{NEW} new small files on aged space took {writes} device writes"
+    );
+    fs.unmount().expect("unmount");
+    let fs = mount(&sims, quiet());
+    verify(&fs, (1..OLD).step_by(2).chain(OLD..OLD + NEW));
+    fs.unmount().expect("unmount");
+}
+
 /// A device error on the merged write of a group is retried piece by piece: only the
 /// file whose own piece fails again gets the error, reported through every handle open on
 /// it; the other files are written and read back after a remount.
