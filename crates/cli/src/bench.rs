@@ -90,6 +90,20 @@ pub struct BenchArgs {
     /// `files_created latency_seconds` lines (repeatable).
     #[arg(long, value_name = "LABEL=FILE", value_parser = crate::bench_meta::parse_series)]
     plot_series: Vec<(String, PathBuf)>,
+    /// meta: where checkpoints run, background (the checkpointer thread) or inline (on
+    /// the committing thread when the journal is full: the synchronous design).
+    #[arg(long, default_value = "background", value_parser = parse_checkpoints)]
+    checkpoint: stripefs::Checkpoints,
+}
+
+fn parse_checkpoints(s: &str) -> Result<stripefs::Checkpoints, String> {
+    match s {
+        "background" => Ok(stripefs::Checkpoints::Background),
+        "inline" => Ok(stripefs::Checkpoints::Inline),
+        _ => Err(format!(
+            "--checkpoint must be background or inline, not {s:?}"
+        )),
+    }
 }
 
 impl BenchArgs {
@@ -105,6 +119,7 @@ impl BenchArgs {
             steps: self.steps,
             plot: self.plot.clone(),
             plot_series: self.plot_series.clone(),
+            checkpoints: self.checkpoint,
         }
     }
 }

@@ -49,6 +49,8 @@ pub(crate) struct MetaParams {
     pub plot: Option<PathBuf>,
     /// Extra series for the plot: (label, file of `files_created latency_seconds` lines).
     pub plot_series: Vec<(String, PathBuf)>,
+    /// Where checkpoints run (`--checkpoint`).
+    pub checkpoints: stripefs::Checkpoints,
 }
 
 impl MetaParams {
@@ -208,6 +210,7 @@ fn make_targets(dir: &Path, p: &MetaParams) -> Result<Vec<PathBuf>, String> {
 fn timed_mount(
     paths: &[PathBuf],
     faults: Option<Arc<FaultInjector>>,
+    checkpoints: stripefs::Checkpoints,
 ) -> Result<(Fs, MountTime), String> {
     let t = Instant::now();
     let targets: Vec<Arc<dyn Target>> = paths
@@ -216,6 +219,7 @@ fn timed_mount(
         .collect::<Result<_, _>>()?;
     let mut opts = quiet();
     opts.faults = faults;
+    opts.checkpoints = checkpoints;
     let (fs, report) = Fs::mount(targets, opts).map_err(err)?;
     Ok((
         fs,
@@ -534,7 +538,7 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
         ..MetaReport::default()
     };
     let faults = Arc::new(FaultInjector::new());
-    let (fs, _) = timed_mount(paths, Some(Arc::clone(&faults)))?;
+    let (fs, _) = timed_mount(paths, Some(Arc::clone(&faults)), p.checkpoints)?;
     let dirs: Vec<Ino> = (0..p.dirs)
         .map(|d| {
             fs.mkdir(
@@ -549,12 +553,12 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
     let files = create_phase(&fs, &dirs, p, &mut r)?;
     fs.unmount().map_err(err)?;
     drop(fs);
-    let (fs, clean) = timed_mount(paths, Some(Arc::clone(&faults)))?;
+    let (fs, clean) = timed_mount(paths, Some(Arc::clone(&faults)), p.checkpoints)?;
     r.mount_clean = clean;
     r.stat_per_sec = stat_all(&fs, &dirs, &files, p.threads)?;
     r.readdir_entries_per_sec = readdir_all(&fs, &dirs, p.threads)?;
     let fill = crash(fs, &faults, &dirs, &files)?;
-    let (fs, mut crashed) = timed_mount(paths, None)?;
+    let (fs, mut crashed) = timed_mount(paths, None, p.checkpoints)?;
     crashed.journal_fill = fill;
     r.mount_crash = crashed;
     let t = Instant::now();

@@ -10,7 +10,7 @@ use stripefs::{AtimePolicy, AtimeUpdate, AtimeWrite, DirAtime, MountOptions};
 use crate::size::parse_size;
 
 /// The keys `-o` understands, for help texts and errors.
-pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, meta_cache=SIZE (metadata page cache, default 64m), readahead=SIZE, readahead_mode=async|sync (sync: wait for the window inside the read), writeback_depth=N (batches in flight, 1: wait for each), \
+pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, meta_cache=SIZE (metadata page cache, default 64m), checkpoint=background|inline, readahead=SIZE, readahead_mode=async|sync (sync: wait for the window inside the read), writeback_depth=N (batches in flight, 1: wait for each), \
 writeback_copy=lend|stage (stage: copy written bytes into staging buffers), \
 wb_batch=files|single (single: write dirty files back one at a time), \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
@@ -74,6 +74,17 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
             }
             "cache_size" => o.cache.budget_bytes = parse_size(v)?,
             "dirty_limit" => o.cache.dirty_limit_bytes = parse_size(v)?,
+            "checkpoint" => {
+                o.checkpoints = match v {
+                    "background" => stripefs::Checkpoints::Background,
+                    "inline" => stripefs::Checkpoints::Inline,
+                    _ => {
+                        return Err(format!(
+                            "checkpoint must be background or inline, not {v:?}"
+                        ))
+                    }
+                }
+            }
             "meta_cache" => {
                 let m = stripefs::MetaCacheBytes(parse_size(v)?);
                 m.validate(4096)
@@ -238,6 +249,17 @@ mod tests {
             small.contains("minimum of 64 pages") && small.contains("meta_cache=100k"),
             "{small}"
         );
+        assert_eq!(
+            parse(&[]).unwrap().checkpoints,
+            stripefs::Checkpoints::Background
+        );
+        assert_eq!(
+            parse(&["checkpoint=inline".into()]).unwrap().checkpoints,
+            stripefs::Checkpoints::Inline
+        );
+        assert!(parse(&["checkpoint=sometimes".into()])
+            .unwrap_err()
+            .contains("background or inline"));
         assert!(parse(&["meta_cache=lots".into()])
             .unwrap_err()
             .contains("bad size"));

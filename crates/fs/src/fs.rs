@@ -16,9 +16,9 @@ use stripefs_target::{IoBuf, Target};
 
 use crate::error::{FsError, Result};
 use crate::inner::{FsInner, MetaCore, Txn};
-use crate::journal::{CommitMode, Journal, JournalPosition};
+use crate::journal::{CommitMode, Journal, JournalPosition, Urge, Wake};
 use crate::metapages::MetaPages;
-use crate::options::{MkfsOptions, MountOptions};
+use crate::options::{Checkpoints, MkfsOptions, MountOptions};
 use crate::recovery;
 use crate::types::{Access, AccessSource, FsStatus, SpaceAccount, StatFs, TargetStatus};
 
@@ -112,7 +112,7 @@ impl Fs {
             tail: l.mark.tail,
             generation: l.store.durable_generation().0,
         };
-        let journal = Journal::new(pos, committed, l.replayed);
+        let journal = Journal::new(pos, committed, l.replayed, l.mark);
         let meta = MetaCore {
             state: l.state,
             alloc,
@@ -141,6 +141,9 @@ impl Fs {
             fs.inner
                 .journal
                 .commit(&fs.inner, 0, CommitMode::Checkpoint)?;
+        }
+        if opts.checkpoints == Checkpoints::Background {
+            fs.start_checkpointer();
         }
         if let Some(every) = opts.commit_interval {
             fs.start_background(every);
@@ -215,7 +218,34 @@ impl Fs {
         }
     }
 
+    /// The checkpointer thread (`journal.rs`): applies queued records to the metadata
+    /// trees and writes checkpoints when due, outside every lock commits need. It waits on
+    /// the journal's control, holding only a weak reference to the file system between
+    /// checkpoints.
+    fn start_checkpointer(&self) {
+        let weak: Weak<FsInner> = Arc::downgrade(&self.inner);
+        let ctl = self.inner.journal.control();
+        let spawned = std::thread::Builder::new()
+            .name("stripefs-ckpt".into())
+            .spawn(move || {
+                while ctl.wait() == Wake::Work {
+                    let Some(inner) = weak.upgrade() else { return };
+                    if !inner.is_poisoned() {
+                        // A failure poisons the file system; the next call reports it.
+                        let _ = inner.journal.checkpoint_now(&inner, Urge::IfDue);
+                    }
+                }
+            });
+        match spawned {
+            Ok(h) => self.inner.bg_thread.lock().push(h),
+            Err(e) => {
+                tracing::warn!(error = %e, "no checkpointer thread; checkpoints run when the journal is full")
+            }
+        }
+    }
+
     fn stop_background(&self) {
+        self.inner.journal.control().stop();
         *self.inner.bg.stop.lock() = true;
         self.inner.bg.wake.notify_all();
         self.inner.bg.flush_kick.notify_all();
@@ -520,6 +550,7 @@ impl Fs {
             meta_bytes_written: self.inner.meta_bytes_written.load(Ordering::Relaxed),
             ckpt_bytes_written: self.inner.ckpt_bytes_written.load(Ordering::Relaxed),
             checkpoints: self.inner.checkpoints.load(Ordering::Relaxed),
+            journal_full_waits: self.inner.journal.full_waits.load(Ordering::Relaxed),
             cache: self.inner.cache.stats(),
             dio_shared: self.inner.dio_shared.load(Ordering::Relaxed),
             dio_exclusive: self.inner.dio_exclusive.load(Ordering::Relaxed),
@@ -530,6 +561,13 @@ impl Fs {
             incore_inodes_peak: m.inodes.peak(),
             incore_inodes_evicted: m.inodes.evicted(),
         }
+    }
+
+    /// Test hook: stops the background threads (commit, writeback, checkpointer) after
+    /// the work in progress, so a test can then crash the targets at a quiet moment.
+    #[doc(hidden)]
+    pub fn debug_stop_background(&self) {
+        self.stop_background();
     }
 
     /// Test hook: holds back `blocks` free blocks of every target for metadata pages

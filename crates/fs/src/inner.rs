@@ -433,6 +433,17 @@ impl FsInner {
         Ok(self.dirty.flush(&self.targets)?)
     }
 
+    /// Bytes of the metadata reserve over every target (the checkpoint trigger keeps a
+    /// checkpoint's pages under half of it; `metadata.md`, "Space"). Takes the metadata
+    /// lock for a moment.
+    pub fn meta_reserve_bytes(&self) -> u64 {
+        let m = self.meta.lock();
+        let blocks: u64 = (0..self.geo.target_count())
+            .map(|t| m.alloc.meta_reserve(stripefs_core::TargetId(t)))
+            .sum();
+        self.geo.block_size.to_bytes(blocks)
+    }
+
     /// Consults the fault injector at one of the journal's or the checkpoint's fault
     /// points (`crate::faults`): a fault is the I/O error of target 0, which holds both.
     pub fn metadata_fault(&self, point: FaultPoint) -> Result<()> {

@@ -7,27 +7,38 @@
 //!    the data is durable); when nothing new is on any target, no flush at all;
 //! 3. append the transaction at the journal head on target 0 as a FUA write (durable when
 //!    it completes; two when it wraps), and queue its records for the metadata trees;
-//!    when it would not fit the journal, checkpoint first (which empties the journal);
+//!    when it would not fit the journal, wait for the tail to move first (below);
 //! 4. publish `committed = s` and release blocks freed by `s` for reuse.
 //!
-//! A checkpoint ([`checkpoint_trees`]) applies the queued records to the metadata trees
-//! (`stripefs_meta::items::apply_record`, in journal order), writes the pages they
-//! dirtied and the root record naming the journal position it covers
-//! (`Store::checkpoint_at`), and then moves the journal tail to the head. A transaction
-//! too large for an empty journal, and every commit in [`CommitMode::Checkpoint`], is
-//! committed by the checkpoint itself (its root record is the commit point).
+//! Checkpoints ([`Journal::checkpoint_now`]) run outside the commit lock, normally on the
+//! checkpointer thread (`Fs::start_checkpointer`), woken when the journal is half full,
+//! when the queue holds enough records to apply, or on request: they take the queued
+//! transactions (in journal order), apply their records to the metadata trees
+//! (`stripefs_meta::items::apply_record`), and when the journal is half full, the trees'
+//! dirty pages pass half the cache budget or half the metadata reserve, or a caller asks,
+//! write the dirty pages and the root record naming the journal position of the last
+//! applied transaction (`Store::checkpoint_at`); then the journal tail moves there. No
+//! lock that commits or other operations need is held meanwhile: a commit appends while a
+//! checkpoint writes (`tests/checkpoint_background.rs`). Only a commit whose transaction
+//! does not fit between the head and the tail waits, by running (or waiting for) a
+//! checkpoint itself, which frees the whole journal (bounded back-pressure). A
+//! transaction larger than the whole journal is committed by a checkpoint (its root record
+//! is the commit point). [`CommitMode::Checkpoint`] appends and then runs a checkpoint to
+//! completion, waiting for it.
 //!
 //! So an `fsync` costs one flush per data target it wrote plus one FUA write; a
 //! metadata-only one costs the FUA write alone (`tests/fsync_ops.rs` counts them).
 //!
 //! Concurrent `fsync` callers queue on the commit lock; whoever gets it commits everything
 //! logged so far, and the others find their transaction already committed (group commit).
-//! A failure in steps 2-3, or of a checkpoint, poisons the file system: the in-memory
-//! state is ahead of the disk and nothing later may pretend otherwise.
+//! A failure in steps 2-3, or of a checkpoint (on any thread), poisons the file system:
+//! the in-memory state is ahead of the disk and nothing later may pretend otherwise.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use stripefs_core::codec::Enc;
 use stripefs_core::journal::{encode_txn, log_limit, txn_units};
 use stripefs_core::record::Record;
@@ -37,7 +48,11 @@ use stripefs_target::{Batch, IoBuf, IoOp};
 use crate::error::Result;
 use crate::inner::{FsInner, Txn};
 
-/// Where the log stands (protected by the commit lock).
+/// Records queued before the checkpointer is woken to apply them (so it applies in
+/// batches rather than once per commit).
+const APPLY_BATCH_RECORDS: usize = 4096;
+
+/// Where the log stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JournalPosition {
     /// Next journal unit to write.
@@ -51,29 +66,102 @@ pub struct JournalPosition {
 /// Whether a commit may append or must write a checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CommitMode {
-    /// Append to the journal (checkpoint only under journal pressure).
+    /// Append to the journal (waiting for a checkpoint only when the journal is full).
     Append,
-    /// Write a checkpoint even if the journal has room (unmount, sync of the trees,
-    /// recovery, the switch to read-only).
+    /// Append, then run a checkpoint to completion (unmount, sync of the trees, recovery,
+    /// the switch to read-only).
     Checkpoint,
+}
+
+/// Why a checkpoint runs: whether it writes even below the thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Urge {
+    /// Apply what is queued; write only past a threshold (the checkpointer's wake-ups).
+    IfDue,
+    /// Apply and write whatever is not yet in the trees' durable state.
+    Now,
 }
 
 /// The journal writer.
 #[derive(Debug)]
 pub(crate) struct Journal {
-    /// The commit lock.
-    log: Mutex<Log>,
+    /// The commit lock: the head, and the order of appends.
+    head: Mutex<u64>,
+    /// The head as of the last append, readable without waiting for a commit (status).
+    head_seen: AtomicU64,
     committed: AtomicU64,
+    /// Commits that found the journal full and waited for a checkpoint.
+    pub full_waits: AtomicU64,
+    /// Shared with committers, checkpoints and the checkpointer thread.
+    ctl: Arc<CheckpointCtl>,
+    /// Serialises checkpoints (apply and write), with the mark of the last transaction
+    /// applied to the trees.
+    run: Mutex<JournalMark>,
 }
 
-/// What the commit lock protects.
+/// A transaction durable in the journal whose records have not reached the trees.
 #[derive(Debug)]
-struct Log {
-    pos: JournalPosition,
-    /// Records of transactions durable in the journal but not yet applied to the trees,
-    /// in journal order (bounded by the journal's size: a checkpoint drains it before the
-    /// journal wraps onto them).
-    queue: Vec<Record>,
+struct Queued {
+    seq: u64,
+    /// The journal unit after it.
+    end: u64,
+    records: Vec<Record>,
+}
+
+/// The queue, the tail and the checkpointer's wake-up: a lock held for moments, never
+/// across I/O, and shared with the checkpointer thread, which waits on it without holding
+/// the file system (its last user's drop unmounts it).
+#[derive(Debug)]
+pub(crate) struct CheckpointCtl {
+    shared: Mutex<Shared>,
+    kick: Condvar,
+}
+
+/// What the checkpointer thread is to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    Work,
+    Stop,
+}
+
+impl CheckpointCtl {
+    /// Waits until there is work or the thread must stop.
+    pub fn wait(&self) -> Wake {
+        let mut s = self.shared.lock();
+        while !s.wanted && !s.stop {
+            self.kick.wait(&mut s);
+        }
+        if s.stop {
+            Wake::Stop
+        } else {
+            s.wanted = false;
+            Wake::Work
+        }
+    }
+
+    fn want(&self, s: &mut Shared) {
+        s.wanted = true;
+        self.kick.notify_one();
+    }
+
+    /// Makes the checkpointer thread return.
+    pub fn stop(&self) {
+        self.shared.lock().stop = true;
+        self.kick.notify_all();
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// In journal order.
+    queue: VecDeque<Queued>,
+    queued_records: usize,
+    tail: u64,
+    generation: u64,
+    /// The checkpointer has work (`kick`).
+    wanted: bool,
+    /// The checkpointer must exit.
+    stop: bool,
 }
 
 struct Work {
@@ -85,14 +173,40 @@ struct Work {
 
 impl Journal {
     /// A journal at `pos` whose transactions up to `committed` are durable; `replayed`
-    /// are the records recovery replayed from it, still to reach the trees.
-    pub fn new(pos: JournalPosition, committed: u64, replayed: Vec<Record>) -> Self {
+    /// are the records recovery replayed from it (ending at the head), still to reach the
+    /// trees, and `mark` the journal position the trees' durable root record covers.
+    pub fn new(
+        pos: JournalPosition,
+        committed: u64,
+        replayed: Vec<Record>,
+        mark: JournalMark,
+    ) -> Self {
+        let mut queue = VecDeque::new();
+        let queued_records = replayed.len();
+        if !replayed.is_empty() {
+            queue.push_back(Queued {
+                seq: committed,
+                end: pos.head,
+                records: replayed,
+            });
+        }
         Self {
-            log: Mutex::new(Log {
-                pos,
-                queue: replayed,
-            }),
+            head: Mutex::new(pos.head),
+            head_seen: AtomicU64::new(pos.head),
             committed: AtomicU64::new(committed),
+            full_waits: AtomicU64::new(0),
+            ctl: Arc::new(CheckpointCtl {
+                shared: Mutex::new(Shared {
+                    queue,
+                    queued_records,
+                    tail: pos.tail,
+                    generation: pos.generation,
+                    wanted: false,
+                    stop: false,
+                }),
+                kick: Condvar::new(),
+            }),
+            run: Mutex::new(mark),
         }
     }
 
@@ -101,9 +215,15 @@ impl Journal {
         self.committed.load(Ordering::Acquire)
     }
 
-    /// Current log position.
+    /// Current log position (without waiting for a commit in progress).
     pub fn position(&self) -> JournalPosition {
-        self.log.lock().pos
+        let s = self.ctl.shared.lock();
+        let head = self.head_seen.load(Ordering::Acquire);
+        JournalPosition {
+            head,
+            tail: s.tail,
+            generation: s.generation,
+        }
     }
 
     /// Makes every transaction up to `upto` durable (see the module documentation).
@@ -112,48 +232,78 @@ impl Journal {
     /// `Poisoned` if the file system is already shut down; the I/O or space error that
     /// made this commit fail (after which it is poisoned).
     pub fn commit(&self, fs: &FsInner, upto: u64, mode: CommitMode) -> Result<()> {
-        let mut log = self.log.lock();
-        if mode == CommitMode::Append && self.committed() >= upto {
-            return Ok(());
+        {
+            let mut head = self.head.lock();
+            if mode == CommitMode::Append && self.committed() >= upto {
+                return Ok(());
+            }
+            fs.check()?;
+            match self.take(fs) {
+                None => fs
+                    .flush_dirty()
+                    .inspect_err(|e| fs.poison(&format!("data flush failed: {e}")))?,
+                Some(work) => {
+                    let seq = work.seq;
+                    let res = fs
+                        .flush_dirty()
+                        .and_then(|()| self.write(fs, &mut head, work));
+                    if let Err(e) = res {
+                        fs.poison(&format!("commit of transaction {seq} failed: {e}"));
+                        return Err(e);
+                    }
+                    self.committed.store(seq, Ordering::Release);
+                    fs.meta.lock().alloc.release_busy(seq);
+                }
+            }
         }
-        fs.check()?;
-        let Some(work) = self.take(fs, mode) else {
-            return fs
-                .flush_dirty()
-                .inspect_err(|e| fs.poison(&format!("data flush failed: {e}")));
-        };
-        let seq = work.seq;
-        let res = fs
-            .flush_dirty()
-            .and_then(|()| self.write(fs, &mut log, work, mode));
-        if let Err(e) = res {
-            fs.poison(&format!("commit of transaction {seq} failed: {e}"));
-            return Err(e);
+        if mode == CommitMode::Checkpoint {
+            self.checkpoint_now(fs, Urge::Now)?;
         }
-        self.committed.store(seq, Ordering::Release);
-        fs.meta.lock().alloc.release_busy(seq);
         Ok(())
     }
 
-    /// Makes `w` durable: appended to the journal, or committed by a checkpoint.
-    fn write(&self, fs: &FsInner, log: &mut Log, w: Work, mode: CommitMode) -> Result<()> {
+    /// Makes `w` durable: appended to the journal, or committed by a checkpoint when it
+    /// is larger than the whole journal. Called with the commit lock (`head`).
+    fn write(&self, fs: &FsInner, head: &mut u64, w: Work) -> Result<()> {
         let limit = log_limit(fs.geo.journal_units());
-        if mode == CommitMode::Checkpoint || w.units > limit {
+        if w.units > limit {
             // The checkpoint is the commit: its root record covers `w`.
-            log.queue.extend(w.records);
-            return checkpoint_trees(fs, log, w.seq + 1);
+            self.enqueue(w.seq, *head, w.records);
+            return self.checkpoint_now(fs, Urge::Now);
         }
-        if log.pos.head + w.units - log.pos.tail > limit {
-            checkpoint_trees(fs, log, w.seq)?;
+        if *head + w.units - self.ctl.shared.lock().tail > limit {
+            // Journal full: wait for the tail to move. The checkpoint covers every
+            // queued transaction, which is every appended one: the journal empties.
+            self.full_waits.fetch_add(1, Ordering::Relaxed);
+            self.checkpoint_now(fs, Urge::Now)?;
+            debug_assert_eq!(
+                self.ctl.shared.lock().tail,
+                *head,
+                "a checkpoint empties the journal"
+            );
         }
-        self.append(fs, &mut log.pos, &w)?;
-        log.queue.extend(w.records);
+        self.append(fs, head, &w)?;
+        let used = *head - self.enqueue(w.seq, *head, w.records);
+        let mut s = self.ctl.shared.lock();
+        if used > limit / 2 || s.queued_records >= APPLY_BATCH_RECORDS {
+            self.ctl.want(&mut s);
+        }
         Ok(())
     }
 
-    fn take(&self, fs: &FsInner, mode: CommitMode) -> Option<Work> {
+    /// Queues a durable transaction's records for the trees; returns the tail.
+    fn enqueue(&self, seq: u64, end: u64, records: Vec<Record>) -> u64 {
+        let mut s = self.ctl.shared.lock();
+        s.queued_records += records.len();
+        s.queue.push_back(Queued { seq, end, records });
+        s.tail
+    }
+
+    /// The running transaction, encoded; `None` when it is empty (a checkpoint request
+    /// is served by `commit` after this).
+    fn take(&self, fs: &FsInner) -> Option<Work> {
         let mut m = fs.meta.lock();
-        if m.txn.records.is_empty() && mode == CommitMode::Append {
+        if m.txn.records.is_empty() {
             return None;
         }
         let next = m.txn.seq + 1;
@@ -172,14 +322,14 @@ impl Journal {
         })
     }
 
-    fn append(&self, fs: &FsInner, pos: &mut JournalPosition, w: &Work) -> Result<()> {
+    fn append(&self, fs: &FsInner, head: &mut u64, w: &Work) -> Result<()> {
         let geo = &fs.geo;
         let unit = u64::from(geo.journal_unit);
         let cap = geo.journal_units();
-        let buf = encode_txn(geo.uuid, pos.head, w.seq, &w.payload, geo.journal_unit);
+        let buf = encode_txn(geo.uuid, *head, w.seq, &w.payload, geo.journal_unit);
         fs.metadata_fault(crate::faults::JOURNAL_WRITE)?;
         let t0 = fs.targets[0].as_ref();
-        let first_units = w.units.min(cap - pos.head % cap);
+        let first_units = w.units.min(cap - *head % cap);
         let (a, b) = buf.split_at((first_units * unit) as usize);
         // FUA: each piece is durable when it completes, so no flush follows. The pieces
         // of a wrapping record may land in either order; a crash between them leaves a
@@ -188,12 +338,12 @@ impl Journal {
         batch.submit(
             t0,
             IoOp::WriteFua {
-                offset: geo.journal_unit_offset(pos.head),
+                offset: geo.journal_unit_offset(*head),
                 bufs: vec![IoBuf::from_slice(a)],
             },
         );
         if !b.is_empty() {
-            let offset = geo.journal_unit_offset(pos.head + first_units);
+            let offset = geo.journal_unit_offset(*head + first_units);
             batch.submit(
                 t0,
                 IoOp::WriteFua {
@@ -211,35 +361,80 @@ impl Journal {
         flushed?;
         fs.meta_bytes_written
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        pos.head += w.units;
+        *head += w.units;
+        self.head_seen.store(*head, Ordering::Release);
         Ok(())
     }
-}
 
-/// Brings the metadata trees up to the journal head: applies the queued records in
-/// journal order, writes the pages they dirtied and the root record naming the journal
-/// position (`pos.head`, `next_seq`) replay must start from, then frees the journal up to
-/// the head. Runs under the commit lock, never the metadata lock. A failure poisons the
-/// store (and, through the caller, the file system).
-///
-/// # Errors
-/// An injected checkpoint fault; the store's apply, allocation, write or flush error.
-fn checkpoint_trees(fs: &FsInner, log: &mut Log, next_seq: u64) -> Result<()> {
-    fs.metadata_fault(crate::faults::CHECKPOINT_WRITE)?;
-    for rec in log.queue.drain(..) {
-        items::apply_record(&fs.store, &rec)?;
+    /// Applies the queued transactions to the trees and, if `urge` says so or a
+    /// threshold is passed, writes a checkpoint covering them and moves the journal tail
+    /// to the end of the last one. Serialised with other checkpoints; holds no lock that
+    /// commits or other operations need across the apply or the I/O. A failure poisons the
+    /// file system.
+    ///
+    /// # Errors
+    /// `Poisoned`; an injected checkpoint fault; the store's apply, allocation, write or
+    /// flush error.
+    pub fn checkpoint_now(&self, fs: &FsInner, urge: Urge) -> Result<()> {
+        let mut applied = self.run.lock();
+        fs.check()?;
+        let res = self.apply_queued(fs, &mut applied).and_then(|()| {
+            if urge == Urge::Now || self.due(fs, *applied) {
+                self.write_checkpoint(fs, *applied)
+            } else {
+                Ok(())
+            }
+        });
+        res.inspect_err(|e| fs.poison(&format!("checkpoint failed: {e}")))
     }
-    let pages: usize = fs.store.stats().trees.iter().map(|t| t.2).sum();
-    let mark = JournalMark {
-        tail: log.pos.head,
-        seq: next_seq,
-    };
-    let generation = fs.store.checkpoint_at(mark)?;
-    let written = (pages * fs.geo.page_size().bytes()) as u64 + u64::from(fs.geo.sector_size);
-    fs.meta_bytes_written.fetch_add(written, Ordering::Relaxed);
-    fs.ckpt_bytes_written.fetch_add(written, Ordering::Relaxed);
-    fs.checkpoints.fetch_add(1, Ordering::Relaxed);
-    log.pos.tail = log.pos.head;
-    log.pos.generation = generation.0;
-    Ok(())
+
+    fn apply_queued(&self, fs: &FsInner, applied: &mut JournalMark) -> Result<()> {
+        let batch: Vec<Queued> = {
+            let mut s = self.ctl.shared.lock();
+            s.queued_records = 0;
+            s.queue.drain(..).collect()
+        };
+        for q in batch {
+            for rec in &q.records {
+                items::apply_record(&fs.store, rec)?;
+            }
+            *applied = JournalMark {
+                tail: q.end,
+                seq: q.seq + 1,
+            };
+        }
+        Ok(())
+    }
+
+    /// Whether the trees should be written now: the journal is half full, or their
+    /// pinned pages pass half the cache budget or half the metadata reserve.
+    fn due(&self, fs: &FsInner, applied: JournalMark) -> bool {
+        let limit = log_limit(fs.geo.journal_units());
+        let used = applied.tail - self.ctl.shared.lock().tail;
+        let dirty = fs.store.dirty_bytes() as u64;
+        used > limit / 2 || dirty > fs.opts.meta_cache.0 / 2 || dirty > fs.meta_reserve_bytes() / 2
+    }
+
+    fn write_checkpoint(&self, fs: &FsInner, mark: JournalMark) -> Result<()> {
+        if fs.store.journal_mark() == mark && fs.store.dirty_bytes() == 0 {
+            return Ok(()); // nothing since the last checkpoint
+        }
+        fs.metadata_fault(crate::faults::CHECKPOINT_WRITE)?;
+        let pages = fs.store.dirty_bytes() as u64;
+        let generation = fs.store.checkpoint_at(mark)?;
+        let written = pages + u64::from(fs.geo.sector_size);
+        fs.meta_bytes_written.fetch_add(written, Ordering::Relaxed);
+        fs.ckpt_bytes_written.fetch_add(written, Ordering::Relaxed);
+        fs.checkpoints.fetch_add(1, Ordering::Relaxed);
+        let mut s = self.ctl.shared.lock();
+        debug_assert!(mark.tail >= s.tail, "the journal tail moves forward");
+        s.tail = mark.tail;
+        s.generation = generation.0;
+        Ok(())
+    }
+
+    /// The control the checkpointer thread waits on.
+    pub fn control(&self) -> Arc<CheckpointCtl> {
+        Arc::clone(&self.ctl)
+    }
 }

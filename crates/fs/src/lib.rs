@@ -55,7 +55,9 @@ pub use fs::{Fs, MountReport};
 pub use io::{MappedRange, MAX_FILE_BYTES};
 pub use journal::JournalPosition;
 pub use namespace::{setid_dropped, XattrMode, LINK_MAX};
-pub use options::{DioSubmit, MetaCacheBytes, MkfsOptions, MountOptions, UnalignedPolicy};
+pub use options::{
+    Checkpoints, DioSubmit, MetaCacheBytes, MkfsOptions, MountOptions, UnalignedPolicy,
+};
 pub use path::Follow;
 pub use queue::{DioCompletion, DioQueue};
 pub use stripefs_core::inode::{FileKind, Timespec};

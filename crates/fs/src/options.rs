@@ -92,6 +92,20 @@ impl Default for MetaCacheBytes {
     }
 }
 
+/// Where checkpoints of the metadata trees run (`-o checkpoint=background|inline`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Checkpoints {
+    /// On the checkpointer thread, when the journal is half full, the trees' dirty pages
+    /// pass half the cache budget or half the metadata reserve; commits never wait for
+    /// them unless the journal is full (`docs/design/journal.md`).
+    #[default]
+    Background,
+    /// Only on the committing thread, when the journal is full, and on explicit requests
+    /// (sync of the trees, unmount): the synchronous design, for deterministic tests
+    /// (fault and crash points in a fixed order) and for comparison.
+    Inline,
+}
+
 /// How a mounted file system behaves.
 #[derive(Debug, Clone)]
 pub struct MountOptions {
@@ -102,6 +116,8 @@ pub struct MountOptions {
     pub cache: CacheConfig,
     /// Metadata page cache budget (`meta_cache`).
     pub meta_cache: MetaCacheBytes,
+    /// Where checkpoints run (`checkpoint`).
+    pub checkpoints: Checkpoints,
     /// How zero range and EOF zeroing treat dirty cache over holes and unwritten extents
     /// (`Flush` brings back the Linux 6.12 flush per extending write).
     pub eof_zeroing: ZeroMode,
@@ -137,6 +153,7 @@ impl Default for MountOptions {
         Self {
             cache: CacheConfig::default(),
             meta_cache: MetaCacheBytes::DEFAULT,
+            checkpoints: Checkpoints::Background,
             eof_zeroing: ZeroMode::Cache,
             speculative_prealloc: true,
             force_zero_via_cache: false,

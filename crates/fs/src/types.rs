@@ -268,6 +268,8 @@ pub struct FsStatus {
     /// one, and the root record), and checkpoints written, since mount.
     pub ckpt_bytes_written: u64,
     pub checkpoints: u64,
+    /// Commits that found the journal full and waited for a checkpoint (back-pressure).
+    pub journal_full_waits: u64,
     /// Page cache counters.
     pub cache: stripefs_iomap::cache::CacheStats,
     /// Direct writes run under the shared / exclusive inode lock since mount.

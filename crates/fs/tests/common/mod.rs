@@ -28,11 +28,13 @@ pub fn dyns(s: &[Arc<SimTarget>]) -> Vec<Arc<dyn Target>> {
     s.iter().map(|t| Arc::clone(t) as Arc<dyn Target>).collect()
 }
 
-/// Mount options for deterministic tests: no background commit or writeback threads.
+/// Mount options for deterministic tests: no background commit, writeback or checkpoint
+/// threads.
 pub fn quiet() -> MountOptions {
     MountOptions {
         commit_interval: None,
         writeback_interval: None,
+        checkpoints: stripefs::Checkpoints::Inline,
         ..MountOptions::default()
     }
 }

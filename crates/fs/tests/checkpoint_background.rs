@@ -1,0 +1,166 @@
+//! Checkpoints run outside the commit path (issue 11: "incremental checkpoints, never
+//! stop-the-world ... a writer waits only when the journal is full"). With a checkpoint's
+//! page write held at the device, a create and its `fsync` complete; with the journal
+//! full, commits wait for the checkpoint (bounded back-pressure) and then proceed, and
+//! every acknowledged transaction survives a crash.
+
+mod common;
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{dyns, quiet, sims};
+use stripefs::{Checkpoints, CreateParams, Fs, Ino, MkfsOptions, MountOptions, SyncScope};
+use stripefs_target::{CrashMode, GateTarget, IoOp, SimTarget, Target};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn background() -> MountOptions {
+    MountOptions {
+        checkpoints: Checkpoints::Background,
+        ..quiet()
+    }
+}
+
+/// mkfs on `s` with a `journal`-byte journal; gates over every target.
+fn gated(s: &[Arc<SimTarget>], journal: Option<u64>) -> Vec<Arc<GateTarget>> {
+    let opts = MkfsOptions {
+        block_size: 4096,
+        stripe_unit: 65536,
+        journal_bytes: journal,
+        ..MkfsOptions::default()
+    };
+    Fs::mkfs(&dyns(s), &opts).expect("mkfs");
+    s.iter()
+        .map(|t| Arc::new(GateTarget::new(Arc::clone(t) as Arc<dyn Target>)))
+        .collect()
+}
+
+fn as_targets(g: &[Arc<GateTarget>]) -> Vec<Arc<dyn Target>> {
+    g.iter().map(|t| Arc::clone(t) as Arc<dyn Target>).collect()
+}
+
+/// Holds the next plain write on every target: with only metadata operations running,
+/// those are the checkpoint's page writes (the journal is written with FUA).
+fn hold_page_writes(g: &[Arc<GateTarget>]) {
+    for t in g {
+        t.hold_next(|op| matches!(op, IoOp::Write { .. }));
+    }
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn create_synced(fs: &Fs, name: &str) {
+    let f = fs
+        .create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+    fs.fsync(f.ino, SyncScope::All)
+        .unwrap_or_else(|e| panic!("fsync {name}: {e}"));
+}
+
+fn count_entries(fs: &Fs) -> usize {
+    fs.readdir(Ino::ROOT).expect("readdir").len()
+}
+
+#[test]
+fn a_commit_proceeds_while_a_checkpoint_writes_its_pages() {
+    let s = sims(2, 64 << 20);
+    let g = gated(&s, None);
+    let (fs, _) = Fs::mount(as_targets(&g), background()).expect("mount");
+    let fs = Arc::new(fs);
+    for i in 0..300 {
+        create_synced(&fs, &format!("f{i}"));
+    }
+    hold_page_writes(&g);
+    let ckpt = {
+        let fs = Arc::clone(&fs);
+        thread::spawn(move || fs.checkpoint())
+    };
+    wait_until("a checkpoint page write is held", || {
+        g.iter().any(|t| t.is_holding())
+    });
+    let (tx, rx) = mpsc::channel();
+    let writer = {
+        let fs = Arc::clone(&fs);
+        thread::spawn(move || {
+            create_synced(&fs, "late");
+            tx.send(()).unwrap();
+        })
+    };
+    let done = rx.recv_timeout(WAIT);
+    let still_held = g.iter().any(|t| t.is_holding());
+    for t in &g {
+        t.release();
+    }
+    writer.join().unwrap();
+    ckpt.join().unwrap().expect("the held checkpoint completes");
+    assert!(
+        done.is_ok() && still_held,
+        "create + fsync did not complete while the checkpoint's page write was held"
+    );
+    let fs = Arc::into_inner(fs).expect("one owner");
+    fs.unmount().unwrap();
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).expect("remount");
+    assert_eq!(count_entries(&fs), 301, "every file");
+    fs.unmount().unwrap();
+}
+
+/// A 64 KiB journal and a checkpoint held at the device: commits fill the journal, then
+/// wait (they do not fail, and nothing is lost); once the device lets the checkpoint
+/// through they go on, and after a crash every acknowledged file is there.
+#[test]
+fn a_full_journal_makes_commits_wait_for_the_checkpoint() {
+    let s = sims(2, 64 << 20);
+    let g = gated(&s, Some(64 << 10));
+    let (fs, _) = Fs::mount(as_targets(&g), background()).expect("mount");
+    let fs = Arc::new(fs);
+    hold_page_writes(&g);
+    const FILES: usize = 1500;
+    let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let writer = {
+        let (fs, made) = (Arc::clone(&fs), Arc::clone(&made));
+        thread::spawn(move || {
+            for i in 0..FILES {
+                create_synced(&fs, &format!("file-with-a-longer-name-{i:05}"));
+                made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        })
+    };
+    wait_until("a commit waits for room in the journal", || {
+        fs.status().journal_full_waits > 0
+    });
+    // The writer is stuck behind the held checkpoint, not failing.
+    let stuck = made.load(std::sync::atomic::Ordering::SeqCst);
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        made.load(std::sync::atomic::Ordering::SeqCst),
+        stuck,
+        "a commit went on with the journal full"
+    );
+    assert!(stuck < FILES, "the journal never filled");
+    for t in &g {
+        t.release();
+    }
+    writer.join().expect("every create and fsync succeeds");
+    let st = fs.status();
+    assert!(st.checkpoints >= 2, "{} checkpoints", st.checkpoints);
+    let fs = Arc::into_inner(fs).expect("one owner");
+    fs.debug_stop_background();
+    std::mem::forget(fs); // a crash: no unmount
+    for t in &s {
+        t.crash(CrashMode::DropUnflushed);
+    }
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).expect("remount after the crash");
+    assert_eq!(count_entries(&fs), FILES, "every acknowledged file");
+    let report = stripefs::fsck::fsck(dyns(&s), &mut |_| {});
+    drop(fs);
+    assert!(report.expect("fsck").is_clean());
+}
