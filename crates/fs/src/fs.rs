@@ -138,9 +138,19 @@ impl Fs {
         let fs = Fs { inner };
         let orphans = fs.free_orphans()?;
         if l.replayed_txns > 0 || orphans > 0 {
-            fs.inner
+            match fs
+                .inner
                 .journal
-                .commit(&fs.inner, 0, CommitMode::Checkpoint)?;
+                .commit(&fs.inner, 0, CommitMode::Checkpoint)
+            {
+                // Committed to the journal, but no pages for the checkpoint: mount
+                // anyway (the journal still holds everything, and a full file system
+                // must stay mountable so files can be read and removed).
+                Err(FsError::NoSpace(why)) if !fs.inner.is_poisoned() => {
+                    tracing::warn!(%why, "mounted without the recovery checkpoint");
+                }
+                r => r?,
+            }
         }
         if opts.checkpoints == Checkpoints::Background {
             fs.start_checkpointer();

@@ -169,9 +169,9 @@ fn root_slots(
 fn older_root_slot(l: &recovery::Loaded) -> Result<Option<String>> {
     let active = l.store.durable_generation();
     let older = 1 - RootRecord::slot_of(active) as usize;
-    let consequence = "the file system is usable, but has no older generation of the \
-        metadata trees to fall back on should the newest become unreadable; the next \
-        checkpoint (at the latest the next unmount) rewrites this slot";
+    let consequence = "the file system is usable, but has no older root record to fall \
+        back on should the newest one be torn or damaged; the next checkpoint (at the \
+        latest the next unmount) rewrites this slot";
     let slots = root_slots(l)?;
     Ok(match &slots[older] {
         Ok(Some(_)) => None,

@@ -45,7 +45,7 @@ use stripefs_core::record::Record;
 use stripefs_meta::{items, JournalMark};
 use stripefs_target::{Batch, IoBuf, IoOp};
 
-use crate::error::Result;
+use crate::error::{FsError, Result};
 use crate::inner::{FsInner, Txn};
 
 /// Records queued before the checkpointer is woken to apply them (so it applies in
@@ -385,7 +385,13 @@ impl Journal {
                 Ok(())
             }
         });
-        res.inspect_err(|e| fs.poison(&format!("checkpoint failed: {e}")))
+        res.inspect_err(|e| match e {
+            // The store allocates every page before it freezes anything: no pages is
+            // NoSpace with the trees unchanged (the records stay applied in memory, the
+            // journal keeps them and its tail), so a later checkpoint can still succeed.
+            FsError::NoSpace(_) => tracing::warn!(error = %e, "checkpoint postponed"),
+            _ => fs.poison(&format!("checkpoint failed: {e}")),
+        })
     }
 
     fn apply_queued(&self, fs: &FsInner, applied: &mut JournalMark) -> Result<()> {

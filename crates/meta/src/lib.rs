@@ -222,16 +222,19 @@ impl Store {
         pages * self.cfg.page_size.bytes()
     }
 
+    /// The target a page address (read from disk) names, or `Corrupted`.
+    fn page_target(&self, tree: TreeId, at: PageAddr) -> Result<&Arc<dyn Target>, MetaError> {
+        self.targets.get(at.target.index()).ok_or_else(|| {
+            let what = format!("metadata page of tree {tree} at {at}");
+            CoreError::corrupted(what, "no such target").into()
+        })
+    }
+
     /// Reads, verifies and caches the page a traversal missed. No lock is held.
     /// Returns the page for the operation's [`Held`] set.
     fn fill(&self, m: Miss) -> Result<(PageRef, Arc<Node>), MetaError> {
         let e = m.0;
-        let target = self.targets.get(e.at.addr.target.index()).ok_or_else(|| {
-            CoreError::corrupted(
-                format!("metadata page of tree {} at {}", e.tree, e.at.addr),
-                "no such target",
-            )
-        })?;
+        let target = self.page_target(e.tree, e.at.addr)?;
         let offset = self.cfg.block_size.to_bytes(e.at.addr.block.0);
         let buf = target.read_sync(offset, self.cfg.page_size.bytes())?;
         let page = decode(self.cfg.page_size, self.cfg.uuid, &e, &buf).map_err(CoreError::from)?;
@@ -401,10 +404,15 @@ impl Store {
             },
             "journal mark {mark:?} goes back"
         );
+        // Pages first, while nothing is frozen: a shortage is `NoSpace` and leaves the
+        // store as it was (usable, nothing poisoned), as "Failure cases" promises.
+        let mut addrs = self.alloc_pages()?;
         // Freeze: each tree's lock for a moment; nothing is copied.
         let frozen: Vec<_> = self.trees.iter().map(|t| t.write().freeze()).collect();
         let generation = frozen[0].generation;
-        let result = self.write_generation(&frozen, mark);
+        let result = self
+            .fit_pages(&frozen, &mut addrs)
+            .and_then(|()| self.write_generation(&frozen, &addrs, mark));
         let plans = match result {
             Ok(p) => p,
             Err(e) => {
@@ -429,16 +437,52 @@ impl Store {
     }
 
     /// Steps 2 and 3 of the protocol, with no tree lock held.
+    /// Addresses for every tree's dirty pages, allocated before the freeze. On a
+    /// shortage, what was taken is given back and nothing else changes.
+    fn alloc_pages(&self) -> Result<Vec<Vec<PageAddr>>, MetaError> {
+        let mut out: Vec<Vec<PageAddr>> = Vec::with_capacity(self.trees.len());
+        for t in &self.trees {
+            let want = t.read().dirty_count();
+            match self.alloc.alloc(want) {
+                Ok(a) => out.push(a),
+                Err(e) => {
+                    out.iter().for_each(|a| self.alloc.free(a));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Matches the addresses to what was frozen: another thread's change between the
+    /// count and the freeze dirtied more pages (allocate the difference) or fewer (give
+    /// back the surplus).
+    fn fit_pages(
+        &self,
+        frozen: &[Arc<stripefs_core::btree::tree::Frozen>],
+        addrs: &mut [Vec<PageAddr>],
+    ) -> Result<(), MetaError> {
+        for (f, a) in frozen.iter().zip(addrs.iter_mut()) {
+            let need = f.page_count();
+            if need > a.len() {
+                a.extend(self.alloc.alloc(need - a.len())?);
+            } else {
+                self.alloc.free(&a.split_off(need));
+            }
+        }
+        Ok(())
+    }
+
     fn write_generation(
         &self,
         frozen: &[Arc<stripefs_core::btree::tree::Frozen>],
+        addrs: &[Vec<PageAddr>],
         mark: JournalMark,
     ) -> Result<Vec<WritePlan>, MetaError> {
         let generation = frozen[0].generation;
         let mut plans = Vec::with_capacity(frozen.len());
-        for (f, tree) in frozen.iter().zip(TreeId::ALL) {
-            let addrs = self.alloc.alloc(f.page_count())?;
-            plans.push(f.plan(tree, self.cfg.page_size, self.cfg.uuid, &addrs));
+        for ((f, tree), a) in frozen.iter().zip(TreeId::ALL).zip(addrs) {
+            plans.push(f.plan(tree, self.cfg.page_size, self.cfg.uuid, a));
         }
         let batch = Batch::new();
         let mut touched = vec![false; self.targets.len()];
@@ -513,7 +557,7 @@ impl Store {
             low,
             high,
         };
-        let target = &self.targets[r.at.addr.target.index()];
+        let target = self.page_target(tree, r.at.addr)?;
         let buf = target.read_sync(
             self.cfg.block_size.to_bytes(r.at.addr.block.0),
             self.cfg.page_size.bytes(),
