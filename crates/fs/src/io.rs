@@ -37,11 +37,17 @@ impl Fs {
         if size < old {
             // Cache first: nothing past the new EOF survives, and the rest of its block
             // reads zero if the file grows again; then the same on disk.
+            // The tail of the new EOF block: in cache and on disk, after any writeback
+            // write of the block in flight (taken at the old size) has landed.
             self.discard_cache_from(ino, bs.round_up(size));
-            if let Some(fc) = self.inner.cache.existing(ino.0) {
-                stripefs_iomap::zero_cached(&fc, size, bs.round_up(size));
+            match self.inner.cache.existing(ino.0) {
+                Some(fc) => {
+                    stripefs_iomap::zero_tail_settled(&fc, size, bs.round_up(size), || {
+                        self.zero_block_tail(&mapper, size)
+                    })?
+                }
+                None => self.zero_block_tail(&mapper, size)?,
             }
-            self.zero_block_tail(&mapper, size)?;
         } else {
             self.zero_eof_to(&mapper, size)?;
         }

@@ -25,7 +25,7 @@ pub use writeback::{
     writeback, writeback_finish, writeback_start, WbEnd, WbOutcome, WbStart, WbStarted, WbStats,
     WbWait, BATCH_BYTES as WRITEBACK_BATCH_BYTES,
 };
-pub use zero::{invalidate_range, zero_cached, zero_range, ZeroMode};
+pub use zero::{invalidate_range, zero_range, zero_tail_settled, ZeroMode};
 
 use stripefs_target::{Batch, BufPool, IoBuf, TargetError};
 

@@ -173,19 +173,32 @@ fn has_hole_or_unwritten<O: CacheIo>(ops: &O, pos: u64, len: u64) -> Result<bool
     Ok(found)
 }
 
-/// Zeroes the cached bytes of `[pos, end)` without changing block state (truncate: the
-/// bytes past the new EOF in its block must read zero if the file grows again).
-pub fn zero_cached(fc: &FileCache, pos: u64, end: u64) {
-    if pos >= end {
-        return;
-    }
-    for cell in fc.overlapping(pos, end) {
-        let mut g = cell.lock_settled();
-        let start = g.pos;
-        let a = pos.max(start) - start;
-        let b = end.min(g.end()) - start;
-        g.data[a as usize..b as usize].fill(0);
-    }
+/// Truncate's zeroing of the new EOF block's tail `[pos, end)` (inside one block): once
+/// no writeback is in flight on the folio holding it, zeroes the cached bytes without
+/// changing block state (they must read zero if the file grows again), then runs
+/// `on_disk` (the file system zeroing the tail on disk) with the folio still locked, and
+/// returns its result.
+///
+/// Writeback runs without the inode lock, so a write of the block taken at the old size
+/// may be on the device: it carries the old bytes past the new EOF, and a write into a
+/// block placed by writeback is recorded only at its completion. Zeroing the disk before
+/// it lands would be undone by it (or would read, modify and write back what the disk held
+/// before it). Holding the folio keeps writeback from taking the block again until the
+/// disk's copy is zeroed too. Without a cached folio no write of the block is in flight
+/// (folios under writeback stay cached) and the caller, holding the inode exclusively,
+/// keeps one from being created.
+pub fn zero_tail_settled<R>(fc: &FileCache, pos: u64, end: u64, on_disk: impl FnOnce() -> R) -> R {
+    let cell = match fc.overlapping(pos, end).into_iter().next() {
+        Some(cell) if pos < end => cell,
+        _ => return on_disk(),
+    };
+    let mut g = cell.lock_idle();
+    debug_assert!(end <= g.end(), "a block's tail lies in one folio");
+    let start = g.pos;
+    let a = pos.max(start) - start;
+    let b = end.min(g.end()) - start;
+    g.data[a as usize..b as usize].fill(0);
+    on_disk()
 }
 
 /// Discards the cache over `[pos, end)`: whole blocks inside the range lose their data and
