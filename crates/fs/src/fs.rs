@@ -8,7 +8,6 @@ use stripefs_core::btree::TreeId;
 use stripefs_core::geometry::{Geometry, MkfsParams};
 use stripefs_core::inode::{FileKind, InodeAttrs};
 use stripefs_core::layout::StripeLayout;
-use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::{BlockSize, CoreError, Ino, TargetId, Uuid};
 use stripefs_meta::{items, JournalMark, Store};
@@ -105,7 +104,7 @@ impl Fs {
         opts.cache
             .validate(l.geo.block_size.bytes())
             .map_err(FsError::Invalid)?;
-        let alloc = build_allocator(&l.state, &l.geo, &l.store, &l.pages)?;
+        let alloc = build_allocator(&l)?;
         let committed = l.next_seq - 1;
         let pos = JournalPosition {
             head: l.head,
@@ -792,16 +791,12 @@ impl Drop for Fs {
 }
 
 /// The free space at mount: every data block that neither a page of the durable trees
-/// nor an extent of the (replayed) state holds. Walks every tree: linear in the size of
-/// the metadata (stage 1; persisted free space removes the walk).
-fn build_allocator(
-    state: &MetaState,
-    geo: &Geometry,
-    store: &Store,
-    pages: &MetaPages,
-) -> Result<Allocator> {
+/// (walked at load: linear in the size of the metadata, the stage-1 limit persisted free
+/// space removes) nor an extent of the (replayed) state holds.
+fn build_allocator(l: &recovery::Loaded) -> Result<Allocator> {
+    let (state, geo) = (&l.state, &l.geo);
     let mut alloc = Allocator::new(geo);
-    mark_pages(&mut alloc, store, pages)?;
+    mark_pages(&mut alloc, &l.tree_pages, &l.pages)?;
     // Blocks data cannot take, so a checkpoint finds room for its copy-on-write pages
     // when users filled the file system (metadata.md, "Space").
     for (t, g) in geo.targets.iter().enumerate() {
@@ -837,27 +832,25 @@ fn build_allocator(
     Ok(alloc)
 }
 
-/// Marks every page the durable trees reach as used, and counts it.
+/// Marks every page the durable trees reach (`tree_pages`, from the walk at load) as
+/// used, and counts it.
 ///
 /// # Errors
-/// A page read or verification error; `Corrupted` for a page outside the data area or on
-/// blocks another page holds.
-pub(crate) fn mark_pages(alloc: &mut Allocator, store: &Store, pages: &MetaPages) -> Result<()> {
+/// `Corrupted` for a page outside the data area or on blocks another page holds.
+fn mark_pages(
+    alloc: &mut Allocator,
+    tree_pages: &[(TreeId, stripefs_core::btree::PageAddr)],
+    pages: &MetaPages,
+) -> Result<()> {
     let pb = pages.page_blocks();
-    for tree in TreeId::ALL {
-        let mut bad = None;
-        store.walk(tree, &mut |at, _| {
-            if bad.is_some() {
-                return;
-            }
-            match alloc.mark_used(at.target, at.block.0, pb) {
-                Ok(()) => pages.note_live(at),
-                Err(e) => bad = Some(format!("metadata page of tree {tree} at {at}: {e}")),
-            }
+    for (tree, at) in tree_pages {
+        alloc.mark_used(at.target, at.block.0, pb).map_err(|e| {
+            CoreError::corrupted(
+                "metadata pages",
+                format!("page of tree {tree} at {at}: {e}"),
+            )
         })?;
-        if let Some(why) = bad {
-            return Err(CoreError::corrupted("metadata pages", why).into());
-        }
+        pages.note_live(*at);
     }
     Ok(())
 }

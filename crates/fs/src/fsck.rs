@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use stripefs_core::btree::root::RootRecord;
-use stripefs_core::btree::{PageAddr, TreeId};
+use stripefs_core::btree::TreeId;
 use stripefs_core::check;
 use stripefs_core::Ino;
 use stripefs_target::Target;
@@ -90,10 +90,12 @@ pub fn fsck(
             l.state.inodes.remove(&o);
         }
     }
-    let pages = tree_pages(&l)?;
+    // Every page the durable root reaches was read and verified when loading (magic,
+    // checksum, address, tree, level, generation, key order and bounds).
+    let pages = &l.tree_pages;
     let mut r = check::check(&l.state, &l.geo);
     let pb = l.geo.page_blocks();
-    for (tree, at) in &pages {
+    for (tree, at) in pages {
         if let Err(e) = r.allocator.mark_used(at.target, at.block.0, pb) {
             r.problems.push(format!(
                 "metadata page of tree {tree} at {at} (+{pb} blocks): {e}"
@@ -121,20 +123,6 @@ pub fn fsck(
         data_blocks,
         meta_pages: pages.len() as u64,
     })
-}
-
-/// Every page of every tree the durable root record reaches, read from disk and verified
-/// (magic, checksum, address, tree, level, generation, key order and bounds); memory is
-/// bounded by the tree depth plus the list of addresses.
-///
-/// # Errors
-/// The first page that fails verification (naming the tree and address) or read error.
-fn tree_pages(l: &recovery::Loaded) -> Result<Vec<(TreeId, PageAddr)>> {
-    let mut out = Vec::new();
-    for tree in TreeId::ALL {
-        l.store.walk(tree, &mut |at, _| out.push((tree, at)))?;
-    }
-    Ok(out)
 }
 
 /// The root records in the two slots (`None`: never written or torn), and the slot of
@@ -272,12 +260,12 @@ pub fn inspect(targets: Vec<Arc<dyn Target>>) -> Result<Inspection> {
     let mut trees = Vec::new();
     for tree in TreeId::ALL {
         let mut pages = 0u64;
-        l.store.walk(tree, &mut |at, _| {
+        for (_, at) in l.tree_pages.iter().filter(|(t, _)| *t == tree) {
             pages += 1;
             let _ = r
                 .allocator
                 .mark_used(at.target, at.block.0, geo.page_blocks());
-        })?;
+        }
         let root_level = levels.iter().find(|t| t.0 == tree).map_or(0, |t| t.1);
         trees.push(TreeShape {
             tree,

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use stripefs_core::btree::{PageAddr, TreeId};
 use stripefs_core::check::ReplayCheck;
 use stripefs_core::geometry::Geometry;
 use stripefs_core::journal::{
@@ -37,6 +38,8 @@ pub(crate) struct Loaded {
     pub store: Store,
     /// Their page allocation (not attached to an allocator yet).
     pub pages: Arc<MetaPages>,
+    /// Every page the durable root record reaches, each read and verified.
+    pub tree_pages: Vec<(TreeId, PageAddr)>,
     /// Where the durable root record says replay starts.
     pub mark: JournalMark,
     /// Journal position after the last replayed transaction.
@@ -154,6 +157,12 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
     let alloc: Arc<dyn stripefs_meta::PageAlloc> = Arc::clone(&pages) as _;
     let store = Store::open(store_config(&geo, cache), targets.clone(), alloc)?;
     let mut state = items::load_state(&store)?;
+    // Every page, verified: what loading left in the cache is not read again, the rest
+    // is read a branch's children at a time.
+    let mut tree_pages = Vec::new();
+    for tree in TreeId::ALL {
+        store.walk(tree, &mut |at, _| tree_pages.push((tree, at)))?;
+    }
     let mark = store.journal_mark();
     let t0 = targets[0].as_ref();
     let (head, next_seq, txns, replayed) = replay(t0, &geo, mark, &mut state)?;
@@ -163,6 +172,7 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         state,
         store,
         pages,
+        tree_pages,
         mark,
         head,
         next_seq,
