@@ -387,6 +387,62 @@ impl Fs {
         Ok(g)
     }
 
+    /// Refuses a change that adds metadata (a new inode, name or extended attribute) with
+    /// `NoSpace` when the blocks metadata pages may still take (free and not promised
+    /// to delayed allocations, the metadata reserve included) would not cover the next
+    /// checkpoint's pages plus half the metadata reserve, which stays for the changes
+    /// that free space (unlink, truncate, removexattr). So metadata growth meets
+    /// `ENOSPC` before a checkpoint can lack pages (`docs/design/metadata.md`, "Space").
+    /// The next checkpoint's pages are estimated as the trees' dirty pages plus two per
+    /// record not yet applied to them (a record changes one or two items; the pages on
+    /// their paths are mostly shared with other records').
+    pub(crate) fn admit_metadata_growth(&self) -> Result<()> {
+        if self.metadata_room().is_ok() {
+            return Ok(());
+        }
+        // The estimate of the records not yet in the trees is coarse (most share their
+        // pages): commit the running transaction and apply everything, so the trees'
+        // dirty pages count exactly, and judge again.
+        let seq = self.inner.meta.lock().txn.seq;
+        let journal = &self.inner.journal;
+        journal.commit(&self.inner, seq, CommitMode::Append)?;
+        journal.checkpoint_now(&self.inner, Urge::IfDue)?;
+        self.metadata_room()
+    }
+
+    /// [`Fs::admit_metadata_growth`]'s test, once.
+    fn metadata_room(&self) -> Result<()> {
+        let inner = &self.inner;
+        let page_blocks = inner.pages.page_blocks();
+        let page_bytes = inner.geo.page_size().bytes() as u64;
+        let waiting = inner.journal.queued_records() as u64;
+        let (room, reserve, running) = {
+            let m = inner.meta.lock();
+            let targets = (0..inner.geo.target_count()).map(TargetId);
+            let room: u64 = targets
+                .clone()
+                .map(|t| {
+                    m.alloc
+                        .free_blocks(t)
+                        .saturating_sub(m.alloc.reserved_blocks(t))
+                })
+                .sum();
+            let reserve: u64 = targets.map(|t| m.alloc.meta_reserve(t)).sum();
+            (room, reserve, m.txn.records.len() as u64)
+        };
+        let dirty = (inner.store.dirty_bytes() as u64).div_ceil(page_bytes);
+        let need = (dirty + 2 * (waiting + running + 1)) * page_blocks + reserve / 2;
+        if room < need {
+            return Err(FsError::NoSpace(format!(
+                "no room for more metadata: {room} blocks free for metadata pages, the next \
+                 checkpoint may need {} and {} stay for removals",
+                need - reserve / 2,
+                reserve / 2
+            )));
+        }
+        Ok(())
+    }
+
     /// Bytes of records past which the running transaction is committed before the next
     /// change starts: an eighth of the journal. Without it, a mount with no `fsync` and
     /// no background commit would gather everything into one transaction, whose freed

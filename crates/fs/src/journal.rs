@@ -215,6 +215,11 @@ impl Journal {
         self.committed.load(Ordering::Acquire)
     }
 
+    /// Records committed to the journal and not yet applied to the trees.
+    pub fn queued_records(&self) -> usize {
+        self.ctl.shared.lock().queued_records
+    }
+
     /// Current log position (without waiting for a commit in progress).
     pub fn position(&self) -> JournalPosition {
         let s = self.ctl.shared.lock();

@@ -324,6 +324,7 @@ impl Fs {
     ) -> Result<Attr> {
         self.inner.check()?;
         let _change = self.begin_change()?;
+        self.admit_metadata_growth()?;
         let name = check_name(name)?;
         let mut m = self.inner.meta.lock();
         let d = live_dir(&m, parent)?;
@@ -430,6 +431,7 @@ impl Fs {
     pub fn link(&self, ino: Ino, newparent: Ino, newname: &OsStr) -> Result<Attr> {
         self.inner.check()?;
         let _change = self.begin_change()?;
+        self.admit_metadata_growth()?;
         let name = check_name(newname)?;
         let mut m = self.inner.meta.lock();
         let i = inode(&m, ino)?;
@@ -846,6 +848,7 @@ impl Fs {
     pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], mode: XattrMode) -> Result<()> {
         self.inner.check()?;
         let _change = self.begin_change()?;
+        self.admit_metadata_growth()?;
         let n = name.as_bytes();
         if n.is_empty() {
             return Err(FsError::invalid("empty extended attribute name"));

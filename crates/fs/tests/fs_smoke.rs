@@ -184,63 +184,62 @@ fn many_files_exceed_the_old_checkpoint_area() {
     fs.unmount().unwrap();
 }
 
-/// A checkpoint that finds no free block for its pages (the data filled everything and
-/// no metadata reserve is held) fails with `NoSpace` before anything is frozen: the file
-/// system is not poisoned, and once a file is removed the next checkpoint succeeds.
+/// With the data area full (up to the metadata reserve), creating files meets `ENOSPC`
+/// from the metadata admission before a checkpoint can lack pages: every checkpoint
+/// along the way succeeds, nothing is poisoned, and once a file is removed creates
+/// succeed again. (A checkpoint that does find no pages is `NoSpace` with the store
+/// unchanged: `stripefs-meta`'s `tests/no_space.rs`.)
 #[test]
-fn a_checkpoint_without_pages_is_no_space_and_the_fs_recovers() {
+fn metadata_growth_meets_enospc_before_a_checkpoint_lacks_pages() {
     let s = sims(2, 8 << 20);
     let fs = fresh(&s, 4096, 65536);
-    fs.debug_set_meta_reserve(0);
-    let big = fs
-        .create(Ino::ROOT, "big".as_ref(), CreateParams::with_perm(0o644))
-        .unwrap();
-    let chunk = vec![0x5au8; 256 << 10];
-    let mut off = 0u64;
-    while fs.write_at(big.ino, off, &chunk).is_ok() {
-        off += chunk.len() as u64;
-    }
-    // What the last write reserved and could not use is given back at fsync; fill it.
-    let _ = fs.fsync(big.ino, stripefs::SyncScope::Data);
-    while fs.write_at(big.ino, off, &chunk[..4096]).is_ok() {
-        off += 4096;
-        if fs.fsync(big.ino, stripefs::SyncScope::Data).is_err() {
-            break;
-        }
-    }
     let d = fs
         .mkdir(Ino::ROOT, "d".as_ref(), CreateParams::with_perm(0o755))
         .unwrap();
-    let mut made = 0;
-    let err = loop {
-        let name = format!("f{made}");
-        fs.create(d.ino, name.as_ref(), CreateParams::with_perm(0o644))
-            .unwrap();
-        made += 1;
-        if made % 100 == 0 {
-            if let Err(e) = fs.checkpoint() {
-                break e;
-            }
+    let big = fs
+        .create(Ino::ROOT, "big".as_ref(), CreateParams::with_perm(0o644))
+        .unwrap();
+    let chunk = vec![0x5au8; 64 << 10];
+    let mut off = 0u64;
+    while fs.write_at(big.ino, off, &chunk).is_ok() {
+        off += chunk.len() as u64;
+        if off % (1 << 20) == 0 && fs.fsync(big.ino, stripefs::SyncScope::Data).is_err() {
+            break;
         }
-        assert!(made < 20_000, "a checkpoint always found pages");
+    }
+    let _ = fs.fsync(big.ino, stripefs::SyncScope::Data);
+    let mut made = 0usize;
+    let refused = loop {
+        match fs.create(
+            d.ino,
+            format!("f{made}").as_ref(),
+            CreateParams::with_perm(0o644),
+        ) {
+            Ok(_) => made += 1,
+            Err(e) => break e,
+        }
+        if made % 50 == 0 {
+            fs.checkpoint()
+                .unwrap_or_else(|e| panic!("checkpoint after {made} creates: {e}"));
+        }
+        assert!(made < 50_000, "creates were never refused");
     };
     assert!(
-        matches!(err, stripefs::FsError::NoSpace(_)),
-        "no pages is NoSpace: {err}"
+        matches!(refused, stripefs::FsError::NoSpace(_)),
+        "metadata growth is refused with NoSpace: {refused}"
     );
-    assert!(
-        !fs.is_poisoned(),
-        "no pages must not poison the file system"
-    );
-    fs.lookup(d.ino, format!("f{}", made - 1).as_ref()).unwrap();
+    assert!(!fs.is_poisoned());
+    assert!(made > 100, "the reserve held room for {made} files only");
+    fs.checkpoint().unwrap();
     fs.unlink(Ino::ROOT, "big".as_ref()).unwrap();
     fs.sync().unwrap();
-    fs.checkpoint().unwrap();
+    fs.create(d.ino, "after".as_ref(), CreateParams::with_perm(0o644))
+        .unwrap();
     fs.unmount().unwrap();
     let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
     let (fs, _) = Fs::mount(dyns(&s), quiet()).unwrap();
     let d = fs.lookup(Ino::ROOT, "d".as_ref()).unwrap();
-    assert_eq!(fs.readdir(d.ino).unwrap().len(), made);
+    assert_eq!(fs.readdir(d.ino).unwrap().len(), made + 1);
     fs.unmount().unwrap();
 }
