@@ -203,7 +203,7 @@ fn metadata_growth_meets_enospc_before_a_checkpoint_lacks_pages() {
     let mut off = 0u64;
     while fs.write_at(big.ino, off, &chunk).is_ok() {
         off += chunk.len() as u64;
-        if off % (1 << 20) == 0 && fs.fsync(big.ino, stripefs::SyncScope::Data).is_err() {
+        if off.is_multiple_of(1 << 20) && fs.fsync(big.ino, stripefs::SyncScope::Data).is_err() {
             break;
         }
     }
@@ -218,7 +218,7 @@ fn metadata_growth_meets_enospc_before_a_checkpoint_lacks_pages() {
             Ok(_) => made += 1,
             Err(e) => break e,
         }
-        if made % 50 == 0 {
+        if made.is_multiple_of(50) {
             fs.checkpoint()
                 .unwrap_or_else(|e| panic!("checkpoint after {made} creates: {e}"));
         }
