@@ -43,6 +43,13 @@ impl FileIo for FileMapper<'_> {
         FileMapper::size(self)
     }
 
+    fn extend_size(&self, end: u64) {
+        let mut m = self.fs.inner.meta.lock();
+        if m.size_of(self.ino).is_some_and(|s| end > s) {
+            m.set_isize(self.ino, Some(end));
+        }
+    }
+
     fn submit(
         &self,
         batch: &Batch,
@@ -214,6 +221,7 @@ impl Fs {
             _excl = lock.write();
         }
         let mapper = FileMapper::new(self, ino)?;
+        let before = mapper.size();
         let fc = lock.file_cache(&self.inner.cache);
         let n = iomap::write(
             &self.inner.cache,
@@ -223,7 +231,7 @@ impl Fs {
             data,
             self.inner.opts.eof_zeroing,
         )?;
-        self.after_write(ino, off + n as u64)?;
+        self.after_write(ino, before, off + n as u64)?;
         // Past half the dirty limit the flusher starts now (it overlaps with this writer);
         // at the limit the writer is throttled. A writeback error is recorded for fsync:
         // the write itself succeeded.
@@ -234,11 +242,14 @@ impl Fs {
         Ok(n)
     }
 
-    fn after_write(&self, ino: Ino, end: u64) -> Result<()> {
+    /// After a buffered write that ended at `end` into a file `before` bytes long: the
+    /// in-core size (which the write grew folio by folio, `FileIo::extend_size`, and a
+    /// writeback completion may already have made the on-disk size), speculative
+    /// preallocation for an extending write, and the times.
+    fn after_write(&self, ino: Ino, before: u64, end: u64) -> Result<()> {
         let mut m = self.inner.meta.lock();
         let disk = inode(&m, ino)?.attrs.size;
-        let before = m.size_of(ino).unwrap_or(disk);
-        let size = before.max(end);
+        let size = m.size_of(ino).unwrap_or(disk).max(end);
         if size != disk {
             m.set_isize(ino, Some(size));
         }

@@ -1043,20 +1043,17 @@ model_case!(
 );
 
 // Writes reaching the device late while the flusher runs: rewrites of folios whose
-// memory a write in flight holds. Ignored: about half the runs end in a model mismatch
-// (bytes read back as zeros, or non-zero bytes past EOF on disk after a clean unmount)
-// with either `writeback_copy` mode, so a race between the background flusher and the
-// foreground operations (truncate, zeroing, EOF pollution, direct writes) that no other
-// configuration runs; not yet found. Run with `--ignored`.
+// memory a write in flight holds, and foreground operations meeting writeback that holds
+// no inode lock (they found a truncate zeroing the EOF block's tail under its write in
+// flight, and an extending write whose size grew only after the flusher had taken its
+// first folio: `truncate_writeback`, iomap's `write_extend_writeback`).
 model_case!(
     late_writes_stripes3,
     Cfg {
         late_writes: true,
         pollute: true,
         ..cfg(3, 4096, 65536)
-    },
-    #[test]
-    #[ignore = "flusher race: intermittent model mismatch, see the comment above"]
+    }
 );
 model_case!(
     late_writes_bs1k_folio4k,
@@ -1064,9 +1061,7 @@ model_case!(
         late_writes: true,
         force_zero: true,
         ..cfg(8, 1024, 4096)
-    },
-    #[test]
-    #[ignore = "flusher race: intermittent model mismatch, see the comment above"]
+    }
 );
 
 /// The model over 8 NBD targets (nbdkit memory servers on Unix sockets): a short run,

@@ -353,6 +353,11 @@ fn copy_in<O: FileIo>(
         cache.set_dirty(&mut g, b0, b1);
         cache.touch(&g);
         cur += len;
+        // Still under the folio lock: writeback must never see these bytes dirty past
+        // the size it reads (see `FileIo::extend_size`).
+        if cur > size {
+            ops.extend_size(cur);
+        }
     }
     Ok(())
 }

@@ -173,6 +173,13 @@ pub enum IoDir {
 pub trait FileIo: IomapOps {
     /// In-core file size.
     fn size(&self) -> u64;
+    /// A buffered write has copied bytes up to `end` into a folio it still holds locked:
+    /// the in-core size grows to `end` if that is larger (Linux's `i_size_write` in
+    /// `iomap_write_end`, before the folio is unlocked). Writeback reads the size under
+    /// the folio lock and writes the EOF block's bytes past it as zeros, clearing the
+    /// block's dirty bit; a size that grew only after the folio was unlocked would let it
+    /// take the block in between and lose the bytes the write put past the old size.
+    fn extend_size(&self, end: u64);
     /// Submits one device I/O for bytes `[pos, pos + total length of bufs)` of mapping
     /// `map` (inside the mapping), vectored over `bufs` in order, into `batch`; returns the
     /// completion slot. Writeback's buffers may be windows lent from folios

@@ -145,6 +145,11 @@ impl FileIo for Fake {
         *self.size.borrow()
     }
 
+    fn extend_size(&self, end: u64) {
+        let mut size = self.size.borrow_mut();
+        *size = (*size).max(end);
+    }
+
     fn submit(
         &self,
         batch: &Batch,

@@ -144,6 +144,10 @@ impl FileIo for Linear {
         self.size.load(Ordering::SeqCst)
     }
 
+    fn extend_size(&self, end: u64) {
+        self.size.fetch_max(end, Ordering::SeqCst);
+    }
+
     fn submit(
         &self,
         batch: &Batch,
