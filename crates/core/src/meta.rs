@@ -55,6 +55,9 @@ impl MetaState {
     /// the runtime produced always fits, so a misfit means damaged metadata.
     pub fn apply(&mut self, rec: &Record) -> Result<(), CoreError> {
         let bad = |detail: String| CoreError::corrupted("metadata record", detail);
+        if let Some(why) = rec.extent_misfit() {
+            return Err(bad(why));
+        }
         match rec {
             Record::InodeSet(a) => {
                 self.next_ino = self.next_ino.max(a.ino.0 + 1);
@@ -85,14 +88,6 @@ impl MetaState {
                 state,
                 refcount,
             } => {
-                if *len == 0
-                    || block.checked_add(*len).is_none()
-                    || phys.checked_add(*len).is_none()
-                {
-                    return Err(bad(format!(
-                        "inode {ino} object {object}: extent of {len} blocks at block {block}"
-                    )));
-                }
                 let i = self.get_mut(*ino, rec)?;
                 let map = i
                     .objects
@@ -114,11 +109,6 @@ impl MetaState {
                 block,
                 len,
             } => {
-                if block.checked_add(*len).is_none() {
-                    return Err(bad(format!(
-                        "inode {ino} object {object}: clear of {len} blocks at block {block}"
-                    )));
-                }
                 let i = self.get_mut(*ino, rec)?;
                 let map = i
                     .objects

@@ -140,6 +140,39 @@ pub(crate) fn dec_attrs(d: &mut Dec<'_>) -> Result<InodeAttrs, CoreError> {
 }
 
 impl Record {
+    /// Why this extent record cannot describe a range (no blocks, or a range that passes
+    /// the end of the block numbers), if it cannot. `MetaState::apply` and the trees'
+    /// `apply_record` refuse such a record with this text.
+    #[must_use]
+    pub fn extent_misfit(&self) -> Option<String> {
+        match self {
+            Record::ExtentSet {
+                ino,
+                object,
+                block,
+                len,
+                phys,
+                ..
+            } if *len == 0
+                || block.checked_add(*len).is_none()
+                || phys.checked_add(*len).is_none() =>
+            {
+                Some(format!(
+                    "inode {ino} object {object}: extent of {len} blocks at block {block}"
+                ))
+            }
+            Record::ExtentClear {
+                ino,
+                object,
+                block,
+                len,
+            } if block.checked_add(*len).is_none() => Some(format!(
+                "inode {ino} object {object}: clear of {len} blocks at block {block}"
+            )),
+            _ => None,
+        }
+    }
+
     /// Appends the encoded record to `e`.
     pub fn encode(&self, e: &mut Enc) {
         let mut b = Enc::new();

@@ -97,6 +97,9 @@ impl<'a> Items<'a> {
     }
 
     fn apply(&self, rec: &Record) -> Result<(), MetaError> {
+        if let Some(why) = rec.extent_misfit() {
+            return Err(bad(why));
+        }
         match rec {
             Record::InodeSet(a) => self.inode_set(a),
             Record::InodeFree(ino) => self.inode_free(*ino),
@@ -109,14 +112,6 @@ impl<'a> Items<'a> {
                 state,
                 refcount,
             } => {
-                if *len == 0
-                    || block.checked_add(*len).is_none()
-                    || phys.checked_add(*len).is_none()
-                {
-                    return Err(bad(format!(
-                        "inode {ino} object {object}: extent of {len} blocks at block {block}"
-                    )));
-                }
                 let e = Extent {
                     len: *len,
                     phys: *phys,
@@ -130,14 +125,7 @@ impl<'a> Items<'a> {
                 object,
                 block,
                 len,
-            } => {
-                if block.checked_add(*len).is_none() {
-                    return Err(bad(format!(
-                        "inode {ino} object {object}: clear of {len} blocks at block {block}"
-                    )));
-                }
-                self.extent_op(rec, *ino, *object, *block, *len, &ExtentOp::Clear)
-            }
+            } => self.extent_op(rec, *ino, *object, *block, *len, &ExtentOp::Clear),
             Record::DirAdd {
                 dir,
                 name,
