@@ -8,16 +8,16 @@
 //! the device. Found by the file system's `model_ops` late-write configurations (bytes
 //! read back as zeros).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+mod common;
+
+use common::Linear;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use stripefs_iomap::cache::{CacheConfig, PageCache};
-use stripefs_iomap::{
-    self as iomap, CacheIo, FileIo, IoDir, Iomap, IomapFlags, IomapKind, IomapOp, IomapOps, WbEnd,
-    WbOutcome, WbWait, ZeroMode,
-};
-use stripefs_target::{Batch, BufPool, IoBuf, IoOp, SimTarget, Target, TargetError};
+use stripefs_iomap::{self as iomap, FileIo, IomapOp, WbWait, ZeroMode};
+use stripefs_target::{SimTarget, Target};
 
 const BS: u64 = 4096;
 const FOLIO: u64 = 64 << 10;
@@ -32,19 +32,28 @@ enum Gate {
     Waiting,
 }
 
-/// One file mapped onto the device at the same offsets, every block written, mappings one
-/// folio long; a buffered write's mapping of `hold_at` waits until the test opens the
-/// gate.
-struct Linear {
-    dev: SimTarget,
-    size: AtomicU64,
-    pool: BufPool,
-    hold_at: u64,
+/// The gate a buffered write's mapping of one position waits at.
+struct Hold {
+    at: u64,
     gate: Mutex<Gate>,
     cv: Condvar,
 }
 
-impl Linear {
+impl Hold {
+    fn at_mapping(&self, pos: u64, op: IomapOp) {
+        if op != IomapOp::BufferedWrite || pos != self.at {
+            return;
+        }
+        let mut g = self.gate.lock().unwrap();
+        if *g == Gate::Armed {
+            *g = Gate::Waiting;
+            self.cv.notify_all();
+            while *g == Gate::Waiting {
+                g = self.cv.wait(g).unwrap();
+            }
+        }
+    }
+
     fn wait_writer(&self) {
         let mut g = self.gate.lock().unwrap();
         while *g != Gate::Waiting {
@@ -60,94 +69,6 @@ impl Linear {
     }
 }
 
-impl IomapOps for Linear {
-    type Addr = u64;
-    type Error = String;
-
-    fn begin(&self, pos: u64, _len: u64, op: IomapOp) -> Result<Iomap<u64>, String> {
-        if op == IomapOp::BufferedWrite && pos == self.hold_at {
-            let mut g = self.gate.lock().unwrap();
-            if *g == Gate::Armed {
-                *g = Gate::Waiting;
-                self.cv.notify_all();
-                while *g == Gate::Waiting {
-                    g = self.cv.wait(g).unwrap();
-                }
-            }
-        }
-        let offset = pos / BS * BS;
-        Ok(Iomap {
-            offset,
-            length: (offset / FOLIO + 1) * FOLIO - offset,
-            kind: IomapKind::Mapped,
-            flags: IomapFlags::NONE,
-            addr: offset,
-            seq: 0,
-        })
-    }
-
-    fn end(&self, _: &Iomap<u64>, _: u64, _: u64, _: IomapOp) -> Result<(), String> {
-        Ok(())
-    }
-
-    fn still_valid(&self, _: &Iomap<u64>) -> bool {
-        true
-    }
-}
-
-impl FileIo for Linear {
-    fn size(&self) -> u64 {
-        self.size.load(Ordering::SeqCst)
-    }
-
-    fn extend_size(&self, end: u64) {
-        self.size.fetch_max(end, Ordering::SeqCst);
-    }
-
-    fn submit(
-        &self,
-        batch: &Batch,
-        map: &Iomap<u64>,
-        pos: u64,
-        dir: IoDir,
-        bufs: Vec<IoBuf>,
-    ) -> usize {
-        let offset = map.addr + (pos - map.offset);
-        let op = match dir {
-            IoDir::Write => IoOp::Write { offset, bufs },
-            IoDir::Read => IoOp::Read { offset, bufs },
-        };
-        batch.submit(&self.dev, op)
-    }
-
-    fn buffers(&self) -> &BufPool {
-        &self.pool
-    }
-
-    fn io_error(&self, e: TargetError) -> String {
-        e.to_string()
-    }
-
-    fn contract_error(&self, what: String) -> String {
-        what
-    }
-}
-
-impl CacheIo for Linear {
-    fn errno(&self, _: &String) -> i32 {
-        5
-    }
-
-    fn writeback_done(&self, _: &[WbEnd<u64>], outcome: WbOutcome) -> Result<(), String> {
-        assert_eq!(outcome, WbOutcome::Written);
-        Ok(())
-    }
-
-    fn next_stored(&self, pos: u64, _end: u64) -> Result<u64, String> {
-        Ok(pos)
-    }
-}
-
 #[test]
 fn writeback_between_the_folios_of_an_extending_write_keeps_its_bytes() {
     let cache = PageCache::new(
@@ -158,14 +79,14 @@ fn writeback_between_the_folios_of_an_extending_write_keeps_its_bytes() {
         BS as u32,
     );
     let fc = cache.file(1);
-    let fs = Linear {
-        dev: SimTarget::new("dev", DEV, 512),
-        size: AtomicU64::new(0),
-        pool: BufPool::new(4 << 20),
-        hold_at: FOLIO,
+    let hold = Arc::new(Hold {
+        at: FOLIO,
         gate: Mutex::new(Gate::Open),
         cv: Condvar::new(),
-    };
+    });
+    let mut fs = Linear::new(SimTarget::new("dev", DEV, 512), BS, FOLIO);
+    let h = Arc::clone(&hold);
+    fs.before_map = Some(Box::new(move |pos, op| h.at_mapping(pos, op)));
     // A file ending inside its second block, on the device.
     let old_size = BS + 100;
     let old = vec![b'A'; old_size as usize];
@@ -175,12 +96,12 @@ fn writeback_between_the_folios_of_an_extending_write_keeps_its_bytes() {
     // An extending write from the old EOF into the second folio, stopped at the second
     // folio's mapping while writeback runs.
     let new = vec![b'B'; (FOLIO + BS - old_size) as usize];
-    *fs.gate.lock().unwrap() = Gate::Armed;
+    *hold.gate.lock().unwrap() = Gate::Armed;
     std::thread::scope(|s| {
         let writer = s.spawn(|| iomap::write(&cache, &fs, &fc, old_size, &new, ZeroMode::Cache));
-        fs.wait_writer();
+        hold.wait_writer();
         iomap::writeback(&cache, &fs, &fc, 0, u64::MAX, WbWait::Busy).unwrap();
-        fs.open();
+        hold.open();
         assert_eq!(writer.join().expect("writer").unwrap(), new.len());
     });
     // The file system grows its size after the write at the latest.

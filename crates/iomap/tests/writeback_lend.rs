@@ -9,18 +9,16 @@
 //! the folio's own memory (no copy), and the bytes past EOF in the EOF block go out as
 //! zeros without the folio changing.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
+
+use common::Linear;
+use std::sync::atomic::Ordering;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use stripefs_iomap::cache::{CacheConfig, PageCache, WbCopy};
-use stripefs_iomap::{
-    self as iomap, CacheIo, FileIo, IoDir, Iomap, IomapFlags, IomapKind, IomapOp, IomapOps, WbEnd,
-    WbOutcome, WbWait, ZeroMode,
-};
-use stripefs_target::{
-    Batch, BufPool, Completion, IoBuf, IoOp, SimTarget, Target, TargetError, TargetInfo,
-};
+use stripefs_iomap::{self as iomap, WbWait, ZeroMode};
+use stripefs_target::{Completion, IoOp, SimTarget, Target, TargetInfo};
 
 const BS: u64 = 4096;
 const FOLIO: u64 = 64 << 10;
@@ -107,91 +105,6 @@ impl Target for HeldWrites {
     }
 }
 
-/// One file mapped onto the device at the same offsets, every block written.
-struct Linear {
-    dev: HeldWrites,
-    size: AtomicU64,
-    pool: BufPool,
-}
-
-impl IomapOps for Linear {
-    type Addr = u64;
-    type Error = String;
-
-    fn begin(&self, pos: u64, _len: u64, _op: IomapOp) -> Result<Iomap<u64>, String> {
-        let offset = pos / BS * BS;
-        Ok(Iomap {
-            offset,
-            length: DEV - offset,
-            kind: IomapKind::Mapped,
-            flags: IomapFlags::NONE,
-            addr: offset,
-            seq: 0,
-        })
-    }
-
-    fn end(&self, _: &Iomap<u64>, _: u64, _: u64, _: IomapOp) -> Result<(), String> {
-        Ok(())
-    }
-
-    fn still_valid(&self, _: &Iomap<u64>) -> bool {
-        true
-    }
-}
-
-impl FileIo for Linear {
-    fn size(&self) -> u64 {
-        self.size.load(Ordering::SeqCst)
-    }
-
-    fn extend_size(&self, end: u64) {
-        self.size.fetch_max(end, Ordering::SeqCst);
-    }
-
-    fn submit(
-        &self,
-        batch: &Batch,
-        map: &Iomap<u64>,
-        pos: u64,
-        dir: IoDir,
-        bufs: Vec<IoBuf>,
-    ) -> usize {
-        let offset = map.addr + (pos - map.offset);
-        let op = match dir {
-            IoDir::Write => IoOp::Write { offset, bufs },
-            IoDir::Read => IoOp::Read { offset, bufs },
-        };
-        batch.submit(&self.dev, op)
-    }
-
-    fn buffers(&self) -> &BufPool {
-        &self.pool
-    }
-
-    fn io_error(&self, e: TargetError) -> String {
-        e.to_string()
-    }
-
-    fn contract_error(&self, what: String) -> String {
-        what
-    }
-}
-
-impl CacheIo for Linear {
-    fn errno(&self, _: &String) -> i32 {
-        5
-    }
-
-    fn writeback_done(&self, _: &[WbEnd<u64>], outcome: WbOutcome) -> Result<(), String> {
-        assert_eq!(outcome, WbOutcome::Written);
-        Ok(())
-    }
-
-    fn next_stored(&self, pos: u64, _end: u64) -> Result<u64, String> {
-        Ok(pos)
-    }
-}
-
 fn rewrite_during_writeback(mode: WbCopy) {
     let cache = PageCache::new(
         CacheConfig {
@@ -202,11 +115,7 @@ fn rewrite_during_writeback(mode: WbCopy) {
         BS as u32,
     );
     let fc = cache.file(1);
-    let fs = Linear {
-        dev: HeldWrites::new(),
-        size: AtomicU64::new(0),
-        pool: BufPool::new(4 << 20),
-    };
+    let fs = Linear::new(HeldWrites::new(), BS, DEV);
     let old = vec![b'A'; FOLIO as usize];
     assert_eq!(
         iomap::write(&cache, &fs, &fc, 0, &old, ZeroMode::Cache).unwrap(),
