@@ -157,12 +157,16 @@ fn a_group_on_aged_space_is_not_scattered_over_holes() {
     fs.unmount().expect("unmount");
 }
 
-/// A device error on the merged write of a group is retried piece by piece: only the
-/// file whose own piece fails again gets the error, reported through every handle open on
-/// it; the other files are written and read back after a remount.
-#[test]
-fn write_error_in_one_file_of_a_group_reaches_only_that_file() {
-    const N: u64 = 8;
+/// One target with a fault injector, mounted, and `n` small dirty files each open on a
+/// handle: the set-up of the group error tests.
+fn faulty_group(
+    n: u64,
+) -> (
+    Arc<FaultInjector>,
+    Vec<Arc<SimTarget>>,
+    Fs,
+    Vec<stripefs::File>,
+) {
     let faults = Arc::new(FaultInjector::new());
     let sims: Vec<Arc<SimTarget>> = vec![Arc::new(
         SimTarget::from_image("sim0", vec![GARBAGE; 16 << 20], 512)
@@ -176,11 +180,21 @@ fn write_error_in_one_file_of_a_group_reaches_only_that_file() {
             ..quiet()
         },
     );
-    let inos = create_files(&fs, N);
-    let handles: Vec<_> = inos
+    let inos = create_files(&fs, n);
+    let handles = inos
         .iter()
         .map(|&ino| fs.open_file(ino).expect("open"))
         .collect();
+    (faults, sims, fs, handles)
+}
+
+/// A device error on the merged write of a group is retried piece by piece: only the
+/// file whose own piece fails again gets the error, reported through every handle open on
+/// it; the other files are written and read back after a remount.
+#[test]
+fn write_error_in_one_file_of_a_group_reaches_only_that_file() {
+    const N: u64 = 8;
+    let (faults, sims, fs, handles) = faulty_group(N);
     // Counted from arming: write 1 is the group's merged write; writes 2.. are its pieces
     // retried one by one, in address order (the group allocated in inode order): fail
     // the merged write and the third retry.
@@ -235,24 +249,7 @@ fn write_error_in_one_file_of_a_group_reaches_only_that_file() {
 #[test]
 fn unattributable_group_error_reaches_every_file_of_the_write() {
     const N: u64 = 4;
-    let faults = Arc::new(FaultInjector::new());
-    let sims: Vec<Arc<SimTarget>> = vec![Arc::new(
-        SimTarget::from_image("sim0", vec![GARBAGE; 16 << 20], 512)
-            .with_faults(0, Arc::clone(&faults)),
-    )];
-    mkfs(&sims);
-    let fs = mount(
-        &sims,
-        MountOptions {
-            faults: Some(Arc::clone(&faults)),
-            ..quiet()
-        },
-    );
-    let inos = create_files(&fs, N);
-    let handles: Vec<_> = inos
-        .iter()
-        .map(|&ino| fs.open_file(ino).expect("open"))
-        .collect();
+    let (faults, _sims, fs, handles) = faulty_group(N);
     faults.arm(
         PointMatch::Exact(FaultPoint::TargetWrite(0)),
         1,
