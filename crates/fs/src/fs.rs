@@ -14,7 +14,7 @@ use stripefs_meta::{items, JournalMark, Store};
 use stripefs_target::{IoBuf, Target};
 
 use crate::error::{FsError, Result};
-use crate::inner::{FsInner, MetaCore, Txn};
+use crate::inner::{DeadInode, Freed, FsInner, MetaCore, Txn};
 use crate::journal::{CommitMode, Journal, JournalPosition, Urge, Wake};
 use crate::metapages::MetaPages;
 use crate::options::{Checkpoints, MkfsOptions, MountOptions};
@@ -136,6 +136,7 @@ impl Fs {
         pages.attach(Arc::downgrade(&inner));
         let fs = Fs { inner };
         let orphans = fs.free_orphans()?;
+        fs.reap_dead();
         if l.replayed_txns > 0 || orphans > 0 {
             match fs
                 .inner
@@ -671,11 +672,15 @@ impl Fs {
                     meta_held_blocks: m.alloc.meta_held_blocks(id),
                     busy_blocks: m.alloc.busy_blocks_on(id),
                     meta_page_blocks: self.inner.pages.live_blocks(id),
+                    dead_blocks: 0,
                     extent_blocks: 0,
                     delalloc_blocks: 0,
                 }
             })
             .collect();
+        for f in m.dead.iter().flat_map(|d| &d.blocks) {
+            books[f.target.index()].dead_blocks += f.len;
+        }
         for (ino, i) in &m.state.inodes {
             let l = i.attrs.layout;
             for (object, map) in i.objects.iter().enumerate() {
@@ -764,49 +769,79 @@ impl Fs {
 
     /// Unmaps object blocks `[from, from + len)` of `ino`'s object `object` (only extents
     /// in state `only`, if given): appends an `ExtentClear` per mapped piece to `recs` and
-    /// frees the blocks once the running transaction commits (busy extents).
+    /// frees the blocks once the running transaction commits (busy extents). The caller
+    /// has waited for every writeback write of the range (its cache is gone).
     pub(crate) fn clear_object_range(
         &self,
         m: &mut MetaCore,
         ino: Ino,
         object: u32,
-        (from, len): (u64, u64),
+        range: (u64, u64),
         only: Option<stripefs_core::extent::ExtentState>,
         recs: &mut Vec<Record>,
     ) -> Result<()> {
+        let seq = m.txn.seq;
+        for f in self.unmap_object_range(m, ino, object, range, only, recs)? {
+            m.alloc.free_after(f.target, f.phys, f.len, seq);
+        }
+        Ok(())
+    }
+
+    /// Appends an `ExtentClear` per mapped piece of object blocks `[from, from + len)` of
+    /// `ino`'s object `object` (only extents in state `only`, if given) to `recs`, and
+    /// returns the physical blocks they held, still allocated: the caller frees them.
+    fn unmap_object_range(
+        &self,
+        m: &MetaCore,
+        ino: Ino,
+        object: u32,
+        (from, len): (u64, u64),
+        only: Option<stripefs_core::extent::ExtentState>,
+        recs: &mut Vec<Record>,
+    ) -> Result<Vec<Freed>> {
         let i = m.state.get(ino).ok_or(FsError::Stale(ino.0))?;
         let target = i
             .attrs
             .layout
             .target_of(object, self.inner.geo.target_count());
         let end = from.saturating_add(len);
-        let pieces: Vec<(u64, u64, u64)> = i.objects[object as usize]
-            .range(from, end - from)
-            .filter(|(_, e)| only.is_none_or(|s| e.state == s))
-            .map(|(s, e)| {
-                let a = s.max(from);
-                (a, (s + e.len).min(end) - a, e.phys + (a - s))
-            })
-            .collect();
-        let seq = m.txn.seq;
-        for (block, n, phys) in pieces {
+        let mut freed = Vec::new();
+        for (s, e) in i.objects[object as usize].range(from, end - from) {
+            if only.is_some_and(|st| e.state != st) {
+                continue;
+            }
+            let block = s.max(from);
+            let n = (s + e.len).min(end) - block;
             recs.push(Record::ExtentClear {
                 ino,
                 object,
                 block,
                 len: n,
             });
-            m.alloc.free_after(target, phys, n, seq);
+            freed.push(Freed {
+                target,
+                phys: e.phys + (block - s),
+                len: n,
+            });
         }
-        Ok(())
+        Ok(freed)
     }
 
-    /// Frees `ino` and its blocks (blocks become reusable when this transaction commits).
+    /// Frees `ino`. Its blocks leave the free map's reach until [`Fs::reap_dead`] has
+    /// dropped its page cache: a writeback write of the file may still be on its way.
     pub(crate) fn free_inode(&self, m: &mut MetaCore, ino: Ino) -> Result<()> {
         let inode = m.state.get(ino).ok_or(FsError::Stale(ino.0))?.clone();
         let mut recs = Vec::new();
+        let mut blocks = Vec::new();
         for object in 0..inode.objects.len() as u32 {
-            self.clear_object_range(m, ino, object, (0, u64::MAX), None, &mut recs)?;
+            blocks.extend(self.unmap_object_range(
+                m,
+                ino,
+                object,
+                (0, u64::MAX),
+                None,
+                &mut recs,
+            )?);
         }
         recs.push(Record::InodeFree(ino));
         self.inner.log_all(m, recs)?;
@@ -817,15 +852,33 @@ impl Fs {
                 m.alloc.unreserve(l.target_of(object as u32, n), da.total());
             }
         }
-        m.dead.push(ino);
+        let seq = m.txn.seq;
+        m.dead.push(DeadInode { ino, seq, blocks });
         Ok(())
     }
 
-    /// Drops the page cache of freed inodes (call without the metadata lock).
+    /// Drops the page cache of freed inodes, which waits for their writeback writes, and
+    /// only then hands their blocks to the allocator (call without the metadata lock).
     pub(crate) fn reap_dead(&self) {
         let dead = std::mem::take(&mut self.inner.meta.lock().dead);
-        for ino in dead {
-            self.inner.cache.forget(ino.0);
+        if dead.is_empty() {
+            return;
+        }
+        for d in &dead {
+            self.inner.cache.forget(d.ino.0);
+        }
+        let mut m = self.inner.meta.lock();
+        // Read under the lock: a commit publishes its sequence before it takes this lock
+        // to release its busy blocks, so a sequence not yet seen here is released later.
+        let committed = self.inner.journal.committed();
+        for d in dead {
+            for f in d.blocks {
+                if d.seq <= committed {
+                    m.alloc.free_now(f.target, f.phys, f.len);
+                } else {
+                    m.alloc.free_after(f.target, f.phys, f.len, d.seq);
+                }
+            }
         }
     }
 }

@@ -57,8 +57,28 @@ pub(crate) struct MetaCore {
     /// The in-core inodes: every piece of per-inode runtime state (`icache.rs`).
     pub inodes: InodeTable,
     /// Freed inodes whose page cache is still to be dropped (outside this lock: folio
-    /// locks come before the metadata lock).
-    pub dead: Vec<Ino>,
+    /// locks come before the metadata lock), with the blocks they held.
+    pub dead: Vec<DeadInode>,
+}
+
+/// A freed inode on its way out: its blocks stay out of the free map until its page cache
+/// is gone, which waits for every writeback write of it still in flight or plugged, so a
+/// late write never lands on blocks another file was given (`cache.md`, "Freeing a dead
+/// inode's blocks").
+#[derive(Debug)]
+pub(crate) struct DeadInode {
+    pub ino: Ino,
+    /// The transaction that unmapped the blocks: they are reusable once it is durable too.
+    pub seq: u64,
+    pub blocks: Vec<Freed>,
+}
+
+/// Physical blocks an unmapped object range held.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Freed {
+    pub target: stripefs_core::TargetId,
+    pub phys: u64,
+    pub len: u64,
 }
 
 impl MetaCore {

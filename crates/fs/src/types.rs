@@ -319,6 +319,8 @@ pub struct SpaceAccount {
     pub busy_blocks: u64,
     /// Blocks held by metadata tree pages on this target.
     pub meta_page_blocks: u64,
+    /// Blocks of freed inodes whose page cache (and writeback) is still being dropped.
+    pub dead_blocks: u64,
     /// Blocks in file extents (written or unwritten) on this target.
     pub extent_blocks: u64,
     /// Blocks of delayed allocations on this target.
@@ -336,11 +338,12 @@ impl SpaceAccount {
             + self.meta_held_blocks
             + self.extent_blocks
             + self.busy_blocks
-            + self.meta_page_blocks;
+            + self.meta_page_blocks
+            + self.dead_blocks;
         if sum != self.data_blocks {
             return Err(format!(
                 "target {}: available {} + reserved {} + held for metadata {} + in extents {} \
-                 + busy {} + metadata pages {} = {sum}, not the {} data blocks",
+                 + busy {} + metadata pages {} + dead inodes' {} = {sum}, not the {} data blocks",
                 self.target,
                 self.available_blocks,
                 self.reserved_blocks,
@@ -348,6 +351,7 @@ impl SpaceAccount {
                 self.extent_blocks,
                 self.busy_blocks,
                 self.meta_page_blocks,
+                self.dead_blocks,
                 self.data_blocks
             ));
         }
