@@ -4,6 +4,8 @@
 //! bytes, and the inode item with the file-system counter item. Every decoder checks
 //! lengths and codes and names the key in its error.
 
+use std::fmt;
+
 use super::key::{Key, KeyKind, COLLISIONS_MAX, VALUE_MAX};
 use crate::codec::{Dec, Enc};
 use crate::extent::{Extent, ExtentState};
@@ -54,7 +56,7 @@ pub fn encode_inode(a: &InodeAttrs) -> Vec<u8> {
 /// is not the key's, trailing bytes.
 pub fn decode_inode(key: &Key, value: &[u8]) -> Result<InodeAttrs, CoreError> {
     let w = what(key);
-    let mut d = Dec::new(value, &w);
+    let mut d = Dec::shown(value, &w);
     let version = d.u8()?;
     if version != INODE_VALUE_V1 {
         return Err(d.err(format!("inode value version {version}")));
@@ -82,7 +84,7 @@ pub fn encode_counter(next_ino: u64) -> Vec<u8> {
 /// `Corrupted` naming the key: wrong length or 0.
 pub fn decode_counter(key: &Key, value: &[u8]) -> Result<u64, CoreError> {
     let w = what(key);
-    let mut d = Dec::new(value, &w);
+    let mut d = Dec::shown(value, &w);
     let next = d.u64()?;
     if next < Ino::ROOT.0 || d.remaining() != 0 {
         return Err(d.err(format!("next inode {next} in a {}-byte value", value.len())));
@@ -138,8 +140,17 @@ pub fn dir_entry_items(
     ]
 }
 
-fn what(key: &Key) -> String {
-    format!("metadata item {key}")
+/// Names an item in decoding errors (formatted only when an error is made).
+struct ItemName<'a>(&'a Key);
+
+impl fmt::Display for ItemName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "metadata item {}", self.0)
+    }
+}
+
+fn what(key: &Key) -> ItemName<'_> {
+    ItemName(key)
 }
 
 fn name_of(d: &mut Dec<'_>, max: usize) -> Result<Vec<u8>, CoreError> {
@@ -161,7 +172,7 @@ fn kind_of(d: &mut Dec<'_>) -> Result<FileKind, CoreError> {
 /// `Corrupted` naming the key when the value does not parse.
 pub fn decode_dir_entry(key: &Key, value: &[u8]) -> Result<DirEntryItem, CoreError> {
     let w = what(key);
-    let mut d = Dec::new(value, &w);
+    let mut d = Dec::shown(value, &w);
     let ino = Ino(d.u64()?);
     let kind = kind_of(&mut d)?;
     let cookie = d.u64()?;
@@ -180,7 +191,7 @@ pub fn decode_dir_entry(key: &Key, value: &[u8]) -> Result<DirEntryItem, CoreErr
 /// `Corrupted` naming the key when the value does not parse.
 pub fn decode_dir_cookie(key: &Key, value: &[u8]) -> Result<(DirEntryItem, u64, u64), CoreError> {
     let w = what(key);
-    let mut d = Dec::new(value, &w);
+    let mut d = Dec::shown(value, &w);
     let hash = d.u64()?;
     let collision = d.u64()?;
     let ino = Ino(d.u64()?);
@@ -243,7 +254,7 @@ pub fn encode_extent(e: &Extent) -> Vec<u8> {
 /// `Corrupted` naming the key: wrong length, zero length, unknown state, zero count.
 pub fn decode_extent(key: &Key, value: &[u8]) -> Result<Extent, CoreError> {
     let w = what(key);
-    let mut d = Dec::new(value, &w);
+    let mut d = Dec::shown(value, &w);
     let e = Extent {
         len: d.u64()?,
         phys: d.u64()?,
@@ -272,7 +283,7 @@ pub fn free_space_item(target: TargetId, start: u64, len: u64) -> (Key, Vec<u8>)
 /// `Corrupted` naming the key: wrong length, empty or overflowing run.
 pub fn decode_free_space(key: &Key, value: &[u8]) -> Result<(TargetId, u64, u64), CoreError> {
     let w = what(key);
-    let mut d = Dec::new(value, &w);
+    let mut d = Dec::shown(value, &w);
     let len = d.u64()?;
     let target = u32::try_from(key.object).map_err(|_| d.err("target out of range"))?;
     if d.remaining() != 0 || len == 0 || key.a.checked_add(len).is_none() || key.b != 0 {
@@ -351,7 +362,7 @@ pub fn decode_xattr(items: &[(Key, Vec<u8>)]) -> Result<(Vec<u8>, Vec<u8>), Core
         return Err(CoreError::corrupted("xattr items", "none"));
     };
     let w = what(k0);
-    let mut d = Dec::new(v0, &w);
+    let mut d = Dec::shown(v0, &w);
     let nlen = usize::from(d.u8()?);
     if nlen == 0 || nlen > XATTR_NAME_MAX || k0.b & 0xFFFF != 0 {
         return Err(d.err(format!("name of {nlen} bytes, chunk {}", k0.b & 0xFFFF)));
