@@ -22,12 +22,16 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use stripefs_core::btree::page::{decode, Generation, PageAddr, PageRef, PageSize};
 use stripefs_core::btree::root::{RootRecord, ROOT_RECORD_BYTES};
-use stripefs_core::btree::tree::{Miss, Node, PageSource, Tree, WritePlan};
+use stripefs_core::btree::tree::{Miss, Node, PageSource, Tree, WritePlan, WrittenPage};
 use stripefs_core::btree::{Key, TreeId};
 use stripefs_core::{BlockSize, CoreError, TargetId, Uuid};
 use stripefs_target::{Batch, IoBuf, IoOp, Target, TargetError};
 
 pub use cache::{CacheStats, PageCache};
+
+/// Pages one checkpoint write carries at most (one buffer each: within the kernel's
+/// limit of buffers per vectored write).
+const PAGES_PER_WRITE: usize = 256;
 
 /// An error of the metadata store.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -486,11 +490,11 @@ impl Store {
         }
         let batch = Batch::new();
         let mut touched = vec![false; self.targets.len()];
-        for p in plans.iter().flat_map(|p| &p.pages) {
-            let t = p.at.addr.target.index();
+        for run in self.page_runs(&plans) {
+            let t = run[0].at.addr.target.index();
             touched[t] = true;
-            let offset = self.cfg.block_size.to_bytes(p.at.addr.block.0);
-            let bufs = vec![IoBuf::from_slice(&p.bytes)];
+            let offset = self.cfg.block_size.to_bytes(run[0].at.addr.block.0);
+            let bufs = run.iter().map(|p| IoBuf::from_slice(&p.bytes)).collect();
             batch.submit(&*self.targets[t], IoOp::Write { offset, bufs });
         }
         batch.wait().into_iter().try_for_each(|d| d.result)?;
@@ -518,6 +522,32 @@ impl Store {
         let offset = self.cfg.slots.offsets[slot as usize];
         target.write_fua_sync(offset, IoBuf::from_slice(&sector))?;
         Ok(plans)
+    }
+
+    /// The pages of `plans` in address order, cut into runs of adjacent pages on one
+    /// target (at most [`PAGES_PER_WRITE`] each): each run goes out as one vectored
+    /// write, so a checkpoint issues about as many writes as the allocator handed out
+    /// extents, not one per page.
+    fn page_runs<'p>(&self, plans: &'p [WritePlan]) -> Vec<Vec<&'p WrittenPage>> {
+        let mut pages: Vec<&WrittenPage> = plans.iter().flat_map(|p| &p.pages).collect();
+        pages.sort_unstable_by_key(|p| (p.at.addr.target, p.at.addr.block));
+        let offset = |p: &WrittenPage| self.cfg.block_size.to_bytes(p.at.addr.block.0);
+        let page = self.cfg.page_size.bytes() as u64;
+        let mut runs: Vec<Vec<&WrittenPage>> = Vec::new();
+        for p in pages {
+            match runs.last_mut() {
+                Some(run)
+                    if run.len() < PAGES_PER_WRITE
+                        && run.last().is_some_and(|q| {
+                            q.at.addr.target == p.at.addr.target && offset(q) + page == offset(p)
+                        }) =>
+                {
+                    run.push(p);
+                }
+                _ => runs.push(vec![p]),
+            }
+        }
+        runs
     }
 
     /// Visits every page of tree `tree` reachable from its last durable root, depth
