@@ -10,7 +10,7 @@ use stripefs::{AtimePolicy, AtimeUpdate, AtimeWrite, DirAtime, MountOptions};
 use crate::size::parse_size;
 
 /// The keys `-o` understands, for help texts and errors.
-pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, meta_cache=SIZE (metadata page cache, default 64m), checkpoint=background|inline, readahead=SIZE, readahead_mode=async|sync (sync: wait for the window inside the read), writeback_depth=N (batches in flight, 1: wait for each), \
+pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, meta_cache=SIZE (metadata page cache, default 64m), inode_cache=N (decoded inodes in core, default one per 512 bytes of meta_cache), checkpoint=background|inline, readahead=SIZE, readahead_mode=async|sync (sync: wait for the window inside the read), writeback_depth=N (batches in flight, 1: wait for each), \
 writeback_copy=lend|stage (stage: copy written bytes into staging buffers), \
 wb_batch=files|single (single: write dirty files back one at a time), \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
@@ -90,6 +90,15 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
                 m.validate(4096)
                     .map_err(|e| format!("{e} (-o meta_cache={v})"))?;
                 o.meta_cache = m;
+            }
+            "inode_cache" => {
+                let n = v
+                    .parse()
+                    .map_err(|_| format!("inode_cache must be a count of inodes, not {v:?}"))?;
+                let b = stripefs::InodeBound(n);
+                b.validate()
+                    .map_err(|e| format!("{e} (-o inode_cache={v})"))?;
+                o.inode_cache = Some(b);
             }
             "readahead" => o.cache.readahead_bytes = parse_size(v)?,
             "readahead_mode" => {
@@ -244,6 +253,14 @@ mod tests {
                 .bytes(),
             256 << 10
         );
+        assert_eq!(parse(&[]).unwrap().inode_cache, None);
+        assert_eq!(
+            parse(&["inode_cache=5000".into()]).unwrap().inode_cache,
+            Some(stripefs::InodeBound(5000))
+        );
+        let zero = parse(&["inode_cache=0".into()]).unwrap_err();
+        assert!(zero.contains("inode_cache=0"), "{zero}");
+        assert!(parse(&["inode_cache=lots".into()]).is_err());
         let small = parse(&["meta_cache=100k".into()]).unwrap_err();
         assert!(
             small.contains("minimum of 64 pages") && small.contains("meta_cache=100k"),

@@ -54,107 +54,27 @@ impl MetaState {
     /// non-directory, extent of a non-file, object index out of range...): a record that
     /// the runtime produced always fits, so a misfit means damaged metadata.
     pub fn apply(&mut self, rec: &Record) -> Result<(), CoreError> {
-        let bad = |detail: String| CoreError::corrupted("metadata record", detail);
         if let Some(why) = rec.extent_misfit() {
-            return Err(bad(why));
+            return Err(misfit(why));
         }
         match rec {
             Record::InodeSet(a) => {
                 self.next_ino = self.next_ino.max(a.ino.0 + 1);
                 match self.inodes.get_mut(&a.ino) {
-                    Some(i) if i.attrs.kind != a.kind => {
-                        return Err(bad(format!("inode {} changes type", a.ino)));
-                    }
-                    Some(i) => i.attrs = a.clone(),
+                    Some(i) => apply_to(i, rec)?,
                     None => {
-                        if a.kind == FileKind::Regular && a.layout.count == 0 {
-                            return Err(bad(format!("regular file {} has no stripes", a.ino)));
-                        }
-                        self.inodes.insert(a.ino, Inode::new(a.clone()));
+                        self.inodes.insert(a.ino, new_inode(rec)?);
                     }
                 }
             }
             Record::InodeFree(ino) => {
                 if self.inodes.remove(ino).is_none() {
-                    return Err(bad(format!("free of missing inode {ino}")));
+                    return Err(misfit(format!("free of missing inode {ino}")));
                 }
             }
-            Record::ExtentSet {
-                ino,
-                object,
-                block,
-                len,
-                phys,
-                state,
-                refcount,
-            } => {
-                let i = self.get_mut(*ino, rec)?;
-                let map = i
-                    .objects
-                    .get_mut(*object as usize)
-                    .ok_or_else(|| bad(format!("inode {ino} has no object {object}")))?;
-                map.set(
-                    *block,
-                    Extent {
-                        len: *len,
-                        phys: *phys,
-                        state: *state,
-                        refcount: *refcount,
-                    },
-                );
-            }
-            Record::ExtentClear {
-                ino,
-                object,
-                block,
-                len,
-            } => {
-                let i = self.get_mut(*ino, rec)?;
-                let map = i
-                    .objects
-                    .get_mut(*object as usize)
-                    .ok_or_else(|| bad(format!("inode {ino} has no object {object}")))?;
-                map.clear(*block, *len);
-            }
-            Record::DirAdd {
-                dir,
-                name,
-                ino,
-                kind,
-            } => {
-                let d = self.get_mut(*dir, rec)?;
-                if d.attrs.kind != FileKind::Directory {
-                    return Err(bad(format!("entry added to non-directory {dir}")));
-                }
-                d.entries.insert(
-                    name.clone(),
-                    crate::inode::DirEntry {
-                        ino: *ino,
-                        kind: *kind,
-                    },
-                );
-            }
-            Record::DirRemove { dir, name } => {
-                let d = self.get_mut(*dir, rec)?;
-                if d.entries.remove(name).is_none() {
-                    return Err(bad(format!(
-                        "directory {dir} has no entry {:?} to remove",
-                        String::from_utf8_lossy(name)
-                    )));
-                }
-            }
-            Record::XattrSet { ino, name, value } => {
-                self.get_mut(*ino, rec)?
-                    .xattrs
-                    .insert(name.clone(), value.clone());
-            }
-            Record::XattrRemove { ino, name } => {
-                if self.get_mut(*ino, rec)?.xattrs.remove(name).is_none() {
-                    return Err(bad(format!("inode {ino} has no xattr to remove")));
-                }
-            }
-            Record::SymlinkSet { ino, target } => {
-                self.get_mut(*ino, rec)?.symlink.clone_from(target);
+            _ => {
+                let ino = rec.subject();
+                apply_to(self.get_mut(ino, rec)?, rec)?;
             }
         }
         Ok(())
@@ -169,4 +89,119 @@ impl MetaState {
             .map(crate::extent::ExtentMap::len)
             .sum()
     }
+}
+
+fn misfit(detail: String) -> CoreError {
+    CoreError::corrupted("metadata record", detail)
+}
+
+/// The inode an `InodeSet` record creates (the inode did not exist).
+///
+/// # Errors
+/// `Corrupted` if `rec` is not an `InodeSet`, or creates a regular file without stripes.
+pub fn new_inode(rec: &Record) -> Result<Inode, CoreError> {
+    let Record::InodeSet(a) = rec else {
+        return Err(misfit(format!("{rec:?} refers to a missing inode")));
+    };
+    if a.kind == FileKind::Regular && a.layout.count == 0 {
+        return Err(misfit(format!("regular file {} has no stripes", a.ino)));
+    }
+    Ok(Inode::new(a.clone()))
+}
+
+/// Applies `rec` to `i`, the existing inode it is about (`rec.subject()`): every record
+/// but the `InodeSet` that creates an inode and `InodeFree`, which the caller's map
+/// handles. Shared by [`MetaState::apply`] and the file system's in-core inodes, so both
+/// accept and refuse the same records.
+///
+/// # Errors
+/// `Corrupted` as [`MetaState::apply`].
+pub fn apply_to(i: &mut Inode, rec: &Record) -> Result<(), CoreError> {
+    debug_assert_eq!(
+        i.attrs.ino,
+        rec.subject(),
+        "record applied to another inode"
+    );
+    if let Some(why) = rec.extent_misfit() {
+        return Err(misfit(why));
+    }
+    match rec {
+        Record::InodeSet(a) => {
+            if i.attrs.kind != a.kind {
+                return Err(misfit(format!("inode {} changes type", a.ino)));
+            }
+            i.attrs = a.clone();
+        }
+        Record::InodeFree(ino) => {
+            return Err(misfit(format!("free of inode {ino} applied in place")));
+        }
+        Record::ExtentSet {
+            ino,
+            object,
+            block,
+            len,
+            phys,
+            state,
+            refcount,
+        } => {
+            let map = i
+                .objects
+                .get_mut(*object as usize)
+                .ok_or_else(|| misfit(format!("inode {ino} has no object {object}")))?;
+            map.set(
+                *block,
+                Extent {
+                    len: *len,
+                    phys: *phys,
+                    state: *state,
+                    refcount: *refcount,
+                },
+            );
+        }
+        Record::ExtentClear {
+            ino,
+            object,
+            block,
+            len,
+        } => {
+            let map = i
+                .objects
+                .get_mut(*object as usize)
+                .ok_or_else(|| misfit(format!("inode {ino} has no object {object}")))?;
+            map.clear(*block, *len);
+        }
+        Record::DirAdd {
+            dir,
+            name,
+            ino,
+            kind,
+        } => {
+            if i.attrs.kind != FileKind::Directory {
+                return Err(misfit(format!("entry added to non-directory {dir}")));
+            }
+            let e = crate::inode::DirEntry {
+                ino: *ino,
+                kind: *kind,
+            };
+            i.entries.insert(name.clone(), e);
+        }
+        Record::DirRemove { dir, name } => {
+            if i.entries.remove(name).is_none() {
+                return Err(misfit(format!(
+                    "directory {dir} has no entry {:?} to remove",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+        }
+        Record::XattrSet { name, value, .. } => {
+            i.xattrs.insert(name.clone(), value.clone());
+        }
+        Record::XattrRemove { ino, name } => {
+            if i.xattrs.remove(name).is_none() {
+                return Err(misfit(format!("inode {ino} has no xattr to remove")));
+            }
+        }
+        Record::SymlinkSet { target, .. } => i.symlink.clone_from(target),
+    }
+    Ok(())
 }

@@ -111,7 +111,7 @@ impl Fs {
         };
         let now = crate::clock::time_now();
         let mut m = self.inner.meta.lock();
-        let Some(i) = m.state.get(ino) else {
+        let Ok(Some(i)) = m.state.get(ino) else {
             return;
         };
         if !policy.wants(&i.attrs, m.atime_of(&i.attrs), now) {
@@ -149,7 +149,7 @@ impl Fs {
         };
         let mut recs = Vec::new();
         for i in inos {
-            match m.state.get(i) {
+            match m.state.get(i)? {
                 Some(n) => recs.push(Record::InodeSet(n.attrs.clone())),
                 None => {
                     if let Some(c) = m.inodes.get_mut(i) {

@@ -470,7 +470,7 @@ impl Fs {
         if let Some(c) = m.inodes.get_mut(ino) {
             c.last_write = None;
         }
-        let Some(i) = m.state.get(ino) else {
+        let Some(i) = m.state.get(ino)? else {
             return Ok(());
         };
         if i.attrs.flags & FLAG_PREALLOC != 0
@@ -502,7 +502,9 @@ impl Fs {
         let fc = self.inner.cache.existing(ino.0);
         let (l, maps) = {
             let m = self.inner.meta.lock();
-            let Some(i) = m.state.get(ino) else { return };
+            let Ok(Some(i)) = m.state.get(ino) else {
+                return;
+            };
             let Some(maps) = m
                 .inodes
                 .get(ino)
@@ -544,7 +546,9 @@ impl Fs {
         }
         let bs = self.inner.geo.block_size;
         let mut m = self.inner.meta.lock();
-        let Some(i) = m.state.get(ino) else { return };
+        let Ok(Some(i)) = m.state.get(ino) else {
+            return;
+        };
         let l = i.attrs.layout;
         let n = self.inner.geo.target_count();
         for object in 0..l.count {

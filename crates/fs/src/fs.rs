@@ -17,6 +17,7 @@ use crate::error::{FsError, Result};
 use crate::inner::{DeadInode, Freed, FsInner, MetaCore, Txn};
 use crate::journal::{CommitMode, Journal, JournalPosition, Urge, Wake};
 use crate::metapages::MetaPages;
+use crate::metaview::MetaView;
 use crate::options::{Checkpoints, MkfsOptions, MountOptions};
 use crate::recovery;
 use crate::types::{Access, AccessSource, FsStatus, SpaceAccount, StatFs, TargetStatus};
@@ -106,25 +107,35 @@ impl Fs {
             .map_err(FsError::Invalid)?;
         let alloc = build_allocator(&l)?;
         let committed = l.next_seq - 1;
+        let store = Arc::new(l.store);
+        // The replayed changes are not in the trees until the checkpointer applies them.
+        let replayed_seq = if l.replayed_txns > 0 { committed } else { 0 };
+        let view = MetaView::with_state(
+            Arc::clone(&store),
+            l.state,
+            replayed_seq,
+            opts.inode_bound().0,
+        );
         let pos = JournalPosition {
             head: l.head,
             tail: l.mark.tail,
-            generation: l.store.durable_generation().0,
+            generation: store.durable_generation().0,
         };
         let journal = Journal::new(pos, committed, l.replayed, l.mark);
         let meta = MetaCore {
-            state: l.state,
+            state: view,
             alloc,
             txn: Txn::new(l.next_seq),
             rotor: 0,
             inodes: crate::icache::InodeTable::default(),
             dead: Vec::new(),
+            applied: journal.applied(),
         };
         opts.meta_cache
             .validate(l.geo.page_size().bytes() as u64)
             .map_err(FsError::Invalid)?;
         let pages = Arc::clone(&l.pages);
-        let trees = (l.store, l.pages);
+        let trees = (store, l.pages);
         let inner = Arc::new(FsInner::new(
             l.geo,
             l.targets,
@@ -171,13 +182,13 @@ impl Fs {
 
     fn free_orphans(&self) -> Result<u64> {
         let mut m = self.inner.meta.lock();
-        let orphans: Vec<Ino> = m
-            .state
-            .inodes
-            .values()
-            .filter(|i| i.attrs.nlink == 0 && m.open_count(i.attrs.ino) == 0)
-            .map(|i| i.attrs.ino)
-            .collect();
+        let mut orphans: Vec<Ino> = Vec::new();
+        m.state.each_inode(&mut |i| {
+            if i.attrs.nlink == 0 {
+                orphans.push(i.attrs.ino);
+            }
+        })?;
+        orphans.retain(|&i| m.open_count(i) == 0);
         for &ino in &orphans {
             self.free_inode(&mut m, ino)?;
         }
@@ -481,11 +492,12 @@ impl Fs {
         self.writeback_all(stripefs_iomap::WbWait::Busy)?;
         {
             let mut m = self.inner.meta.lock();
+            // Speculative preallocation pins its inode in core (`last_write`), so the
+            // resident inodes are the ones that can have some.
             let files: Vec<Ino> = m
                 .state
-                .inodes
-                .keys()
-                .copied()
+                .resident_inos()
+                .into_iter()
                 .filter(|&i| trim(&m, i))
                 .collect();
             for ino in files {
@@ -559,7 +571,7 @@ impl Fs {
             .collect();
         let blocks_free = free.iter().sum();
         let blocks_avail = self.default_file_blocks(&free);
-        let files = m.state.inodes.len() as u64;
+        let files = m.state.count();
         // Metadata pages come from the data area: every free block could hold inodes.
         // Estimate 16 inodes per 4 KiB page of free space (an inode item with a directory
         // entry and its cookie takes roughly 250 bytes of leaf).
@@ -602,8 +614,8 @@ impl Fs {
             committed_seq: self.inner.journal.committed(),
             running_seq: m.txn.seq,
             running_records: m.txn.records.len(),
-            inodes: m.state.inodes.len() as u64,
-            extents: m.state.extent_count() as u64,
+            inodes: m.state.count(),
+            extents: m.state.resident_extents() as u64,
             meta_page_blocks: self.inner.pages.live_blocks_total(),
             meta_cache: self.inner.store.stats().cache,
             busy_blocks: m.alloc.busy_blocks(),
@@ -626,6 +638,10 @@ impl Fs {
             incore_inodes: m.inodes.len(),
             incore_inodes_peak: m.inodes.peak(),
             incore_inodes_evicted: m.inodes.evicted(),
+            meta_inodes: m.state.resident_count(),
+            meta_inodes_peak: m.state.peak(),
+            meta_inode_loads: m.state.loads(),
+            meta_inodes_evicted: m.state.evicted(),
         }
     }
 
@@ -648,11 +664,14 @@ impl Fs {
     }
 
     /// Test hook: sweeps the in-core inode table now (as it is swept whenever it has
-    /// doubled), returning how many inodes were evicted.
+    /// doubled), returning how many inodes were evicted, then the decoded inodes (as they
+    /// are swept past their bound).
     #[doc(hidden)]
     pub fn debug_evict_inodes(&self) -> usize {
         let mut m = self.inner.meta.lock();
-        self.inner.sweep_inodes(&mut m).evicted
+        let evicted = self.inner.sweep_inodes(&mut m).evicted;
+        m.sweep_view();
+        evicted
     }
 
     /// The space books of every target (see [`SpaceAccount`]): allocator counters next to
@@ -681,15 +700,18 @@ impl Fs {
         for f in m.dead.iter().flat_map(|d| &d.blocks) {
             books[f.target.index()].dead_blocks += f.len;
         }
-        for (ino, i) in &m.state.inodes {
+        let seen = m.state.each_inode(&mut |i| {
             let l = i.attrs.layout;
             for (object, map) in i.objects.iter().enumerate() {
                 let t = l.target_of(object as u32, n).index();
                 books[t].extent_blocks += map.mapped_blocks();
-                if let Some(da) = m.delalloc_of(*ino, object) {
+                if let Some(da) = m.delalloc_of(i.attrs.ino, object) {
                     books[t].delalloc_blocks += da.total();
                 }
             }
+        });
+        if let Err(e) = seen {
+            tracing::warn!(error = %e, "space books: the trees could not be read");
         }
         books
     }
@@ -799,7 +821,7 @@ impl Fs {
         only: Option<stripefs_core::extent::ExtentState>,
         recs: &mut Vec<Record>,
     ) -> Result<Vec<Freed>> {
-        let i = m.state.get(ino).ok_or(FsError::Stale(ino.0))?;
+        let i = m.state.get(ino)?.ok_or(FsError::Stale(ino.0))?;
         let target = i
             .attrs
             .layout
@@ -830,7 +852,7 @@ impl Fs {
     /// Frees `ino`. Its blocks leave the free map's reach until [`Fs::reap_dead`] has
     /// dropped its page cache: a writeback write of the file may still be on its way.
     pub(crate) fn free_inode(&self, m: &mut MetaCore, ino: Ino) -> Result<()> {
-        let inode = m.state.get(ino).ok_or(FsError::Stale(ino.0))?.clone();
+        let inode = m.state.get(ino)?.ok_or(FsError::Stale(ino.0))?.clone();
         let mut recs = Vec::new();
         let mut blocks = Vec::new();
         for object in 0..inode.objects.len() as u32 {

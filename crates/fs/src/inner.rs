@@ -13,7 +13,6 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex, RwLock};
 use stripefs_core::alloc::Allocator;
 use stripefs_core::geometry::Geometry;
-use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::Ino;
 use stripefs_target::{
@@ -49,7 +48,8 @@ impl Txn {
 /// Everything protected by the metadata lock.
 #[derive(Debug)]
 pub(crate) struct MetaCore {
-    pub state: MetaState,
+    /// The decoded inodes in core, read from the trees on a miss (`metaview.rs`).
+    pub state: crate::metaview::MetaView,
     pub alloc: Allocator,
     pub txn: Txn,
     /// Next first-target for new files, so that files spread over the targets.
@@ -59,6 +59,9 @@ pub(crate) struct MetaCore {
     /// Freed inodes whose page cache is still to be dropped (outside this lock: folio
     /// locks come before the metadata lock), with the blocks they held.
     pub dead: Vec<DeadInode>,
+    /// The last transaction the checkpointer applied to the trees (shared with the
+    /// journal): an in-core inode changed after it cannot leave core.
+    pub applied: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A freed inode on its way out: its blocks stay out of the free map until its page cache
@@ -84,7 +87,7 @@ pub(crate) struct Freed {
 impl MetaCore {
     /// In-core size: what `stat` and reads see.
     pub fn size_of(&self, ino: Ino) -> Option<u64> {
-        let disk = self.state.get(ino)?.attrs.size;
+        let disk = self.state.get(ino).ok().flatten()?.attrs.size;
         Some(self.isize_of(ino).unwrap_or(disk))
     }
 
@@ -138,12 +141,12 @@ impl MetaCore {
     /// # Errors
     /// `Corrupted` if the model rejects the record (damaged metadata or a bug); the caller
     /// poisons the file system.
-    pub fn log(&mut self, mut rec: Record) -> Result<(), stripefs_core::CoreError> {
+    pub fn log(&mut self, mut rec: Record) -> Result<()> {
         self.fold_lazy_atime(&mut rec);
-        let needed_for_data = self.needed_to_reach_data(&rec);
-        self.state.apply(&rec)?;
-        let ino = rec.subject();
+        let needed_for_data = self.needed_to_reach_data(&rec)?;
         let seq = self.txn.seq;
+        self.state.apply(&rec, seq)?;
+        let ino = rec.subject();
         self.inodes.entry(ino).meta_seq = seq;
         if let Some(i) = needed_for_data {
             self.inodes.entry(i).data_seq = seq;
@@ -170,9 +173,9 @@ impl MetaCore {
     /// The inode whose data `rec` is needed to reach, if any: fdatasync must commit it. That
     /// is the inode's creation, a change of its size or link count, and a new name for it;
     /// permission, owner and time updates are not (the fdatasync contract).
-    fn needed_to_reach_data(&self, rec: &Record) -> Option<Ino> {
-        match rec {
-            Record::InodeSet(a) => match self.state.get(a.ino) {
+    fn needed_to_reach_data(&self, rec: &Record) -> Result<Option<Ino>> {
+        Ok(match rec {
+            Record::InodeSet(a) => match self.state.get(a.ino)? {
                 None => Some(a.ino),
                 Some(old) => (old.attrs.size != a.size
                     || old.attrs.nlink != a.nlink
@@ -181,12 +184,66 @@ impl MetaCore {
             },
             Record::DirAdd { ino, .. } => Some(*ino),
             _ => None,
-        }
+        })
     }
 
     /// Marks `ino`'s size as changed in the running transaction (fdatasync must commit).
     pub fn mark_data(&mut self, ino: Ino) {
         self.inodes.entry(ino).data_seq = self.txn.seq;
+    }
+}
+
+/// The metadata lock. Its guard sweeps the in-core inodes when they pass their bound, as
+/// it is released: every borrow of an inode has ended then, read paths included.
+#[derive(Debug)]
+pub(crate) struct MetaLock(Mutex<MetaCore>);
+
+impl MetaLock {
+    pub fn new(m: MetaCore) -> Self {
+        Self(Mutex::new(m))
+    }
+
+    /// Takes the metadata lock.
+    pub fn lock(&self) -> MetaGuard<'_> {
+        MetaGuard(self.0.lock())
+    }
+}
+
+/// The metadata lock, held.
+pub(crate) struct MetaGuard<'a>(parking_lot::MutexGuard<'a, MetaCore>);
+
+impl std::ops::Deref for MetaGuard<'_> {
+    type Target = MetaCore;
+    fn deref(&self) -> &MetaCore {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for MetaGuard<'_> {
+    fn deref_mut(&mut self) -> &mut MetaCore {
+        &mut self.0
+    }
+}
+
+impl Drop for MetaGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.state.sweep_due() {
+            self.0.sweep_view();
+        }
+    }
+}
+
+impl MetaCore {
+    /// Evicts in-core inodes that nothing pins: every change applied to the trees (the
+    /// journal's applied transaction), and no runtime state that keeps them
+    /// (`InCoreInode::reclaimable`: open handles, I/O or lock holders, cached or dirty
+    /// data, delayed allocations, an in-core size, a lazily kept access time).
+    pub fn sweep_view(&mut self) -> crate::metaview::ViewSwept {
+        let applied = self.applied.load(Ordering::Acquire);
+        let inodes = &self.inodes;
+        self.state.sweep(applied, |ino| {
+            inodes.get(ino).is_some_and(|c| !c.reclaimable())
+        })
     }
 }
 
@@ -214,11 +271,11 @@ pub(crate) struct BgControl {
 pub(crate) struct FsInner {
     pub geo: Geometry,
     pub targets: Vec<Arc<dyn Target>>,
-    pub meta: Mutex<MetaCore>,
+    pub meta: MetaLock,
     pub journal: Journal,
     /// The metadata trees, the persistent form of the metadata: the checkpoint applies
     /// committed records to them (`journal.rs`). Read only at mount in stage 1.
-    pub store: stripefs_meta::Store,
+    pub store: Arc<stripefs_meta::Store>,
     /// Their page allocation, over `meta.alloc`; counts the blocks pages hold.
     pub pages: Arc<crate::metapages::MetaPages>,
     /// Targets with completed writes not yet covered by a completed flush.
@@ -291,7 +348,7 @@ impl FsInner {
         targets: Vec<Arc<dyn Target>>,
         meta: MetaCore,
         journal: Journal,
-        trees: (stripefs_meta::Store, Arc<crate::metapages::MetaPages>),
+        trees: (Arc<stripefs_meta::Store>, Arc<crate::metapages::MetaPages>),
         opts: crate::options::MountOptions,
     ) -> Self {
         let faults = opts.faults.clone();
@@ -300,7 +357,7 @@ impl FsInner {
         Self {
             geo,
             targets,
-            meta: Mutex::new(meta),
+            meta: MetaLock::new(meta),
             journal,
             store: trees.0,
             pages: trees.1,
@@ -386,7 +443,7 @@ impl FsInner {
         for r in recs {
             if let Err(e) = m.log(r) {
                 self.poison(&e.to_string());
-                return Err(e.into());
+                return Err(e);
             }
         }
         self.sweep_inodes_if_due(m);
@@ -422,7 +479,7 @@ impl FsInner {
     pub fn sweep_inodes(&self, m: &mut MetaCore) -> Swept {
         if !self.is_poisoned() && !self.read_only() {
             for ino in m.inodes.pinned_by_atime_only() {
-                let Some(i) = m.state.get(ino) else {
+                let Some(i) = m.state.resident(ino) else {
                     if let Some(c) = m.inodes.get_mut(ino) {
                         c.lazy_atime = None;
                     }

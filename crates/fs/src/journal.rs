@@ -97,6 +97,9 @@ pub(crate) struct Journal {
     /// Serialises checkpoints (apply and write), with the mark of the last transaction
     /// applied to the trees.
     run: Mutex<JournalMark>,
+    /// The last transaction whose records the trees hold (read without a lock: an
+    /// in-core inode changed by a later one cannot be evicted, `metaview.rs`).
+    applied: Arc<AtomicU64>,
 }
 
 /// A transaction durable in the journal whose records have not reached the trees.
@@ -207,7 +210,13 @@ impl Journal {
                 kick: Condvar::new(),
             }),
             run: Mutex::new(mark),
+            applied: Arc::new(AtomicU64::new(mark.seq.saturating_sub(1))),
         }
+    }
+
+    /// The last transaction applied to the trees, kept current by the checkpointer.
+    pub fn applied(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.applied)
     }
 
     /// Highest transaction sequence known durable.
@@ -413,6 +422,7 @@ impl Journal {
                 tail: q.end,
                 seq: q.seq + 1,
             };
+            self.applied.store(q.seq, Ordering::Release);
         }
         Ok(())
     }

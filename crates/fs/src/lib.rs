@@ -38,6 +38,7 @@ mod io;
 mod journal;
 mod mapping;
 mod metapages;
+mod metaview;
 mod namespace;
 mod options;
 mod path;
@@ -56,7 +57,7 @@ pub use io::{MappedRange, MAX_FILE_BYTES};
 pub use journal::JournalPosition;
 pub use namespace::{setid_dropped, XattrMode, LINK_MAX};
 pub use options::{
-    Checkpoints, DioSubmit, MetaCacheBytes, MkfsOptions, MountOptions, UnalignedPolicy,
+    Checkpoints, DioSubmit, InodeBound, MetaCacheBytes, MkfsOptions, MountOptions, UnalignedPolicy,
 };
 pub use path::Follow;
 pub use queue::{DioCompletion, DioQueue};

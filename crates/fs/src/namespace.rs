@@ -55,7 +55,7 @@ fn check_name(name: &OsStr) -> Result<&[u8]> {
 }
 
 pub(crate) fn inode(m: &MetaCore, ino: Ino) -> Result<&Inode> {
-    m.state.get(ino).ok_or(FsError::Stale(ino.0))
+    m.state.get(ino)?.ok_or(FsError::Stale(ino.0))
 }
 
 fn dir(m: &MetaCore, ino: Ino) -> Result<&Inode> {
@@ -346,7 +346,7 @@ impl Fs {
             },
         };
         let now = crate::clock::time_now();
-        let ino = Ino(m.state.next_ino);
+        let ino = Ino(m.state.next_ino());
         let is_dir = kind == FileKind::Directory;
         let (gid, perm) = inherited_group(&live_dir(&m, parent)?.attrs, kind, &p);
         let (perm, acl_recs) = inherited_acl(live_dir(&m, parent)?, ino, kind, perm, p.umask);
@@ -488,7 +488,7 @@ impl Fs {
     /// link count by `dlink`, drops the child's link, and reaps freed caches.
     fn remove_entry(
         &self,
-        mut m: parking_lot::MutexGuard<'_, MetaCore>,
+        mut m: crate::inner::MetaGuard<'_>,
         parent: Ino,
         name: &[u8],
         child: Ino,
@@ -1028,7 +1028,7 @@ impl Fs {
             // freed when the file system is made read-write again or at the next mount.
             return Ok(());
         }
-        let orphan = m.state.get(ino).is_some_and(|i| i.attrs.nlink == 0);
+        let orphan = m.state.get(ino)?.is_some_and(|i| i.attrs.nlink == 0);
         if orphan {
             self.free_inode(&mut m, ino)?;
         } else {

@@ -86,9 +86,49 @@ impl MetaCacheBytes {
     }
 }
 
+impl MountOptions {
+    /// The in-core inode bound these options give.
+    #[must_use]
+    pub fn inode_bound(&self) -> InodeBound {
+        self.inode_cache
+            .unwrap_or_else(|| InodeBound::for_cache(self.meta_cache))
+    }
+}
+
 impl Default for MetaCacheBytes {
     fn default() -> Self {
         Self::DEFAULT
+    }
+}
+
+/// How many decoded inodes the mount keeps in core (`-o inode_cache=N`,
+/// `docs/design/metadata.md` "Stage 2"): past it, inodes whose every change the trees hold
+/// and that nothing pins are evicted and read again on their next use. An inode costs
+/// about 600 bytes plus its directory entries, extents and xattrs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InodeBound(pub usize);
+
+impl InodeBound {
+    /// The smallest bound derived from the page cache budget.
+    pub const MIN_DERIVED: usize = 1024;
+
+    /// The default: one inode per 512 bytes of `meta_cache` (131,072 at the default
+    /// 64 MiB, about 80 MiB of in-core inodes), at least [`Self::MIN_DERIVED`].
+    #[must_use]
+    pub fn for_cache(cache: MetaCacheBytes) -> InodeBound {
+        let n = usize::try_from(cache.0 / 512).unwrap_or(usize::MAX);
+        InodeBound(n.max(Self::MIN_DERIVED))
+    }
+
+    /// Checks an explicit bound.
+    ///
+    /// # Errors
+    /// A sentence when it is zero.
+    pub fn validate(self) -> Result<(), String> {
+        if self.0 == 0 {
+            return Err("inode_cache 0: at least one inode must fit in core".into());
+        }
+        Ok(())
     }
 }
 
@@ -116,6 +156,9 @@ pub struct MountOptions {
     pub cache: CacheConfig,
     /// Metadata page cache budget (`meta_cache`).
     pub meta_cache: MetaCacheBytes,
+    /// In-core inode bound (`inode_cache`; `None`: [`InodeBound::for_cache`] of
+    /// `meta_cache`).
+    pub inode_cache: Option<InodeBound>,
     /// Where checkpoints run (`checkpoint`).
     pub checkpoints: Checkpoints,
     /// How zero range and EOF zeroing treat dirty cache over holes and unwritten extents
@@ -153,6 +196,7 @@ impl Default for MountOptions {
         Self {
             cache: CacheConfig::default(),
             meta_cache: MetaCacheBytes::DEFAULT,
+            inode_cache: None,
             checkpoints: Checkpoints::Background,
             eof_zeroing: ZeroMode::Cache,
             speculative_prealloc: true,

@@ -287,6 +287,13 @@ pub struct FsStatus {
     pub incore_inodes: usize,
     pub incore_inodes_peak: usize,
     pub incore_inodes_evicted: u64,
+    /// Decoded inodes (attributes, extent maps, entries, xattrs) in core now, the most at
+    /// once since mount, read from the metadata trees since mount and evicted since mount
+    /// (`docs/design/metadata.md`, "Stage 2").
+    pub meta_inodes: usize,
+    pub meta_inodes_peak: usize,
+    pub meta_inode_loads: u64,
+    pub meta_inodes_evicted: u64,
 }
 
 /// One target's space.

@@ -53,6 +53,9 @@ struct Cfg {
     /// the background flusher runs with a small dirty limit: writes and zeroing meet
     /// folios whose memory a write in flight holds (copy on write, stable pages).
     late_writes: bool,
+    /// In-core inode bound (`-o inode_cache`), with half the syncs checkpoints that apply
+    /// the journal to the trees: inodes leave core and are read back all the time.
+    inodes: Option<usize>,
 }
 
 /// Carries out writes (not FUA writes) on one thread per target, in submission order,
@@ -156,6 +159,9 @@ impl Cfg {
             o.cache.dirty_limit_bytes = u64::from(self.folio_bytes).max(256 << 10);
             o.cache.budget_bytes = 4 * o.cache.dirty_limit_bytes;
         }
+        if let Some(n) = self.inodes {
+            o.inode_cache = Some(stripefs::InodeBound(n));
+        }
         if self.late_writes {
             // The flusher writes back whenever a quarter of a MiB is dirty.
             o.writeback_interval = Some(std::time::Duration::from_millis(1));
@@ -198,6 +204,8 @@ struct Run {
     wb_group_files: u64,
     /// Writes into folios whose memory a write in flight held, over every mount.
     lent_rewrites: u64,
+    /// Inodes read back from the trees after eviction, over every mount.
+    meta_inode_loads: u64,
 }
 
 impl Run {
@@ -496,9 +504,17 @@ impl Run {
         self.wb_groups += st.wb_groups;
         self.wb_group_files += st.wb_group_files;
         self.lent_rewrites += st.cache.lent_rewrites;
+        self.meta_inode_loads += st.meta_inode_loads;
     }
 
     fn op_sync(&mut self) {
+        if self.c.inodes.is_some() && self.rng.one_in(2) {
+            self.log.push("checkpoint".into());
+            if let Err(e) = self.sut.fs.checkpoint() {
+                self.fail(&format!("checkpoint failed: {e}"));
+            }
+            return;
+        }
         if self.c.group_sync && self.rng.one_in(2) {
             self.log.push("sync".into());
             if let Err(e) = self.sut.fs.sync() {
@@ -835,6 +851,7 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
         wb_groups: 0,
         wb_group_files: 0,
         lent_rewrites: 0,
+        meta_inode_loads: 0,
     };
     for _ in 0..ops {
         run.step();
@@ -844,6 +861,10 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
     assert!(
         !c.late_writes || run.lent_rewrites > 0,
         "({c:?}): no write met a folio lent to a write in flight: the configuration tests nothing"
+    );
+    assert!(
+        c.inodes.is_none() || run.meta_inode_loads > 0,
+        "({c:?}): no inode was read back from the trees: the configuration tests nothing"
     );
     assert!(
         !c.late_reads || run.readahead_async_bytes > 0,
@@ -892,6 +913,7 @@ fn cfg(stripe_count: u32, block_size: u32, folio_bytes: u32) -> Cfg {
         late_reads: false,
         group_sync: false,
         late_writes: false,
+        inodes: None,
     }
 }
 
@@ -1059,6 +1081,25 @@ model_case!(
     late_writes_bs1k_folio4k,
     Cfg {
         late_writes: true,
+        force_zero: true,
+        ..cfg(8, 1024, 4096)
+    }
+);
+
+// A tiny in-core inode bound with frequent checkpoints: inodes are evicted and read
+// back from the metadata trees constantly, every byte still compared with the model.
+model_case!(
+    tiny_inode_cache_stripes3,
+    Cfg {
+        inodes: Some(2),
+        pollute: true,
+        ..cfg(3, 4096, 65536)
+    }
+);
+model_case!(
+    tiny_inode_cache_bs1k_folio4k,
+    Cfg {
+        inodes: Some(2),
         force_zero: true,
         ..cfg(8, 1024, 4096)
     }

@@ -61,6 +61,45 @@ pub fn load_state(store: &Store) -> Result<MetaState, MetaError> {
     load_with(store, name_hash)
 }
 
+/// Reads inode `ino` from the fs tree (a scan of its key prefix), with the same decoder
+/// and checks as [`load_state`]; `None` if the trees do not hold it. The file system's
+/// in-core inodes load from here on a miss.
+///
+/// # Errors
+/// As [`load_state`], for `ino`'s items.
+pub fn load_inode(store: &Store, ino: Ino) -> Result<Option<Inode>, MetaError> {
+    if ino.0 == 0 {
+        return Ok(None);
+    }
+    let mut l = Loader::new(store, name_hash);
+    l.next_ino = Items::new(store, name_hash).next_ino()?;
+    let from = Key {
+        object: ino.0,
+        ..Key::MIN
+    };
+    let to = Key {
+        object: ino.0,
+        ..Key::MAX
+    }
+    .successor();
+    let mut at = from;
+    loop {
+        let items = store.scan(TreeId::Fs, at, to, BATCH)?;
+        let Some(&(last, _)) = items.last() else {
+            break;
+        };
+        for (k, v) in items {
+            l.item(k, &v)?;
+        }
+        match last.successor() {
+            Some(k) => at = k,
+            None => break,
+        }
+    }
+    l.finish()?;
+    Ok(l.inodes.remove(&ino))
+}
+
 fn bad(detail: String) -> MetaError {
     CoreError::corrupted("metadata record", detail).into()
 }
@@ -490,12 +529,35 @@ impl<'a> Items<'a> {
 }
 
 fn load_with(store: &Store, hash: NameHash) -> Result<MetaState, MetaError> {
-    let mut l = Loader {
-        uuid: store.uuid(),
-        hash,
-        state: MetaState::new(),
-        cur: None,
-    };
+    let mut inodes = BTreeMap::new();
+    let next_ino = stream(store, hash, &mut |i| {
+        inodes.insert(i.attrs.ino, i);
+        Ok(())
+    })?;
+    Ok(MetaState { inodes, next_ino })
+}
+
+/// Hands every inode of the fs tree to `f`, in inode order, holding one at a time
+/// (bounded memory: a scan batch and the inode being built), with the same checks as
+/// [`load_state`].
+///
+/// # Errors
+/// As [`load_state`]; `f`'s error.
+pub fn each_inode(
+    store: &Store,
+    f: &mut dyn FnMut(Inode) -> Result<(), MetaError>,
+) -> Result<(), MetaError> {
+    stream(store, name_hash, f).map(|_| ())
+}
+
+/// Decodes the fs tree in key order, handing each finished inode to `f`; returns the
+/// counter item's next inode number.
+fn stream(
+    store: &Store,
+    hash: NameHash,
+    f: &mut dyn FnMut(Inode) -> Result<(), MetaError>,
+) -> Result<u64, MetaError> {
+    let mut l = Loader::new(store, hash);
     let mut at = Key::MIN;
     loop {
         let items = store.scan(TreeId::Fs, at, None, BATCH)?;
@@ -505,13 +567,19 @@ fn load_with(store: &Store, hash: NameHash) -> Result<MetaState, MetaError> {
         for (k, v) in items {
             l.item(k, &v)?;
         }
+        for (_, i) in std::mem::take(&mut l.inodes) {
+            f(i)?;
+        }
         match last.successor() {
             Some(k) => at = k,
             None => break,
         }
     }
     l.finish()?;
-    Ok(l.state)
+    for (_, i) in std::mem::take(&mut l.inodes) {
+        f(i)?;
+    }
+    Ok(l.next_ino)
 }
 
 /// An inode being rebuilt from its items (which come in key order: inode, symlink,
@@ -530,17 +598,29 @@ struct Building {
 struct Loader {
     uuid: Uuid,
     hash: NameHash,
-    state: MetaState,
+    inodes: BTreeMap<Ino, Inode>,
+    /// The counter item's next inode number (every inode is below it).
+    next_ino: u64,
     cur: Option<Building>,
 }
 
 impl Loader {
+    fn new(store: &Store, hash: NameHash) -> Self {
+        Loader {
+            uuid: store.uuid(),
+            hash,
+            inodes: BTreeMap::new(),
+            next_ino: Ino::ROOT.0,
+            cur: None,
+        }
+    }
+
     fn item(&mut self, k: Key, v: &[u8]) -> Result<(), MetaError> {
         if k.object == 0 {
             if k != counter_key() {
                 return Err(bad_item(&k, "an item of object 0 other than the counter"));
             }
-            self.state.next_ino = decode_counter(&k, v)?;
+            self.next_ino = decode_counter(&k, v)?;
             return Ok(());
         }
         if self
@@ -592,13 +672,10 @@ impl Loader {
             return Err(bad_item(&k, "belongs to no inode"));
         }
         let attrs = decode_inode(&k, v)?;
-        if attrs.ino.0 >= self.state.next_ino {
+        if attrs.ino.0 >= self.next_ino {
             return Err(bad_item(
                 &k,
-                format!(
-                    "inode at or above the next inode number {}",
-                    self.state.next_ino
-                ),
+                format!("inode at or above the next inode number {}", self.next_ino),
             ));
         }
         self.cur = Some(Building {
@@ -642,7 +719,7 @@ impl Loader {
                 return Err(CoreError::corrupted(format!("{what}, object {i}"), d).into());
             }
         }
-        self.state.inodes.insert(ino, b.inode);
+        self.inodes.insert(ino, b.inode);
         Ok(())
     }
 }

@@ -1,0 +1,343 @@
+//! The decoded on-disk inodes the mount holds in core (issue 11 stage 2,
+//! `docs/design/metadata.md`): attributes, symlink target, xattrs, every stripe object's
+//! extent map and a directory's entries, read from the metadata trees the first time an
+//! inode is used and kept while it is used.
+//!
+//! Contract: for an inode it holds, the view is the authority (the trees may lag: records
+//! reach them when the checkpointer applies the journal); for one it does not hold, the
+//! trees are, because an inode leaves core only once every record that changed it has
+//! been applied to them ([`MetaView::sweep`]). A freed inode leaves a tombstone until its
+//! `InodeFree` is applied, so a lookup cannot bring back the trees' stale copy.
+//!
+//! Lookups ([`MetaView::get`]) take `&self`, so every path that reads an inode under the
+//! metadata lock keeps its borrows as before; a miss reads the inode's items with
+//! `items::load_inode` (a scan of its key prefix) under the metadata lock (a documented
+//! limit: the design's retry without the lock is not built) and inserts it. Inserting
+//! through `&self` is safe because entries are boxed and never moved or removed through
+//! a shared reference: only `&mut self` methods (apply, sweep) change or drop them, and
+//! the borrow checker rules those out while any `&Inode` handed out lives.
+
+use std::cell::{Cell, UnsafeCell};
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use stripefs_core::inode::Inode;
+use stripefs_core::meta::{apply_to, new_inode, MetaState};
+use stripefs_core::record::Record;
+use stripefs_core::{CoreError, Ino};
+use stripefs_meta::{items, Store};
+
+use crate::error::{FsError, Result};
+
+/// One in-core inode: the decoded inode and the last transaction that changed it (0: as
+/// the trees hold it).
+#[derive(Debug)]
+struct Slot {
+    inode: Inode,
+    seq: u64,
+    /// Used since the last sweep (second chance).
+    used: Cell<bool>,
+}
+
+/// The in-core decoded inodes (see the module documentation).
+pub(crate) struct MetaView {
+    /// Owned boxes (`Box::into_raw`), inserted through `&self`, changed and dropped only
+    /// through `&mut self`.
+    slots: UnsafeCell<HashMap<Ino, NonNull<Slot>>>,
+    /// Freed inodes whose `InodeFree` (of the transaction given) the trees do not have yet.
+    gone: HashMap<Ino, u64>,
+    /// Next inode number to hand out (inode numbers are never reused).
+    next_ino: u64,
+    /// Inodes in the file system.
+    count: u64,
+    store: Arc<Store>,
+    /// Inodes read from the trees since mount.
+    loads: Cell<u64>,
+    /// Sweep when more inodes than this are in core.
+    bound: usize,
+    sweep_at: usize,
+    peak: Cell<usize>,
+    evicted: u64,
+}
+
+// SAFETY: the view owns every `Slot` its raw pointers name (nothing else points at them
+// once a shared borrow of the view ends), so moving it to another thread moves plain owned
+// data. It is not `Sync` (`UnsafeCell`, `Cell`): it lives under the metadata mutex.
+unsafe impl Send for MetaView {}
+
+impl std::fmt::Debug for MetaView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaView")
+            .field("resident", &self.resident_count())
+            .field("gone", &self.gone.len())
+            .field("next_ino", &self.next_ino)
+            .field("count", &self.count)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for MetaView {
+    fn drop(&mut self) {
+        for (_, p) in self.slots.get_mut().drain() {
+            // SAFETY: `p` came from `Box::into_raw` and is dropped once, here.
+            drop(unsafe { Box::from_raw(p.as_ptr()) });
+        }
+    }
+}
+
+/// What [`MetaView::sweep`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ViewSwept {
+    pub evicted: usize,
+    pub kept: usize,
+}
+
+impl MetaView {
+    /// A view over `store` holding nothing yet, for a file system whose next inode number
+    /// is `next_ino` and which has `count` inodes; swept past `bound` in-core inodes.
+    pub fn new(store: Arc<Store>, next_ino: u64, count: u64, bound: usize) -> Self {
+        Self {
+            slots: UnsafeCell::new(HashMap::new()),
+            gone: HashMap::new(),
+            next_ino,
+            count,
+            store,
+            loads: Cell::new(0),
+            bound,
+            sweep_at: bound,
+            peak: Cell::new(0),
+            evicted: 0,
+        }
+    }
+
+    /// A view holding every inode of `state` (as changed by `seq`, the last transaction
+    /// replayed into it: the trees may not have those changes yet).
+    pub fn with_state(store: Arc<Store>, state: MetaState, seq: u64, bound: usize) -> Self {
+        let count = state.inodes.len() as u64;
+        let mut v = Self::new(store, state.next_ino, count, bound);
+        for (ino, inode) in state.inodes {
+            v.insert(ino, inode, seq);
+        }
+        v
+    }
+
+    fn map(&self) -> &HashMap<Ino, NonNull<Slot>> {
+        // SAFETY: the map is changed only by `insert_shared` (which holds no reference to
+        // it across the change and is not reentrant) and by `&mut self` methods.
+        unsafe { &*self.slots.get() }
+    }
+
+    fn slot(&self, ino: Ino) -> Option<&Slot> {
+        // SAFETY: a slot lives until a `&mut self` method drops it; the returned borrow
+        // is tied to `&self`, which rules those out meanwhile. It is derived from the raw
+        // pointer, not from the map, so inserting other slots does not invalidate it.
+        self.map().get(&ino).map(|p| unsafe { p.as_ref() })
+    }
+
+    fn slot_mut(&mut self, ino: Ino) -> Option<&mut Slot> {
+        // SAFETY: `&mut self` guarantees no other borrow of any slot exists.
+        self.slots
+            .get_mut()
+            .get_mut(&ino)
+            .map(|p| unsafe { p.as_mut() })
+    }
+
+    fn insert_shared(&self, ino: Ino, inode: Inode, seq: u64) -> &Slot {
+        let p = NonNull::from(Box::leak(Box::new(Slot {
+            inode,
+            seq,
+            used: Cell::new(true),
+        })));
+        // SAFETY: no reference into the map is alive (`map()`'s borrows end with the
+        // statements that take them; slot borrows point at the boxes, not the map), and
+        // the view is not `Sync`, so nothing else touches it meanwhile.
+        let map = unsafe { &mut *self.slots.get() };
+        let old = map.insert(ino, p);
+        debug_assert!(old.is_none(), "inode {ino} inserted twice");
+        self.peak.set(self.peak.get().max(map.len()));
+        // SAFETY: just inserted; lives as `slot` explains.
+        unsafe { p.as_ref() }
+    }
+
+    fn insert(&mut self, ino: Ino, inode: Inode, seq: u64) {
+        self.insert_shared(ino, inode, seq);
+    }
+
+    /// The inode `ino`, read from the trees if it is not in core; `None` if it does not
+    /// exist.
+    ///
+    /// # Errors
+    /// The trees' read or decode error (`Corrupted` names the item).
+    pub fn get(&self, ino: Ino) -> Result<Option<&Inode>> {
+        if let Some(s) = self.slot(ino) {
+            s.used.set(true);
+            return Ok(Some(&s.inode));
+        }
+        if ino.0 == 0 || ino.0 >= self.next_ino || self.gone.contains_key(&ino) {
+            return Ok(None);
+        }
+        let Some(inode) = items::load_inode(&self.store, ino).map_err(FsError::from)? else {
+            return Ok(None);
+        };
+        self.loads.set(self.loads.get() + 1);
+        Ok(Some(&self.insert_shared(ino, inode, 0).inode))
+    }
+
+    /// The inode `ino` if it is in core (no read).
+    pub fn resident(&self, ino: Ino) -> Option<&Inode> {
+        self.slot(ino).map(|s| &s.inode)
+    }
+
+    /// Inode numbers in core.
+    pub fn resident_inos(&self) -> Vec<Ino> {
+        self.map().keys().copied().collect()
+    }
+
+    /// Extents of the inodes in core.
+    pub fn resident_extents(&self) -> usize {
+        self.map()
+            .keys()
+            .filter_map(|&i| self.resident(i))
+            .flat_map(|i| i.objects.iter())
+            .map(stripefs_core::extent::ExtentMap::len)
+            .sum()
+    }
+
+    /// Visits every inode of the file system: those in core, then the others as the
+    /// trees hold them (a scan of the whole fs tree, one inode in memory at a time; for
+    /// the space books and tools, not for operations).
+    ///
+    /// # Errors
+    /// The trees' read or decode error.
+    pub fn each_inode(&self, f: &mut dyn FnMut(&Inode)) -> Result<()> {
+        for ino in self.resident_inos() {
+            if let Some(i) = self.resident(ino) {
+                f(i);
+            }
+        }
+        items::each_inode(&self.store, &mut |i| {
+            let ino = i.attrs.ino;
+            if self.slot(ino).is_none() && !self.gone.contains_key(&ino) {
+                f(&i);
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Inodes in core now.
+    pub fn resident_count(&self) -> usize {
+        self.map().len()
+    }
+
+    /// Most inodes in core at once since mount.
+    pub fn peak(&self) -> usize {
+        self.peak.get()
+    }
+
+    /// Inodes read from the trees since mount.
+    pub fn loads(&self) -> u64 {
+        self.loads.get()
+    }
+
+    /// Inodes evicted since mount.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// Next inode number to hand out.
+    pub fn next_ino(&self) -> u64 {
+        self.next_ino
+    }
+
+    /// Inodes in the file system.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Applies `rec`, logged in transaction `seq`, to the inode it is about (read first
+    /// if it is not in core). The only way the view changes.
+    ///
+    /// # Errors
+    /// `Corrupted` if the record does not fit (as `MetaState::apply`); a read error.
+    pub fn apply(&mut self, rec: &Record, seq: u64) -> Result<()> {
+        let ino = rec.subject();
+        let exists = self.get(ino)?.is_some();
+        match rec {
+            Record::InodeFree(_) if exists => {
+                let p = self.slots.get_mut().remove(&ino).expect("just read");
+                // SAFETY: from `Box::into_raw`, removed from the map: dropped once.
+                drop(unsafe { Box::from_raw(p.as_ptr()) });
+                self.gone.insert(ino, seq);
+                self.count -= 1;
+                return Ok(());
+            }
+            Record::InodeSet(a) if !exists => {
+                let i = new_inode(rec)?;
+                self.next_ino = self.next_ino.max(a.ino.0 + 1);
+                self.count += 1;
+                self.insert(ino, i, seq);
+                return Ok(());
+            }
+            _ => {}
+        }
+        let Some(s) = self.slot_mut(ino) else {
+            return Err(CoreError::corrupted(
+                "metadata record",
+                format!("{rec:?} refers to missing inode {ino}"),
+            )
+            .into());
+        };
+        apply_to(&mut s.inode, rec)?;
+        s.seq = seq;
+        Ok(())
+    }
+
+    /// Whether the view holds more inodes than its bound (and than twice what the last
+    /// sweep kept).
+    pub fn sweep_due(&self) -> bool {
+        self.resident_count() > self.sweep_at
+    }
+
+    /// Evicts inodes whose every change the trees hold (last change at or below
+    /// `applied`, the last transaction applied to them) and that `pinned` does not keep:
+    /// those unused since the last sweep (second chance), then, while over the bound,
+    /// others until half the bound is left. Tombstones of frees the trees hold go too.
+    pub fn sweep(&mut self, applied: u64, pinned: impl Fn(Ino) -> bool) -> ViewSwept {
+        self.gone.retain(|_, s| *s > applied);
+        let before = self.resident_count();
+        self.evict_where(|ino, s| {
+            let recent = s.used.replace(false);
+            !recent && s.seq <= applied && !pinned(ino)
+        });
+        let mut excess = self.resident_count().saturating_sub(self.bound / 2);
+        if self.resident_count() > self.bound {
+            self.evict_where(|ino, s| {
+                let go = excess > 0 && s.seq <= applied && !pinned(ino);
+                excess -= usize::from(go);
+                go
+            });
+        }
+        let kept = self.resident_count();
+        self.evicted += (before - kept) as u64;
+        self.sweep_at = self.bound.max(2 * kept);
+        ViewSwept {
+            evicted: before - kept,
+            kept,
+        }
+    }
+
+    fn evict_where(&mut self, mut evict: impl FnMut(Ino, &Slot) -> bool) {
+        self.slots.get_mut().retain(|&ino, p| {
+            // SAFETY: `&mut self`: no other borrow of a slot exists.
+            let s = unsafe { p.as_ref() };
+            if !evict(ino, s) {
+                return true;
+            }
+            // SAFETY: from `Box::into_raw`, leaving the map: dropped once.
+            drop(unsafe { Box::from_raw(p.as_ptr()) });
+            false
+        });
+    }
+}
