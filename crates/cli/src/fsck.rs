@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use stripefs::fsck::{fsck, FsckStage};
 use stripefs::FsError;
 
-use crate::progress::spinner;
+use crate::progress::count_bar;
 use crate::targets::open_all;
 
 /// Exit status bit: warnings only (damage the file system repairs by itself, such as a
@@ -46,15 +46,19 @@ pub fn run(a: &FsckArgs) -> Result<i32, String> {
             return Ok(EXIT_OPERATIONAL);
         }
     };
-    let spin = spinner("checking");
+    // Long work: a bar over the inode numbers the walk has passed (it goes in inode
+    // order, up to the counter), with the pages read so far.
+    let spin = count_bar("checking");
     let mut stage = |s: FsckStage| match s {
-        FsckStage::Loaded {
-            inodes,
-            journal_txns,
-        } => {
+        FsckStage::Loaded { journal_txns } => {
             spin.set_message(format!(
-                "checking {inodes} inodes ({journal_txns} journal transactions replayed in memory)"
+                "checking ({journal_txns} journal transactions to replay in memory)"
             ));
+        }
+        FsckStage::Walking { pages, done, total } => {
+            spin.set_length(total);
+            spin.set_position(done);
+            spin.set_message(format!("{pages} pages"));
         }
         FsckStage::Checked => spin.finish_and_clear(),
     };

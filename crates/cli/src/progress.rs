@@ -21,14 +21,18 @@ pub fn bytes_bar(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// A spinner with a message when stderr is a terminal; hidden otherwise.
+/// A bar counting positions out of a total (set as it becomes known) when stderr is a
+/// terminal; hidden otherwise.
 #[must_use]
-pub fn spinner(what: &str) -> ProgressBar {
+pub fn count_bar(what: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
-    let s = ProgressBar::new_spinner();
-    s.set_message(what.to_string());
-    s.enable_steady_tick(std::time::Duration::from_millis(120));
-    s
+    let bar = ProgressBar::new(0);
+    let style = ProgressStyle::with_template("{msg:>12} [{bar:40}] {percent}% eta {eta}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(what.to_string());
+    bar
 }

@@ -126,8 +126,9 @@ fn remove_ref(refs: &mut BTreeMap<Ino, Refs>, dir: Ino, e: &DirEntry) {
     }
 }
 
-/// Whether `name` may be a directory entry.
-fn name_problem(dir: Ino, name: &[u8]) -> Option<String> {
+/// Whether `name` may be a directory entry (the problem naming `dir` if not).
+#[must_use]
+pub fn name_problem(dir: Ino, name: &[u8]) -> Option<String> {
     let bad = name.is_empty()
         || name.len() > NAME_MAX
         || name.contains(&b'/')
@@ -209,7 +210,8 @@ fn link_problems(inode: &Inode, r: Option<&Refs>, problems: &mut Vec<String>) {
 
 /// Rules for a striping layout: only regular files have one, it fits the targets, and the
 /// inode has one extent map per object. `objects` is the number of maps the inode has.
-fn layout_problem(a: &InodeAttrs, objects: usize, geo: &Geometry) -> Option<String> {
+#[must_use]
+pub fn layout_problem(a: &InodeAttrs, objects: usize, geo: &Geometry) -> Option<String> {
     if a.kind != FileKind::Regular {
         return (objects != 0)
             .then(|| format!("inode {} of type {:?} owns extents", a.ino, a.kind));
@@ -225,7 +227,8 @@ fn layout_problem(a: &InodeAttrs, objects: usize, geo: &Geometry) -> Option<Stri
 }
 
 /// Rules for one extent on its own: non-empty, no overflow, not shared.
-fn extent_problem(ino: Ino, obj: u32, block: u64, e: &Extent) -> Option<String> {
+#[must_use]
+pub fn extent_problem(ino: Ino, obj: u32, block: u64, e: &Extent) -> Option<String> {
     let at = || format!("inode {ino} object {obj} block {block}");
     if e.len == 0 || block.checked_add(e.len).is_none() || e.phys.checked_add(e.len).is_none() {
         return Some(format!(

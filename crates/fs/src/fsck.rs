@@ -1,24 +1,46 @@
-//! Offline consistency check: load read-only (the metadata trees, then the journal replayed
-//! in memory), walk and verify every page of every tree, then verify every invariant of the
-//! format, including that no block is both a page and in an extent. Nothing is written.
+//! Offline consistency check, streaming: the trees are walked in key order and each
+//! inode's items checked as they pass, keeping only bounded per-inode state ([`tally`]:
+//! a few bytes per inode, and 2 bits per data block); then the journal after the durable
+//! mark is applied to the trees in memory, each transaction checked as mount checks it
+//! ([`replay`]). Nothing is written, and no whole model (`MetaState`) is loaded.
+//!
+//! Order: superblocks and the root record; the journal read and verified (its records
+//! kept: bounded by the journal size); each tree walked (`Store::walk`: every page read
+//! and verified, its blocks claimed; the fs tree's items checked as the leaves pass, the
+//! space tree last, its `FreeSpace` items checked against the complement of what is in
+//! use); the rules that need every inode (link counts, reachability) from the tallies;
+//! then the journal's transactions applied and checked.
 
+mod links;
+mod replay;
+pub mod tally;
+mod walk;
+
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use stripefs_core::btree::root::RootRecord;
-use stripefs_core::btree::TreeId;
-use stripefs_core::check;
-use stripefs_core::Ino;
+use stripefs_core::btree::tree::Items;
+use stripefs_core::btree::{PageAddr, TreeId};
+use stripefs_core::record::Record;
+use stripefs_core::{Ino, TargetId};
+use stripefs_meta::Store;
 use stripefs_target::Target;
 
-use crate::error::Result;
+use crate::error::{FsError, Result};
 use crate::options::MetaCacheBytes;
-use crate::recovery;
+use crate::recovery::{self, TxnAt};
+
+pub use walk::Problem;
 
 /// Stages reported to a progress callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FsckStage {
-    /// Superblocks, metadata trees and journal read and verified.
-    Loaded { inodes: u64, journal_txns: u64 },
+    /// Superblocks, root record and journal read and verified.
+    Loaded { journal_txns: u64 },
+    /// The walk of the fs tree reached inode number `done` of `total` (the counter: the
+    /// walk goes in inode order). Reported at every leaf page.
+    Walking { pages: u64, done: u64, total: u64 },
     /// Invariants checked.
     Checked,
 }
@@ -43,6 +65,11 @@ pub struct FsckReport {
     pub data_blocks: u64,
     /// Pages of the metadata trees (all verified).
     pub meta_pages: u64,
+    /// The largest per-inode state the check held, in bytes ([`tally`]: it grows with
+    /// the inode count by at most [`tally::TALLY_BYTES`] per inode).
+    pub tracked_bytes: usize,
+    /// Bytes of the block bitmaps (bounded by the device size).
+    pub bitmap_bytes: usize,
 }
 
 impl FsckReport {
@@ -53,76 +80,246 @@ impl FsckReport {
     }
 }
 
+/// What the walk and the replay found, before it becomes a report.
+struct Checked {
+    opened: recovery::Opened,
+    problems: Vec<String>,
+    notes: Vec<String>,
+    eof_tails: Vec<u64>,
+    inodes: u64,
+    extents: u64,
+    /// Per tree: pages.
+    pages: Vec<(TreeId, u64)>,
+    used: Vec<u64>,
+    free: Vec<(u64, usize)>,
+    journal_txns: u64,
+    journal_records: u64,
+    journal_head: u64,
+    tracked_bytes: usize,
+    bitmap_bytes: usize,
+}
+
 /// Checks the file system on `targets` without modifying it.
 ///
 /// # Errors
-/// Load failures (damaged superblock, checkpoint or journal; missing or foreign targets)
-/// are returned as errors naming what is wrong; invariant violations are in the report.
+/// Load failures (damaged superblock, root records, tree pages or journal; missing or
+/// foreign targets) and journal transactions that break a rule are returned as errors
+/// naming what is wrong; invariant violations of the trees are in the report.
 pub fn fsck(
     targets: Vec<Arc<dyn Target>>,
     progress: &mut dyn FnMut(FsckStage),
 ) -> Result<FsckReport> {
-    let mut l = recovery::load(targets, MetaCacheBytes::DEFAULT)?;
+    let c = check(targets, progress)?;
+    let warnings = older_root_slot(&c.opened)?.into_iter().collect();
+    progress(FsckStage::Checked);
+    let geo = &c.opened.geo;
+    let data_blocks = geo.targets.iter().map(|t| t.data_blocks()).sum();
+    Ok(FsckReport {
+        eof_tails_not_zero: c.eof_tails,
+        problems: c.problems,
+        notes: c.notes,
+        warnings,
+        inodes: c.inodes,
+        extents: c.extents,
+        data_blocks_used: c.used.iter().sum(),
+        data_blocks,
+        meta_pages: c.pages.iter().map(|p| p.1).sum(),
+        tracked_bytes: c.tracked_bytes,
+        bitmap_bytes: c.bitmap_bytes,
+    })
+}
+
+/// The walk, the journal and every rule.
+fn check(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) -> Result<Checked> {
+    let opened = recovery::open(targets, MetaCacheBytes::DEFAULT)?;
+    let (geo, store) = (&opened.geo, &opened.store);
+    let mark = store.journal_mark();
+    let mut txns: Vec<(TxnAt, Vec<Record>)> = Vec::new();
+    let end = recovery::read_journal(opened.targets[0].as_ref(), geo, mark, &mut |at, r| {
+        txns.push((at, r));
+        Ok(())
+    })?;
     progress(FsckStage::Loaded {
-        inodes: l.state.inodes.len() as u64,
-        journal_txns: l.replayed_txns,
+        journal_txns: end.txns,
     });
+    let mut c = walk::Checker::new(geo, geo.uuid, &opened.targets);
+    let mut pages = Vec::new();
+    // The space tree last: its free runs are checked against every claim.
+    for tree in [TreeId::Fs, TreeId::Refcount, TreeId::Csum, TreeId::Space] {
+        pages.push((tree, walk_tree(&mut c, store, tree, progress)?));
+        if tree == TreeId::Fs {
+            c.finish_group()?;
+        }
+    }
+    c.page_owners(store)?;
+    c.free_space_complement();
+    links::link_problems(&mut c);
+    links::reachability(&mut c, store)?;
+    links::bad_entries(&mut c, store)?;
+    // The journal, applied to the trees in memory and checked transaction by transaction.
+    let mut touched = BTreeSet::new();
+    let journal_records = txns.iter().map(|t| t.1.len() as u64).sum();
+    for (at, recs) in &txns {
+        replay::apply_txn(&mut c, store, *at, recs, &mut touched)?;
+    }
+    drop(txns);
     let mut notes = Vec::new();
-    if l.replayed_txns > 0 {
+    if end.txns > 0 {
         notes.push(format!(
             "journal holds {} committed transactions; the next mount replays them",
-            l.replayed_txns
+            end.txns
         ));
     }
-    let orphans: Vec<Ino> = l
-        .state
+    let orphans = c
+        .tallies
         .inodes
         .values()
-        .filter(|i| i.attrs.nlink == 0)
-        .map(|i| i.attrs.ino)
+        .filter(|t| t.kind().is_some() && t.nlink == 0)
+        .count();
+    if orphans > 0 {
+        notes.push(format!(
+            "{orphans} unlinked inodes were open at the crash; the next mount frees them"
+        ));
+    }
+    let mut eof_tails: Vec<u64> = c
+        .eof_tails
+        .iter()
+        .copied()
+        .filter(|i| !touched.contains(&Ino(*i)))
         .collect();
-    if !orphans.is_empty() {
+    eof_tails.extend(replayed_eof_tails(&c, store, &touched)?);
+    eof_tails.sort_unstable();
+    if !eof_tails.is_empty() {
         notes.push(format!(
-            "{} unlinked inodes were open at the crash; the next mount frees them",
-            orphans.len()
-        ));
-        for o in orphans {
-            l.state.inodes.remove(&o);
-        }
-    }
-    // Every page the durable root reaches was read and verified when loading (magic,
-    // checksum, address, tree, level, generation, key order and bounds).
-    let pages = &l.tree_pages;
-    let mut r = check::check(&l.state, &l.geo);
-    let pb = l.geo.page_blocks();
-    for (tree, at) in pages {
-        if let Err(e) = r.allocator.mark_used(at.target, at.block.0, pb) {
-            r.problems.push(format!(
-                "metadata page of tree {tree} at {at} (+{pb} blocks): {e}"
-            ));
-        }
-    }
-    let tails = eof_tails_not_zero(&l)?;
-    if !tails.is_empty() {
-        notes.push(format!(
-            "{} files hold non-zero bytes past EOF in their last block (left by a crash; zeroed before they can become file content): inodes {tails:?}",
-            tails.len()
+            "{} files hold non-zero bytes past EOF in their last block (left by a crash; zeroed before they can become file content): inodes {eof_tails:?}",
+            eof_tails.len()
         ));
     }
-    let warnings = older_root_slot(&l)?.into_iter().collect();
-    progress(FsckStage::Checked);
-    let data_blocks = l.geo.targets.iter().map(|t| t.data_blocks()).sum();
-    Ok(FsckReport {
-        eof_tails_not_zero: tails,
-        problems: r.problems,
+    let inodes = c
+        .tallies
+        .inodes
+        .values()
+        .filter(|t| t.kind().is_some() && t.nlink != 0)
+        .count() as u64;
+    let used = (0..geo.target_count())
+        .map(|t| c.blocks.used(TargetId(t)))
+        .collect();
+    let free = (0..geo.target_count())
+        .map(|t| {
+            let runs = c.blocks.unused_runs(TargetId(t));
+            (runs.iter().map(|r| r.1).sum(), runs.len())
+        })
+        .collect();
+    let problems = c.problems.iter().map(|p| p.text.clone()).collect();
+    let (tracked_bytes, bitmap_bytes, extents) = (
+        c.peak_bytes.max(c.tracked_bytes()),
+        c.blocks.bytes(),
+        c.extents,
+    );
+    let eof = eof_tails;
+    drop(c);
+    Ok(Checked {
+        problems,
         notes,
-        warnings,
-        inodes: r.inodes,
-        extents: r.extents,
-        data_blocks_used: r.data_blocks_used + pages.len() as u64 * pb,
-        data_blocks,
-        meta_pages: pages.len() as u64,
+        eof_tails: eof,
+        inodes,
+        extents,
+        pages,
+        used,
+        free,
+        journal_txns: end.txns,
+        journal_records,
+        journal_head: end.head,
+        tracked_bytes,
+        bitmap_bytes,
+        opened,
     })
+}
+/// Walks tree `tree`: every page verified and its blocks claimed, every item checked in
+/// key order. Returns the number of pages.
+///
+/// # Errors
+/// A page read's error or verification failure; a target read's error.
+fn walk_tree(
+    c: &mut walk::Checker<'_>,
+    store: &Store,
+    tree: TreeId,
+    progress: &mut dyn FnMut(FsckStage),
+) -> Result<u64> {
+    let mut pages = 0u64;
+    let mut failed: Option<FsError> = None;
+    store.walk(tree, &mut |at: PageAddr, node| {
+        pages += 1;
+        c.page(tree, at);
+        let Items::Leaf(items) = &node.items else {
+            return;
+        };
+        for (k, v) in items {
+            if failed.is_none() {
+                if let Err(e) = c.item(tree, *k, v) {
+                    failed = Some(e);
+                }
+            }
+        }
+        if tree == TreeId::Fs {
+            let done = items.last().map_or(0, |(k, _)| k.object);
+            progress(FsckStage::Walking {
+                pages,
+                done,
+                total: c.next_ino.max(done),
+            });
+        }
+    })?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(pages),
+    }
+}
+
+/// The files a journal transaction changed whose last block holds non-zero bytes past
+/// EOF, read from the trees after replay.
+///
+/// # Errors
+/// A page or target read's error.
+fn replayed_eof_tails(
+    c: &walk::Checker<'_>,
+    store: &Store,
+    touched: &BTreeSet<Ino>,
+) -> Result<Vec<u64>> {
+    use stripefs_core::btree::schema::{decode_extent, decode_inode, extent_key, inode_key};
+    use stripefs_core::btree::KeyKind;
+    use stripefs_core::extent::ExtentState;
+    use stripefs_core::inode::FileKind;
+    let bs = c.geo.block_size;
+    let mut out = Vec::new();
+    for &ino in touched {
+        let key = inode_key(ino);
+        let Some(v) = store.get(&key)? else {
+            continue;
+        };
+        let a = decode_inode(&key, &v)?;
+        let ok = stripefs_core::check::layout_problem(&a, a.layout.count as usize, c.geo).is_none();
+        if a.kind != FileKind::Regular || !ok || a.nlink == 0 || bs.offset_in_block(a.size) == 0 {
+            continue;
+        }
+        let piece = a.layout.piece(bs.round_down(a.size), 1);
+        let ob = bs.block_of(piece.obj_off);
+        let Some((k, v)) = store.floor(&extent_key(ino, piece.object, ob))? else {
+            continue;
+        };
+        if k.object != ino.0 || k.kind != KeyKind::Extent as u8 || k.a != u64::from(piece.object) {
+            continue;
+        }
+        let e = decode_extent(&k, &v)?;
+        if e.state != ExtentState::Written || ob - k.b >= e.len {
+            continue;
+        }
+        let target = a.layout.target_of(piece.object, c.geo.target_count());
+        if c.eof_tail_dirty(target, e.phys + (ob - k.b), a.size)? {
+            out.push(ino.0);
+        }
+    }
+    Ok(out)
 }
 
 /// The root records in the two slots (`None`: never written or torn), and the slot of
@@ -131,7 +328,7 @@ pub fn fsck(
 /// # Errors
 /// Target read errors.
 fn root_slots(
-    l: &recovery::Loaded,
+    l: &recovery::Opened,
 ) -> Result<[std::result::Result<Option<RootRecord>, String>; 2]> {
     let t0 = l.targets[0].as_ref();
     let len = (t0.info().sector_size as usize).max(stripefs_core::btree::root::ROOT_RECORD_BYTES);
@@ -154,7 +351,7 @@ fn root_slots(
 ///
 /// # Errors
 /// Target read errors.
-fn older_root_slot(l: &recovery::Loaded) -> Result<Option<String>> {
+fn older_root_slot(l: &recovery::Opened) -> Result<Option<String>> {
     let active = l.store.durable_generation();
     let older = 1 - RootRecord::slot_of(active) as usize;
     let consequence = "the file system is usable, but has no older root record to fall \
@@ -169,45 +366,6 @@ fn older_root_slot(l: &recovery::Loaded) -> Result<Option<String>> {
         )),
         Err(e) => Some(format!("{e}; {consequence}")),
     })
-}
-
-/// Files whose last block holds non-zero bytes past EOF on disk. After a clean unmount
-/// there are none (writeback and truncate zero them); after a crash an extension's data can
-/// be on disk without its size, which is harmless because every extension zeroes that tail
-/// first (format invariant 4).
-fn eof_tails_not_zero(l: &recovery::Loaded) -> Result<Vec<u64>> {
-    let mut out = Vec::new();
-    use stripefs_core::extent::{ExtentState, Lookup};
-    let bs = l.geo.block_size;
-    for inode in l.state.inodes.values() {
-        let a = &inode.attrs;
-        let tail = bs.offset_in_block(a.size);
-        if a.kind != stripefs_core::inode::FileKind::Regular || tail == 0 {
-            continue;
-        }
-        let eof_block = bs.round_down(a.size);
-        let piece = a.layout.piece(eof_block, 1);
-        let Some(map) = inode.objects.get(piece.object as usize) else {
-            continue;
-        };
-        let Lookup::Mapped { start, ext } = map.lookup(bs.block_of(piece.obj_off)) else {
-            continue;
-        };
-        if ext.state != ExtentState::Written {
-            continue;
-        }
-        let phys = ext.phys + (bs.block_of(piece.obj_off) - start);
-        let target = l.targets[a
-            .layout
-            .target_of(piece.object, l.geo.target_count())
-            .index()]
-        .as_ref();
-        let block = target.read_sync(bs.to_bytes(phys), bs.bytes() as usize)?;
-        if block[tail as usize..].iter().any(|&b| b != 0) {
-            out.push(a.ino.0);
-        }
-    }
-    Ok(out)
 }
 
 /// One tree's shape, for `inspect`.
@@ -246,61 +404,49 @@ pub struct Inspection {
     pub block_size: u32,
 }
 
-/// Reads everything `inspect` shows, writing nothing.
+/// Reads everything `inspect` shows, writing nothing (the same streaming walk as
+/// [`fsck`]).
 ///
 /// # Errors
 /// As [`fsck`].
 pub fn inspect(targets: Vec<Arc<dyn Target>>) -> Result<Inspection> {
-    let l = recovery::load(targets, MetaCacheBytes::DEFAULT)?;
-    let geo = &l.geo;
-    let root_slots = root_slots(&l)?;
-    let (_, sbs) = recovery::read_superblocks(l.targets.clone())?;
-    let mut r = check::check(&l.state, geo);
-    let levels = l.store.stats().trees;
-    let mut trees = Vec::new();
-    for tree in TreeId::ALL {
-        let mut pages = 0u64;
-        for (_, at) in l.tree_pages.iter().filter(|(t, _)| *t == tree) {
-            pages += 1;
-            let _ = r
-                .allocator
-                .mark_used(at.target, at.block.0, geo.page_blocks());
-        }
-        let root_level = levels.iter().find(|t| t.0 == tree).map_or(0, |t| t.1);
-        trees.push(TreeShape {
+    let c = check(targets, &mut |_| {})?;
+    let o = &c.opened;
+    let geo = &o.geo;
+    let root_slots = root_slots(o)?;
+    let (_, sbs) = recovery::read_superblocks(o.targets.clone())?;
+    let stats = o.store.stats();
+    let trees = c
+        .pages
+        .iter()
+        .map(|&(tree, pages)| TreeShape {
             tree,
-            root_level,
+            root_level: stats.trees.iter().find(|t| t.0 == tree).map_or(0, |t| t.1),
             pages,
-        });
-    }
-    let space = (0..geo.target_count())
-        .map(|t| {
-            let id = stripefs_core::TargetId(t);
-            (
-                r.allocator.data_blocks(id),
-                r.allocator.free_blocks(id),
-                r.allocator.free_ranges(id),
-            )
         })
         .collect();
+    let space = (0..geo.target_count() as usize)
+        .map(|t| (geo.targets[t].data_blocks(), c.free[t].0, c.free[t].1))
+        .collect();
+    let mark = o.store.journal_mark();
     Ok(Inspection {
         superblocks: sbs,
-        target_names: l
+        target_names: o
             .targets
             .iter()
             .map(|t| t.info().name.to_string())
             .collect(),
         root_slots,
-        generation: l.store.durable_generation().0,
-        journal_mark: (l.mark.tail, l.mark.seq),
+        generation: o.store.durable_generation().0,
+        journal_mark: (mark.tail, mark.seq),
         trees,
-        meta_cache: l.store.stats().cache,
-        journal_txns: l.replayed_txns,
-        journal_records: l.replayed.len() as u64,
-        journal_used_units: l.head - l.mark.tail,
+        meta_cache: stats.cache,
+        journal_txns: c.journal_txns,
+        journal_records: c.journal_records,
+        journal_used_units: c.journal_head - mark.tail,
         journal_units: geo.journal_units(),
-        inodes: r.inodes,
-        extents: r.extents,
+        inodes: c.inodes,
+        extents: c.extents,
         space,
         block_size: geo.block_size.bytes(),
     })

@@ -145,17 +145,49 @@ pub(crate) fn store_config(geo: &Geometry, cache: MetaCacheBytes) -> StoreConfig
     }
 }
 
+/// The file system opened read-only: superblocks, geometry and the trees of the newest
+/// valid root record (two sectors read; nothing of the trees loaded).
+#[derive(Debug)]
+pub(crate) struct Opened {
+    pub geo: Geometry,
+    /// Targets sorted by their superblock index.
+    pub targets: Vec<Arc<dyn Target>>,
+    /// The metadata trees as the durable root record leaves them.
+    pub store: Store,
+    /// Their page allocation (not attached to an allocator yet).
+    pub pages: Arc<MetaPages>,
+}
+
+/// Opens the file system read-only: superblocks, geometry, the trees' root record.
+///
+/// # Errors
+/// As [`read_superblocks`]; `Corrupted` for damaged root records.
+pub(crate) fn open(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Result<Opened> {
+    let (targets, sbs) = read_superblocks(targets)?;
+    let geo = Geometry::from_superblocks(&sbs)?;
+    let pages = Arc::new(MetaPages::for_mount(&geo));
+    let alloc: Arc<dyn stripefs_meta::PageAlloc> = Arc::clone(&pages) as _;
+    let store = Store::open(store_config(&geo, cache), targets.clone(), alloc)?;
+    Ok(Opened {
+        geo,
+        targets,
+        store,
+        pages,
+    })
+}
+
 /// Loads the whole file system: superblocks, metadata trees, journal replay.
 ///
 /// # Errors
 /// As [`read_superblocks`]; `Corrupted` for damaged root records, tree pages or journal
 /// records.
 pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Result<Loaded> {
-    let (targets, sbs) = read_superblocks(targets)?;
-    let geo = Geometry::from_superblocks(&sbs)?;
-    let pages = Arc::new(MetaPages::for_mount(&geo));
-    let alloc: Arc<dyn stripefs_meta::PageAlloc> = Arc::clone(&pages) as _;
-    let store = Store::open(store_config(&geo, cache), targets.clone(), alloc)?;
+    let Opened {
+        geo,
+        targets,
+        store,
+        pages,
+    } = open(targets, cache)?;
     let mut state = items::load_state(&store)?;
     // Every page, verified: what loading left in the cache is not read again, the rest
     // is read a branch's children at a time.
@@ -181,6 +213,34 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
     })
 }
 
+/// Where a journal transaction is: its sequence number and first journal unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TxnAt {
+    pub seq: u64,
+    pub lsn: u64,
+}
+
+impl std::fmt::Display for TxnAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "journal transaction {} at journal unit {}",
+            self.seq, self.lsn
+        )
+    }
+}
+
+/// The end of the log [`read_journal`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LogEnd {
+    /// Journal position after the last transaction.
+    pub head: u64,
+    /// Sequence number of the next transaction.
+    pub next_seq: u64,
+    /// Transactions read.
+    pub txns: u64,
+}
+
 /// Reads `n` journal units from logical position `lsn`, wrapping around the region.
 fn read_units(t0: &dyn Target, geo: &Geometry, lsn: u64, n: u64) -> Result<Vec<u8>> {
     let unit = u64::from(geo.journal_unit);
@@ -199,30 +259,27 @@ fn read_units(t0: &dyn Target, geo: &Geometry, lsn: u64, n: u64) -> Result<Vec<u
     Ok(out)
 }
 
-/// Replays transactions from `mark`; returns (head, next seq, transactions, records).
-///
-/// Every transaction is checked against the rules fsck applies ([`ReplayCheck`]) before
-/// the model accepts it; one that breaks them is corruption named by its sequence and
-/// position, even though its checksums verify (a software bug or a crafted image).
+/// Reads the transactions after `mark`, each verified, and hands each one's records to
+/// `visit` in journal order (nothing is written).
 ///
 /// The log ends at the first transaction that does not verify. That is a torn final write
 /// only if no later transaction follows it; otherwise acknowledged transactions would be
 /// dropped, so it is reported as corruption naming the damaged one.
-fn replay(
+///
+/// # Errors
+/// Target read errors; `Corrupted` naming the transaction; `visit`'s error.
+pub(crate) fn read_journal(
     t0: &dyn Target,
     geo: &Geometry,
     mark: JournalMark,
-    state: &mut MetaState,
-) -> Result<(u64, u64, u64, Vec<Record>)> {
+    visit: &mut dyn FnMut(TxnAt, Vec<Record>) -> Result<()>,
+) -> Result<LogEnd> {
     let cap = geo.journal_units();
     let (mut lsn, mut seq) = (mark.tail, mark.seq);
     let mut txns = 0u64;
-    let mut records = Vec::new();
-    // The rules fsck checks, applied to every transaction (built at the first one: a clean
-    // unmount leaves none to replay).
-    let mut rules: Option<ReplayCheck> = None;
     while lsn - mark.tail < cap {
-        let what = format!("journal transaction {seq} at journal unit {lsn}");
+        let at = TxnAt { seq, lsn };
+        let what = at.to_string();
         let room = cap - (lsn - mark.tail);
         let (units, payload) = match read_txn(t0, geo, lsn, seq, room)? {
             TxnRead::Found(units, payload) => (units, payload),
@@ -231,7 +288,34 @@ fn replay(
                 break;
             }
         };
-        let recs = Record::decode_all(&payload, &what)?;
+        visit(at, Record::decode_all(&payload, &what)?)?;
+        txns += 1;
+        lsn += units;
+        seq += 1;
+    }
+    Ok(LogEnd {
+        head: lsn,
+        next_seq: seq,
+        txns,
+    })
+}
+
+/// Replays transactions from `mark`; returns (head, next seq, transactions, records).
+///
+/// Every transaction is checked against the rules fsck applies ([`ReplayCheck`]) before
+/// the model accepts it; one that breaks them is corruption named by its sequence and
+/// position, even though its checksums verify (a software bug or a crafted image).
+fn replay(
+    t0: &dyn Target,
+    geo: &Geometry,
+    mark: JournalMark,
+    state: &mut MetaState,
+) -> Result<(u64, u64, u64, Vec<Record>)> {
+    let mut records = Vec::new();
+    // The rules fsck checks, applied to every transaction (built at the first one: a clean
+    // unmount leaves none to replay).
+    let mut rules: Option<ReplayCheck> = None;
+    let end = read_journal(t0, geo, mark, &mut |at, recs| {
         let rules = match &mut rules {
             Some(r) => r,
             None => rules.insert(ReplayCheck::new(state, geo).map_err(|e| {
@@ -243,13 +327,11 @@ fn replay(
         };
         rules
             .apply_txn(state, geo, &recs)
-            .map_err(|e| CoreError::corrupted(what.clone(), e))?;
+            .map_err(|e| CoreError::corrupted(at.to_string(), e))?;
         records.extend(recs);
-        txns += 1;
-        lsn += units;
-        seq += 1;
-    }
-    Ok((lsn, seq, txns, records))
+        Ok(())
+    })?;
+    Ok((end.head, end.next_seq, end.txns, records))
 }
 
 /// What is at the position of the next transaction.
