@@ -196,11 +196,7 @@ type EntryVisit<'a> = dyn FnMut(Ino, Ino, FileKind, &[u8]) + 'a;
 
 /// Calls `f(dir, ino, kind, name)` for every decodable entry of `dir` (or of every
 /// directory), in key order.
-fn for_each_entry(
-    store: &Store,
-    dir: Option<u64>,
-    f: &mut EntryVisit<'_>,
-) -> Result<()> {
+fn for_each_entry(store: &Store, dir: Option<u64>, f: &mut EntryVisit<'_>) -> Result<()> {
     let (mut at, to) = match dir {
         Some(d) => (
             Key::new(d, KeyKind::DirEntry, 0, 0),
