@@ -475,9 +475,8 @@ impl Tree {
             .binary_search_by(|(k, _)| k.cmp(&key))
             .map_or(0, |i| items[i].1.len().saturating_sub(value.len()));
         let (fixes, siblings) = self.plan_shrink(src, &path, shrink)?;
-        let ids = self.cow_path(&path);
+        let ids = self.cow_path(path);
         let sib_ids = self.cow_siblings(&ids, &fixes, &siblings);
-        drop(path);
         let leaf = self.node_mut(*ids.last().expect("path"));
         let items = leaf.leaf_mut();
         let (old, at) = match items.binary_search_by(|(k, _)| k.cmp(&key)) {
@@ -517,9 +516,8 @@ impl Tree {
         };
         let removed = page::ITEM_OVERHEAD + items[pos].1.len();
         let (fixes, siblings) = self.plan_shrink(src, &path, removed)?;
-        let ids = self.cow_path(&path);
+        let ids = self.cow_path(path);
         let sib_ids = self.cow_siblings(&ids, &fixes, &siblings);
-        drop(path);
         let value = self
             .node_mut(*ids.last().expect("path"))
             .leaf_mut()
@@ -575,17 +573,31 @@ impl Tree {
 
     /// Makes every node of `path` dirty in the open generation (copying clean and frozen
     /// ones and pointing their parents at the copies); returns their ids, root first.
-    fn cow_path(&mut self, path: &[Hop]) -> Vec<NodeId> {
+    ///
+    /// Takes the path by value and drops each hop's reference once it is copied: a dirty
+    /// node the path still referenced would be shared, and changing it (`node_mut`) would
+    /// copy the whole node again, a branch per level on every insert into an already
+    /// dirty path (the costliest step of applying a record, by profile).
+    fn cow_path(&mut self, path: Vec<Hop>) -> Vec<NodeId> {
         let mut ids: Vec<NodeId> = Vec::with_capacity(path.len());
-        for (d, hop) in path.iter().enumerate() {
+        let mut parent_idx = 0;
+        for hop in path {
             let id = self.make_dirty(hop.child, &hop.node);
+            drop(hop.node);
             match ids.last() {
                 None => self.root = Child::Mem(id),
                 Some(&parent) => {
-                    let pidx = path[d - 1].idx;
-                    self.node_mut(parent).branch_mut()[pidx].1 = Child::Mem(id);
+                    if self.node(parent).branch()[parent_idx].1 != Child::Mem(id) {
+                        self.node_mut(parent).branch_mut()[parent_idx].1 = Child::Mem(id);
+                    }
                 }
             }
+            debug_assert_eq!(
+                Arc::strong_count(&self.dirty[&id]),
+                1,
+                "a dirty node on the path is not shared"
+            );
+            parent_idx = hop.idx;
             ids.push(id);
         }
         ids

@@ -448,3 +448,28 @@ fn inserts_in_key_order_fill_leaves_three_quarters() {
     }
     assert!(same(&walk(&t, &h), &oracle));
 }
+
+/// Inserting into a path that is already dirty changes the dirty nodes in place: no
+/// node of the path is copied again (each copy of a branch was the costliest step of
+/// applying a journal record to the trees).
+#[test]
+fn insert_into_a_dirty_path_copies_no_node() {
+    let h = Harness::new(usize::MAX);
+    let mut t = Tree::create(TreeId::Fs, SIZE, Generation(1));
+    let key = |i: u64| Key::new(i, KeyKind::Inode, 0, 0);
+    for i in 0..20_000 {
+        t.insert(&h, key(i * 2), vec![1; 60]).unwrap();
+    }
+    assert!(t.root_level() >= 2, "a tree of three levels at least");
+    let nodes = |t: &Tree| -> HashMap<NodeId, *const Node> {
+        t.dirty.iter().map(|(id, n)| (*id, Arc::as_ptr(n))).collect()
+    };
+    let before = nodes(&t);
+    // Between two existing keys: lands in a dirty leaf without splitting it.
+    t.insert(&h, key(2 * 10_000 + 1), vec![2; 1]).unwrap();
+    let after = nodes(&t);
+    let copied = before.iter().filter(|(id, p)| after.get(id) != Some(p)).count();
+    assert_eq!(copied, 0, "dirty nodes copied by one insert into a dirty path");
+    assert_eq!(after.len(), before.len(), "no node added");
+    assert_eq!(t.get(&h, &key(2 * 10_000 + 1)).unwrap(), Some(vec![2; 1]));
+}
