@@ -462,14 +462,23 @@ fn insert_into_a_dirty_path_copies_no_node() {
     }
     assert!(t.root_level() >= 2, "a tree of three levels at least");
     let nodes = |t: &Tree| -> HashMap<NodeId, *const Node> {
-        t.dirty.iter().map(|(id, n)| (*id, Arc::as_ptr(n))).collect()
+        t.dirty
+            .iter()
+            .map(|(id, n)| (*id, Arc::as_ptr(n)))
+            .collect()
     };
     let before = nodes(&t);
     // Between two existing keys: lands in a dirty leaf without splitting it.
     t.insert(&h, key(2 * 10_000 + 1), vec![2; 1]).unwrap();
     let after = nodes(&t);
-    let copied = before.iter().filter(|(id, p)| after.get(id) != Some(p)).count();
-    assert_eq!(copied, 0, "dirty nodes copied by one insert into a dirty path");
+    let copied = before
+        .iter()
+        .filter(|(id, p)| after.get(id) != Some(p))
+        .count();
+    assert_eq!(
+        copied, 0,
+        "dirty nodes copied by one insert into a dirty path"
+    );
     assert_eq!(after.len(), before.len(), "no node added");
     assert_eq!(t.get(&h, &key(2 * 10_000 + 1)).unwrap(), Some(vec![2; 1]));
 }
