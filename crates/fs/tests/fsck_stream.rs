@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use common::{dyns, fresh, pattern, quiet, sims};
 use stripefs::fsck::tally::{DIR_TALLY_BYTES, TALLY_BYTES};
+use stripefs::fsck::FsckStage;
 use stripefs::{CreateParams, Fs};
 use stripefs_core::btree::schema::{
     decode_extent, decode_inode, dir_entry_items, encode_extent, encode_inode, extent_key,
@@ -144,6 +145,32 @@ fn tracked_state_is_bounded_per_inode() {
         per_inode <= TALLY_BYTES,
         "{per_inode} bytes per added inode"
     );
+}
+
+/// The progress callback follows the walk: inode numbers rising to the counter, pages
+/// counting up, then `Checked` last.
+#[test]
+fn progress_follows_the_walk() {
+    let (s, _) = populated(3000, 5);
+    let mut seen = Vec::new();
+    stripefs::fsck::fsck(dyns(&s), &mut |st| seen.push(st)).unwrap();
+    assert!(
+        matches!(seen[0], FsckStage::Loaded { journal_txns: 0 }),
+        "{seen:?}"
+    );
+    assert_eq!(seen.last(), Some(&FsckStage::Checked));
+    let walk: Vec<(u64, u64, u64)> = seen
+        .iter()
+        .filter_map(|st| match *st {
+            FsckStage::Walking { pages, done, total } => Some((pages, done, total)),
+            _ => None,
+        })
+        .collect();
+    assert!(walk.len() > 5, "one report per leaf: {walk:?}");
+    assert!(walk.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
+    assert!(walk.iter().all(|&(_, done, total)| done <= total));
+    let &(_, done, total) = walk.last().unwrap();
+    assert!(total >= 3006 && done + 1 >= total, "{done} of {total}");
 }
 
 #[test]
