@@ -13,7 +13,7 @@ use stripefs::fsck::FsckStage;
 use stripefs::{CreateParams, Fs};
 use stripefs_core::btree::schema::{
     decode_extent, decode_inode, dir_entry_items, encode_extent, encode_inode, extent_key,
-    free_space_item, inode_key, DirEntryItem,
+    free_space_item, inode_key, xattr_items, DirEntryItem,
 };
 use stripefs_core::btree::{name_hash, Key, KeyKind, PageAddr, TreeId};
 use stripefs_core::geometry::Geometry;
@@ -171,6 +171,28 @@ fn progress_follows_the_walk() {
     assert!(walk.iter().all(|&(_, done, total)| done <= total));
     let &(_, done, total) = walk.last().unwrap();
     assert!(total >= 3006 && done + 1 >= total, "{done} of {total}");
+}
+
+/// The same xattr name under two collision indices (the trees hold each name once).
+#[test]
+fn xattr_twice_is_named() {
+    let (s, geo) = populated(10, 1);
+    let f = lookup(&s, "f0");
+    let store = open_store(&s, &geo);
+    let name = b"user.twice";
+    let h = name_hash(geo.uuid, name);
+    for collision in [0, 1] {
+        for (k, v) in xattr_items(f, h, collision, name, b"v") {
+            store.insert(k, &v).unwrap();
+        }
+    }
+    store.checkpoint().unwrap();
+    let p = fsck_problems(&s);
+    assert!(
+        p.iter().any(|p| p.contains(&format!("({}, ", f.0))
+            && p.ends_with("a second xattr of the same name")),
+        "{p:?}"
+    );
 }
 
 #[test]

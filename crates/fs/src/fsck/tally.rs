@@ -108,10 +108,9 @@ impl Tallies {
         if kind == FileKind::Directory {
             let d = self.dir(dir);
             d.subdirs = d.subdirs.saturating_add(1);
-            let child = self.dir(ino);
-            if child.lives_in.0 == 0 {
-                child.lives_in = dir;
-            }
+            // The latest entry wins: a rename may add the new entry before it removes
+            // the old one (a directory named twice is caught by its reference count).
+            self.dir(ino).lives_in = dir;
         }
     }
 

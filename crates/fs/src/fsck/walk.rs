@@ -64,6 +64,8 @@ struct Group {
     orphan: bool,
     symlink: Vec<(Key, Vec<u8>)>,
     xattr: Vec<(Key, Vec<u8>)>,
+    /// Names of the xattrs read under the hash being read (a name twice is adjacent).
+    xattr_names: (u64, Vec<Vec<u8>>),
     entries: u64,
     cookies: u64,
     /// Sums of a digest of each entry as its entry item and as its cookie item says:
@@ -301,6 +303,7 @@ impl<'a> Checker<'a> {
             orphan: false,
             symlink: Vec::new(),
             xattr: Vec::new(),
+            xattr_names: (0, Vec::new()),
             entries: 0,
             cookies: 0,
             entry_sum: 0,
@@ -423,11 +426,19 @@ impl<'a> Checker<'a> {
         let Some(&(k0, _)) = items.first() else {
             return;
         };
-        match decode_xattr(&items) {
-            Ok((name, _)) if name_hash(self.uuid, &name) == k0.a => {}
-            Ok(_) => self.item_problem(&k0, "xattr under the wrong hash"),
-            Err(e) => self.item_problem(&k0, e),
+        let name = match decode_xattr(&items) {
+            Ok((name, _)) if name_hash(self.uuid, &name) == k0.a => name,
+            Ok(_) => return self.item_problem(&k0, "xattr under the wrong hash"),
+            Err(e) => return self.item_problem(&k0, e),
+        };
+        let g = self.group();
+        if g.xattr_names.0 != k0.a {
+            g.xattr_names = (k0.a, Vec::new());
         }
+        if g.xattr_names.1.contains(&name) {
+            return self.item_problem(&k0, "a second xattr of the same name");
+        }
+        g.xattr_names.1.push(name);
     }
 
     /// Checks the inode whose items have all passed.
