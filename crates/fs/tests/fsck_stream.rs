@@ -173,6 +173,200 @@ fn progress_follows_the_walk() {
     assert!(total >= 3006 && done + 1 >= total, "{done} of {total}");
 }
 
+/// fsck's streaming verdict equals the model check's (`stripefs_core::check::check` on the
+/// whole model read back by `items::load_state`, orphans left out as fsck leaves them to
+/// mount) on records applied to the trees directly: the runtime's valid changes and
+/// crafted ones breaking each kind of rule.
+#[test]
+fn streaming_verdict_equals_the_model_check() {
+    use stripefs_core::record::Record;
+    use stripefs_meta::items::{apply_record, load_state};
+    let (s, geo) = populated(10, 1);
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).unwrap();
+    let ino = |n: &str| fs.lookup(Ino::ROOT, n.as_ref()).unwrap().ino;
+    let (d0, f0, f4, f2) = (ino("d0"), ino("f0"), ino("f4"), ino("f2"));
+    fs.unmount().unwrap();
+    let image: Vec<Vec<u8>> = s.iter().map(|t| t.durable_image()).collect();
+    let store = open_store(&s, &geo);
+    let file = attrs_of(&store, f0);
+    let root = attrs_of(&store, Ino::ROOT);
+    let dir = attrs_of(&store, d0);
+    drop(store);
+    let with = |base: &stripefs_core::inode::InodeAttrs,
+                f: &dyn Fn(&mut stripefs_core::inode::InodeAttrs)| {
+        let mut a = base.clone();
+        f(&mut a);
+        Record::InodeSet(a)
+    };
+    let add = |d: Ino, name: &str, i: Ino, kind: FileKind| Record::DirAdd {
+        dir: d,
+        name: name.as_bytes().to_vec(),
+        ino: i,
+        kind,
+    };
+    let remove = |d: Ino, name: &str| Record::DirRemove {
+        dir: d,
+        name: name.as_bytes().to_vec(),
+    };
+    let new = Ino(5000);
+    let cases: Vec<(&str, bool, Vec<Record>)> = vec![
+        ("nothing", true, vec![]),
+        (
+            "create",
+            true,
+            vec![
+                with(&file, &|a| a.ino = new),
+                add(Ino::ROOT, "new", new, FileKind::Regular),
+            ],
+        ),
+        (
+            "hard link",
+            true,
+            vec![
+                add(d0, "h", f0, FileKind::Regular),
+                with(&file, &|a| a.nlink = 2),
+            ],
+        ),
+        (
+            "unlink and free",
+            true,
+            vec![remove(Ino::ROOT, "f4"), Record::InodeFree(f4)],
+        ),
+        (
+            "unlink open file",
+            true,
+            vec![
+                remove(Ino::ROOT, "f2"),
+                with(&attrs_of_model(&image, &geo, f2), &|a| a.nlink = 0),
+            ],
+        ),
+        (
+            "entry to a missing inode",
+            false,
+            vec![add(Ino::ROOT, "x", Ino(4242), FileKind::Regular)],
+        ),
+        (
+            "link count too high",
+            false,
+            vec![with(&file, &|a| a.nlink = 2)],
+        ),
+        (
+            "invalid entry name",
+            false,
+            vec![
+                add(d0, "a/b", f0, FileKind::Regular),
+                with(&file, &|a| a.nlink = 2),
+            ],
+        ),
+        (
+            "entry of the wrong type",
+            false,
+            vec![
+                add(d0, "x", f0, FileKind::Symlink),
+                with(&file, &|a| a.nlink = 2),
+            ],
+        ),
+        (
+            "mkdir without parent link",
+            false,
+            vec![
+                with(&dir, &|a| a.ino = new),
+                add(Ino::ROOT, "e", new, FileKind::Directory),
+            ],
+        ),
+        (
+            "directory with a wrong parent",
+            false,
+            vec![with(&dir, &|a| a.parent = f0)],
+        ),
+        (
+            "directory moved into itself",
+            false,
+            vec![
+                remove(Ino::ROOT, "d0"),
+                add(d0, "d2", d0, FileKind::Directory),
+                with(&dir, &|a| {
+                    a.nlink = 3;
+                    a.parent = d0;
+                }),
+                with(&root, &|a| a.nlink -= 1),
+            ],
+        ),
+        (
+            "new inode in no directory",
+            false,
+            vec![with(&file, &|a| a.ino = new)],
+        ),
+        (
+            "symlink without target",
+            false,
+            vec![
+                with(&file, &|a| {
+                    a.ino = new;
+                    a.kind = FileKind::Symlink;
+                    a.layout = stripefs_core::layout::StripeLayout {
+                        count: 0,
+                        unit_bytes: 0,
+                        first_target: 0,
+                    };
+                }),
+                add(Ino::ROOT, "s", new, FileKind::Symlink),
+            ],
+        ),
+        (
+            "layout wider than the targets",
+            false,
+            vec![
+                with(&file, &|a| {
+                    a.ino = new;
+                    a.layout.count = 9;
+                }),
+                add(Ino::ROOT, "w", new, FileKind::Regular),
+            ],
+        ),
+    ];
+    let mut ran = 0;
+    for (name, valid, recs) in cases {
+        let c: Vec<Arc<SimTarget>> = image
+            .iter()
+            .enumerate()
+            .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("sim{i}"), img.clone(), 512)))
+            .collect();
+        let store = open_store(&c, &geo);
+        if recs.iter().any(|r| apply_record(&store, r).is_err()) {
+            continue; // the trees refuse it: neither check sees it
+        }
+        store.checkpoint().unwrap();
+        let model = match load_state(&store) {
+            Ok(mut m) => {
+                m.inodes.retain(|_, i| i.attrs.nlink != 0);
+                stripefs_core::check::check(&m, &geo).is_clean()
+            }
+            Err(_) => false,
+        };
+        drop(store);
+        let r = stripefs::fsck::fsck(dyns(&c), &mut |_| {}).unwrap();
+        assert_eq!(r.is_clean(), model, "{name}: fsck {:?}", r.problems);
+        assert_eq!(
+            valid, model,
+            "{name}: expected valid={valid}: {:?}",
+            r.problems
+        );
+        ran += 1;
+    }
+    assert!(ran >= 14, "only {ran} cases applied");
+}
+
+/// Attributes of `ino` in a saved image.
+fn attrs_of_model(image: &[Vec<u8>], geo: &Geometry, ino: Ino) -> stripefs_core::inode::InodeAttrs {
+    let c: Vec<Arc<SimTarget>> = image
+        .iter()
+        .enumerate()
+        .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("m{i}"), img.clone(), 512)))
+        .collect();
+    attrs_of(&open_store(&c, geo), ino)
+}
+
 /// The same xattr name under two collision indices (the trees hold each name once).
 #[test]
 fn xattr_twice_is_named() {
