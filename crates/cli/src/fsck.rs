@@ -56,9 +56,9 @@ pub fn run(a: &FsckArgs) -> Result<i32, String> {
             ));
         }
         FsckStage::Walking { pages, done, total } => {
-            spin.set_length(total);
+            spin.set_length(total.max(1));
             spin.set_position(done);
-            spin.set_message(format!("{pages} pages"));
+            spin.set_message(format!("{pages} pages read"));
         }
         FsckStage::Checked => spin.finish_and_clear(),
     };

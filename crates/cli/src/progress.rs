@@ -28,7 +28,8 @@ pub fn count_bar(what: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
-    let bar = ProgressBar::new(0);
+    // Length 1 until the total is known: a length of 0 shows as 100%.
+    let bar = ProgressBar::new(1);
     let style = ProgressStyle::with_template("{msg:>12} [{bar:40}] {percent}% eta {eta}")
         .unwrap_or_else(|_| ProgressStyle::default_bar())
         .progress_chars("=> ");
