@@ -22,7 +22,8 @@ use stripefs_core::{CoreError, Ino, TargetId};
 
 /// Bytes of tracked state per inode at most: a tally and its key (20 bytes, 24 aligned),
 /// one control byte, and the table's spare capacity (it doubles when 7/8 full, so it is
-/// at least 7/16 full): 25 * 16 / 7 rounded up.
+/// at least 7/16 full): 25 * 16 / 7 rounded up. While the table doubles, the old one
+/// lives beside the new one for the move: a transient half as much again.
 pub const TALLY_BYTES: usize = 58;
 
 /// Bytes of tracked state per directory at most, as [`TALLY_BYTES`]: 32 + 1 bytes.
