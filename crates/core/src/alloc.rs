@@ -1,14 +1,18 @@
 //! Per-target free-space management.
 //!
-//! Free space is derived at mount from the extent maps (every data block not in an extent
-//! is free) and kept in memory as a map of free ranges per target. Allocation prefers the
+//! Free space is read at mount from the space tree's free runs ([`Allocator::from_free_runs`];
+//! `docs/design/metadata.md`, "Persisted free space") and kept in memory as a map of free
+//! ranges per target. Allocation prefers the
 //! goal block (right after the file's previous extent on that target), so sequential files
 //! stay contiguous; then the first range at or after the goal that fits; then the first
 //! range anywhere that fits; then the largest range (a partial allocation).
 //!
 //! Blocks freed by a transaction are *busy* until that transaction is on disk: reusing them
 //! earlier could let new data overwrite blocks that a crash would hand back to their old
-//! owner (XFS's busy extents).
+//! owner (XFS's busy extents). Metadata pages ([`Draw::Meta`]) wait longer: until the
+//! transaction is also applied to the metadata trees ([`Allocator::applied`]), so a page
+//! never takes a block that the space tree of the checkpoint writing it still shows in an
+//! extent (`docs/design/metadata.md`, "Persisted free space").
 //!
 //! Each target may hold back a *metadata reserve*: free blocks that data allocations and
 //! delayed-allocation promises cannot take and metadata page allocations can
@@ -88,6 +92,9 @@ struct Busy {
 pub struct Allocator {
     targets: Vec<TargetSpace>,
     busy: Vec<Busy>,
+    /// Released ranges whose transaction is not yet applied to the metadata trees:
+    /// free for data, not for metadata pages.
+    unapplied: Vec<Busy>,
 }
 
 impl Allocator {
@@ -113,7 +120,61 @@ impl Allocator {
         Self {
             targets,
             busy: Vec::new(),
+            unapplied: Vec::new(),
         }
+    }
+
+    /// The allocator whose free blocks are exactly `runs` (`(target, first block,
+    /// blocks)`, as the space tree lists them), no metadata reserve set.
+    ///
+    /// # Errors
+    /// `Corrupted` naming the run when one is empty, outside its target's data area,
+    /// overlapping or touching another (the space tree merges neighbours), or of no target.
+    pub fn from_free_runs(
+        geo: &Geometry,
+        runs: impl IntoIterator<Item = (TargetId, u64, u64)>,
+    ) -> Result<Self, CoreError> {
+        let mut a = Allocator::new(geo);
+        for t in &mut a.targets {
+            t.free.clear();
+            t.free_blocks = 0;
+        }
+        for (target, start, len) in runs {
+            let what = || format!("free run at target {target} block {start} (+{len})");
+            let t = a
+                .targets
+                .get_mut(target.index())
+                .ok_or_else(|| CoreError::corrupted(what(), "no such target"))?;
+            let end = start.checked_add(len).filter(|_| len > 0);
+            let Some(end) = end.filter(|&e| start >= t.data_start && e <= t.blocks) else {
+                return Err(CoreError::corrupted(
+                    what(),
+                    format!(
+                        "empty or outside the data area {}..{}",
+                        t.data_start, t.blocks
+                    ),
+                ));
+            };
+            if let Some((&ps, &pl)) = t.free.range(..=start).next_back() {
+                if ps + pl >= start {
+                    return Err(CoreError::corrupted(
+                        what(),
+                        "overlaps or touches the run before",
+                    ));
+                }
+            }
+            if let Some((&ns, _)) = t.free.range(start..).next() {
+                if ns <= end {
+                    return Err(CoreError::corrupted(
+                        what(),
+                        "overlaps or touches the run after",
+                    ));
+                }
+            }
+            t.free.insert(start, len);
+            t.free_blocks += len;
+        }
+        Ok(a)
     }
 
     /// Marks `[start, start + len)` on `target` in use (building from extent maps).
@@ -212,6 +273,58 @@ impl Allocator {
         draw: Draw,
     ) -> Option<(u64, u64)> {
         assert!(want > 0, "zero-block allocation");
+        if draw != Draw::Meta {
+            return self.take_from(target, goal, want, draw);
+        }
+        let hidden = self.hide_unapplied(target);
+        let got = self.take_from(target, goal, want, draw);
+        let t = &mut self.targets[target.index()];
+        for (s, l) in hidden {
+            insert_merged(&mut t.free, s, l);
+        }
+        got
+    }
+
+    /// Removes from `target`'s free map (not from its counts) the free parts of ranges
+    /// released but not yet applied to the trees; returns them to put back.
+    fn hide_unapplied(&mut self, target: TargetId) -> Vec<(u64, u64)> {
+        let t = &mut self.targets[target.index()];
+        let mut hidden = Vec::new();
+        for u in self.unapplied.iter().filter(|u| u.target == target) {
+            let end = u.start + u.len;
+            let first = t
+                .free
+                .range(..u.start)
+                .next_back()
+                .map_or(u.start, |(&s, _)| s);
+            let overlapping: Vec<(u64, u64)> = t
+                .free
+                .range(first..end)
+                .map(|(&s, &l)| (s, l))
+                .filter(|&(s, l)| s + l > u.start)
+                .collect();
+            for (s, l) in overlapping {
+                t.free.remove(&s);
+                let (a, b) = (s.max(u.start), (s + l).min(end));
+                if s < a {
+                    t.free.insert(s, a - s);
+                }
+                if b < s + l {
+                    t.free.insert(b, s + l - b);
+                }
+                hidden.push((a, b - a));
+            }
+        }
+        hidden
+    }
+
+    fn take_from(
+        &mut self,
+        target: TargetId,
+        goal: Option<u64>,
+        want: u64,
+        draw: Draw,
+    ) -> Option<(u64, u64)> {
         let t = &mut self.targets[target.index()];
         let room = match draw {
             // Never hand out blocks promised to delayed allocations.
@@ -347,14 +460,34 @@ impl Allocator {
         });
     }
 
-    /// Makes busy ranges of transactions up to `committed_seq` allocatable.
+    /// Makes busy ranges of transactions up to `committed_seq` allocatable (by data;
+    /// by metadata pages once [`Self::applied`] says their transaction is in the trees).
     pub fn release_busy(&mut self, committed_seq: u64) {
         let (ready, keep): (Vec<Busy>, Vec<Busy>) =
             self.busy.iter().partition(|b| b.seq <= committed_seq);
         self.busy = keep;
         for b in ready {
             self.free_now(b.target, b.start, b.len);
+            self.unapplied.push(b);
         }
+    }
+
+    /// Frees a range whose freeing transaction `seq` is durable already: data may take it
+    /// now, metadata pages once `seq` is applied ([`Self::applied`]).
+    pub fn free_committed(&mut self, target: TargetId, start: u64, len: u64, seq: u64) {
+        self.free_now(target, start, len);
+        self.unapplied.push(Busy {
+            target,
+            start,
+            len,
+            seq,
+        });
+    }
+
+    /// Transactions up to `seq` are applied to the metadata trees: the blocks they freed
+    /// are free in the space tree too, so metadata pages may take them.
+    pub fn applied(&mut self, seq: u64) {
+        self.unapplied.retain(|u| u.seq > seq);
     }
 
     /// Free blocks on `target` (busy blocks not counted).
@@ -400,11 +533,42 @@ impl Allocator {
             .map(|(&s, _)| s)
     }
 
+    /// Every free range, `(target, first block, blocks)` in target and block order (busy
+    /// ranges are not free yet).
+    #[must_use]
+    pub fn free_runs(&self) -> Vec<(TargetId, u64, u64)> {
+        self.targets
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| {
+                t.free
+                    .iter()
+                    .map(move |(&s, &l)| (TargetId(i as u32), s, l))
+            })
+            .collect()
+    }
+
     /// Number of free ranges on `target` (fragmentation indicator).
     #[must_use]
     pub fn free_ranges(&self, target: TargetId) -> usize {
         self.targets[target.index()].free.len()
     }
+}
+
+/// Inserts a range known not to overlap the map, merged with touching neighbours.
+fn insert_merged(free: &mut BTreeMap<u64, u64>, start: u64, len: u64) {
+    let (mut s, mut l) = (start, len);
+    if let Some((&ps, &pl)) = free.range(..start).next_back() {
+        if ps + pl == start {
+            free.remove(&ps);
+            s = ps;
+            l += pl;
+        }
+    }
+    if let Some(nl) = free.remove(&(start + len)) {
+        l += nl;
+    }
+    free.insert(s, l);
 }
 
 fn pick(free: &BTreeMap<u64, u64>, goal: Option<u64>, want: u64) -> Option<(u64, u64)> {
@@ -458,6 +622,57 @@ mod tests {
         assert!(a.reserve(t, all));
         let start = g.targets[0].data_start;
         a.mark_used(t, start, 1).unwrap();
+    }
+
+    /// Blocks a committed transaction freed are data's at once, and metadata pages' only
+    /// once the transaction is applied to the trees.
+    #[test]
+    fn pages_take_freed_blocks_only_once_their_free_is_applied() {
+        let g = geo();
+        let mut a = Allocator::new(&g);
+        let t = TargetId(0);
+        let all = a.free_blocks(t);
+        let (s, l) = a.alloc(t, None, all).unwrap();
+        assert_eq!((l, a.free_blocks(t)), (all, 0));
+        a.free_after(t, s + 10, 4, 7);
+        a.release_busy(7);
+        assert_eq!(a.free_blocks(t), 4);
+        assert_eq!(
+            a.alloc_from(t, None, 1, Draw::Meta),
+            None,
+            "not applied yet"
+        );
+        assert_eq!(a.free_ranges(t), 1, "the hidden range is back");
+        let (d, _) = a.alloc(t, None, 1).unwrap();
+        assert_eq!(d, s + 10, "data may take it");
+        a.applied(6);
+        assert_eq!(a.alloc_from(t, None, 1, Draw::Meta), None);
+        a.applied(7);
+        assert_eq!(a.alloc_from(t, None, 8, Draw::Meta), Some((s + 11, 3)));
+    }
+
+    #[test]
+    fn from_free_runs_checks_the_runs() {
+        let g = geo();
+        let d = g.targets[0].data_start;
+        let t = TargetId(0);
+        let a = Allocator::from_free_runs(&g, [(t, d, 5), (t, d + 10, 2)]).unwrap();
+        assert_eq!(a.free_blocks(t), 7);
+        assert_eq!(a.free_blocks(TargetId(1)), 0);
+        assert_eq!(a.free_ranges(t), 2);
+        for bad in [
+            vec![(t, d, 5), (t, d + 5, 1)],
+            vec![(t, d + 3, 5), (t, d, 4)],
+            vec![(t, 0, 1)],
+            vec![(t, d, 0)],
+            vec![(TargetId(9), d, 1)],
+            vec![(t, g.targets[0].blocks - 1, 2)],
+        ] {
+            let e = Allocator::from_free_runs(&g, bad.clone())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("free run"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -4,7 +4,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use stripefs_core::alloc::Allocator;
-use stripefs_core::btree::TreeId;
 use stripefs_core::geometry::{Geometry, MkfsParams};
 use stripefs_core::inode::{FileKind, InodeAttrs};
 use stripefs_core::layout::StripeLayout;
@@ -83,6 +82,13 @@ impl Fs {
             targets.to_vec(),
             pages as Arc<dyn stripefs_meta::PageAlloc>,
         );
+        let data: Vec<(TargetId, u64, u64)> = geo
+            .targets
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (TargetId(i as u32), t.data_start, t.data_blocks()))
+            .collect();
+        stripefs_meta::space::init(&store, &data)?;
         items::apply_record(&store, &Record::InodeSet(root_attrs()))?;
         // Generation 1: replay starts at journal unit 0 with transaction 1.
         store.checkpoint_at(JournalMark { tail: 0, seq: 1 })?;
@@ -100,11 +106,16 @@ impl Fs {
     /// A clear error naming the target or structure when superblocks, checkpoint or
     /// journal fail verification, or targets are missing, duplicated or foreign.
     pub fn mount(targets: Vec<Arc<dyn Target>>, opts: MountOptions) -> Result<(Fs, MountReport)> {
-        let l = recovery::load(targets, opts.meta_cache)?;
+        let mut l = recovery::load(targets, opts.meta_cache)?;
         let replayed_records = l.replayed.len() as u64;
         opts.cache
             .validate(l.geo.block_size.bytes())
             .map_err(FsError::Invalid)?;
+        // The replayed records go to the trees now, so that their free-space changes are
+        // in the space tree the allocator is read from.
+        for rec in std::mem::take(&mut l.replayed) {
+            items::apply_record(&l.store, &rec)?;
+        }
         let alloc = build_allocator(&l)?;
         let committed = l.next_seq - 1;
         let store = Arc::new(l.store);
@@ -121,7 +132,11 @@ impl Fs {
             tail: l.mark.tail,
             generation: store.durable_generation().0,
         };
-        let journal = Journal::new(pos, committed, l.replayed, l.mark);
+        let applied = JournalMark {
+            tail: l.head,
+            seq: l.next_seq,
+        };
+        let journal = Journal::new(pos, committed, Vec::new(), applied);
         let meta = MetaCore {
             state: view,
             alloc,
@@ -896,7 +911,9 @@ impl Fs {
         for d in dead {
             for f in d.blocks {
                 if d.seq <= committed {
-                    m.alloc.free_now(f.target, f.phys, f.len);
+                    // Not before the trees hold the free for metadata pages (the space
+                    // tree of the next checkpoint must show the blocks free).
+                    m.alloc.free_committed(f.target, f.phys, f.len, d.seq);
                 } else {
                     m.alloc.free_after(f.target, f.phys, f.len, d.seq);
                 }
@@ -921,69 +938,29 @@ impl Drop for Fs {
     }
 }
 
-/// The free space at mount: every data block that neither a page of the durable trees
-/// (walked at load: linear in the size of the metadata, the stage-1 limit persisted free
-/// space removes) nor an extent of the (replayed) state holds.
+/// The free space at mount: the free runs of the space tree (the durable generation's,
+/// its page log folded in, and the replayed records applied: metadata.md, "Persisted free
+/// space"), so mount reads neither every extent nor every page. The metadata pages are
+/// counted from the page log's counts.
+///
+/// # Errors
+/// `Corrupted` for a free run that does not fit the data area or overlaps another; a page
+/// read's error.
 fn build_allocator(l: &recovery::Loaded) -> Result<Allocator> {
-    let (state, geo) = (&l.state, &l.geo);
-    let mut alloc = Allocator::new(geo);
-    mark_pages(&mut alloc, &l.tree_pages, &l.pages)?;
+    let geo = &l.geo;
+    let runs = stripefs_meta::space::free_runs(&l.store)?;
+    let mut alloc = Allocator::from_free_runs(geo, runs)
+        .map_err(|e| CoreError::corrupted("space tree", e.to_string()))?;
     // Blocks data cannot take, so a checkpoint finds room for its copy-on-write pages
     // when users filled the file system (metadata.md, "Space").
     for (t, g) in geo.targets.iter().enumerate() {
         let reserve = Allocator::meta_reserve_for(g.data_blocks(), geo.block_size);
         alloc.set_meta_reserve(TargetId(t as u32), reserve);
     }
-
-    for inode in state.inodes.values() {
-        for (object, map) in inode.objects.iter().enumerate() {
-            if object as u32 >= inode.attrs.layout.count
-                || inode.attrs.layout.count > geo.target_count()
-            {
-                return Err(CoreError::corrupted(
-                    format!("inode {}", inode.attrs.ino),
-                    "stripe layout does not fit the targets",
-                )
-                .into());
-            }
-            let target = inode
-                .attrs
-                .layout
-                .target_of(object as u32, geo.target_count());
-            for (block, e) in map.iter() {
-                alloc.mark_used(target, e.phys, e.len).map_err(|err| {
-                    CoreError::corrupted(
-                        format!("inode {} object {object} block {block}", inode.attrs.ino),
-                        err.to_string(),
-                    )
-                })?;
-            }
-        }
+    for (t, pages) in l.store.page_counts().into_iter().enumerate() {
+        l.pages.set_live(TargetId(t as u32), pages);
     }
     Ok(alloc)
-}
-
-/// Marks every page the durable trees reach (`tree_pages`, from the walk at load) as
-/// used, and counts it.
-///
-/// # Errors
-/// `Corrupted` for a page outside the data area or on blocks another page holds.
-fn mark_pages(
-    alloc: &mut Allocator,
-    tree_pages: &[(TreeId, stripefs_core::btree::PageAddr)],
-    pages: &MetaPages,
-) -> Result<()> {
-    let pb = pages.page_blocks();
-    for (tree, at) in tree_pages {
-        alloc.mark_used(at.target, at.block.0, pb).map_err(|e| {
-            CoreError::corrupted(
-                "metadata pages",
-                format!("page of tree {tree} at {at}: {e}"),
-            )
-        })?;
-        pages.note_live(*at);
-    }
-    Ok(())
 }
 
 fn root_attrs() -> InodeAttrs {

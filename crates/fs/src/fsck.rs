@@ -152,6 +152,7 @@ fn check(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) -> 
         }
     }
     c.page_owners(store)?;
+    c.persisted_free_space(store)?;
     c.free_space_complement();
     links::link_problems(&mut c);
     links::reachability(&mut c, store)?;

@@ -8,7 +8,9 @@
 //! 3. append the transaction at the journal head on target 0 as a FUA write (durable when
 //!    it completes; two when it wraps), and queue its records for the metadata trees;
 //!    when it would not fit the journal, wait for the tail to move first (below);
-//! 4. publish `committed = s` and release blocks freed by `s` for reuse.
+//! 4. publish `committed = s` and release blocks freed by `s` for reuse by data; metadata
+//!    pages may take them only once `s` is also applied to the trees (below), whose space
+//!    tree then shows them free (`docs/design/metadata.md`, "Persisted free space").
 //!
 //! Checkpoints ([`Journal::checkpoint_now`]) run outside the commit lock, normally on the
 //! checkpointer thread (`Fs::start_checkpointer`), woken when the journal is half full,
@@ -414,6 +416,7 @@ impl Journal {
             s.queued_records = 0;
             s.queue.drain(..).collect()
         };
+        let applied_any = !batch.is_empty();
         for q in batch {
             for rec in &q.records {
                 items::apply_record(&fs.store, rec)?;
@@ -423,6 +426,10 @@ impl Journal {
                 seq: q.seq + 1,
             };
             self.applied.store(q.seq, Ordering::Release);
+        }
+        if applied_any {
+            // In the trees' free space now: metadata pages may take them too.
+            fs.meta.lock().alloc.applied(applied.seq - 1);
         }
         Ok(())
     }

@@ -82,9 +82,9 @@ impl MetaPages {
         self.page_blocks
     }
 
-    /// Counts a page a durable tree reaches (mount, while the allocator is rebuilt).
-    pub fn note_live(&self, at: PageAddr) {
-        self.live[at.target.index()].fetch_add(self.page_blocks, Ordering::Relaxed);
+    /// Sets the pages the durable trees hold on `target` (mount: the page log's count).
+    pub fn set_live(&self, target: TargetId, pages: u64) {
+        self.live[target.index()].store(pages * self.page_blocks, Ordering::Relaxed);
     }
 
     /// Blocks of `target` held by metadata pages.

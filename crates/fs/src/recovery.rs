@@ -10,7 +10,6 @@
 
 use std::sync::Arc;
 
-use stripefs_core::btree::{PageAddr, TreeId};
 use stripefs_core::check::ReplayCheck;
 use stripefs_core::geometry::Geometry;
 use stripefs_core::journal::{
@@ -38,8 +37,6 @@ pub(crate) struct Loaded {
     pub store: Store,
     /// Their page allocation (not attached to an allocator yet).
     pub pages: Arc<MetaPages>,
-    /// Every page the durable root record reaches, each read and verified.
-    pub tree_pages: Vec<(TreeId, PageAddr)>,
     /// Where the durable root record says replay starts.
     pub mark: JournalMark,
     /// Journal position after the last replayed transaction.
@@ -142,11 +139,12 @@ pub(crate) fn store_config(geo: &Geometry, cache: MetaCacheBytes) -> StoreConfig
             target: stripefs_core::TargetId(0),
             offsets: geo.root_slot_offsets(),
         },
+        space: stripefs_meta::SpaceBooks::Kept,
     }
 }
 
 /// The file system opened read-only: superblocks, geometry and the trees of the newest
-/// valid root record (two sectors read; nothing of the trees loaded).
+/// valid root record and its page log (nothing else of the trees loaded).
 #[derive(Debug)]
 pub(crate) struct Opened {
     pub geo: Geometry,
@@ -189,12 +187,8 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         pages,
     } = open(targets, cache)?;
     let mut state = items::load_state(&store)?;
-    // Every page, verified: what loading left in the cache is not read again, the rest
-    // is read a branch's children at a time.
-    let mut tree_pages = Vec::new();
-    for tree in TreeId::ALL {
-        store.walk(tree, &mut |at, _| tree_pages.push((tree, at)))?;
-    }
+    // No walk of the pages: the free space is the space tree's (metadata.md, "Persisted
+    // free space").
     let mark = store.journal_mark();
     let t0 = targets[0].as_ref();
     let (head, next_seq, txns, replayed) = replay(t0, &geo, mark, &mut state)?;
@@ -204,7 +198,6 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         state,
         store,
         pages,
-        tree_pages,
         mark,
         head,
         next_seq,

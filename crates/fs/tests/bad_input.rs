@@ -98,6 +98,7 @@ fn tree_pages(s: &[Arc<SimTarget>]) -> Vec<(TreeId, PageAddr, u8)> {
             target: stripefs_core::TargetId(0),
             offsets: geo.root_slot_offsets(),
         },
+        space: stripefs_meta::SpaceBooks::Kept,
     };
     // Only read: the allocator is never asked for a page.
     let alloc = Arc::new(stripefs_meta::region::RegionAlloc::new(1, 0, 1, 0));

@@ -47,6 +47,7 @@ const BATCH: usize = 512;
 /// non-directory, object index out of range, a name the items cannot hold...) or an
 /// item read does not decode; a page read's error; `Poisoned`.
 pub fn apply_record(store: &Store, rec: &Record) -> Result<(), MetaError> {
+    store.fold_pending()?;
     Items::new(store, name_hash).apply(rec)
 }
 
@@ -243,9 +244,9 @@ impl<'a> Items<'a> {
 
     /// Removes every item of `ino`, in batches.
     fn inode_free(&self, ino: Ino) -> Result<(), MetaError> {
-        if self.attrs(ino)?.is_none() {
+        let Some(attrs) = self.attrs(ino)? else {
             return Err(bad(format!("free of missing inode {ino}")));
-        }
+        };
         let from = Key {
             object: ino.0,
             ..Key::MIN
@@ -260,8 +261,15 @@ impl<'a> Items<'a> {
             if items.is_empty() {
                 return Ok(());
             }
-            for (k, _) in items {
+            for (k, v) in items {
                 self.store.remove(&k)?;
+                // Extents left to the free (a record stream normally clears them first).
+                let object = u32::try_from(k.a).ok();
+                let space = object.and_then(|o| self.store.space_target(&attrs, o));
+                if let (Some(t), true) = (space, k.kind == KeyKind::Extent as u8) {
+                    let e = decode_extent(&k, &v)?;
+                    crate::space::give(self.store, t, e.phys, e.len)?;
+                }
             }
         }
     }
@@ -294,7 +302,11 @@ impl<'a> Items<'a> {
                 after.clear(start, len);
             }
         }
-        self.write_extent_diff(ino, object, &before, &after)
+        self.write_extent_diff(ino, object, &before, &after)?;
+        match self.store.space_target(&a, object) {
+            Some(t) => crate::space::extent_change(self.store, t, &before, &after),
+            None => Ok(()),
+        }
     }
 
     /// The extents `ExtentMap::set` or `clear` over `[start, end)` can read or change:

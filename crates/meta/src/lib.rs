@@ -13,7 +13,9 @@
 
 mod cache;
 pub mod items;
+mod pagelog;
 pub mod region;
+pub mod space;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +30,7 @@ use stripefs_core::{BlockSize, CoreError, TargetId, Uuid};
 use stripefs_target::{Batch, IoBuf, IoOp, Target, TargetError};
 
 pub use cache::{CacheStats, PageCache};
+pub use space::SpaceBooks;
 
 /// Pages one checkpoint write carries at most (one buffer each: within the kernel's
 /// limit of buffers per vectored write).
@@ -79,6 +82,9 @@ pub struct StoreConfig {
     /// Bytes of pages the cache may hold, pinned dirty and frozen pages included.
     pub cache_bytes: usize,
     pub slots: RootSlots,
+    /// Whether the space tree keeps the data area's free space (with a page log per
+    /// checkpoint).
+    pub space: SpaceBooks,
 }
 
 /// The journal position a checkpoint covers, stored in its root record: after the
@@ -105,6 +111,8 @@ pub struct Store {
     /// The journal mark of the durable root record (its own lock: read without waiting
     /// for a running checkpoint).
     mark: Mutex<JournalMark>,
+    /// The durable generation's page log (with [`SpaceBooks::Kept`]).
+    log: Mutex<pagelog::Durable>,
     poisoned: AtomicBool,
 }
 
@@ -131,7 +139,8 @@ impl Store {
             .iter()
             .map(|t| RwLock::new(Tree::create(*t, cfg.page_size, Generation(1))))
             .collect();
-        Store::with_trees(cfg, targets, alloc, trees, JournalMark::default())
+        let log = pagelog::Durable::empty(targets.len());
+        Store::with_trees(cfg, targets, alloc, trees, JournalMark::default(), log)
     }
 
     /// The trees as the newest valid root record leaves them. Reads two sectors: its
@@ -163,7 +172,12 @@ impl Store {
             tail: rec.journal_tail,
             seq: rec.journal_seq,
         };
-        Ok(Store::with_trees(cfg, targets, alloc, trees, mark))
+        let log = pagelog::Durable::empty(targets.len());
+        let store = Store::with_trees(cfg, targets, alloc, trees, mark, log);
+        if cfg.space == SpaceBooks::Kept {
+            pagelog::open(&store, &rec)?;
+        }
+        Ok(store)
     }
 
     fn with_trees(
@@ -172,6 +186,7 @@ impl Store {
         alloc: Arc<dyn PageAlloc>,
         trees: Vec<RwLock<Tree>>,
         mark: JournalMark,
+        log: pagelog::Durable,
     ) -> Store {
         Store {
             cache: PageCache::new(cfg.cache_bytes),
@@ -181,6 +196,7 @@ impl Store {
             trees,
             checkpoint: Mutex::new(()),
             mark: Mutex::new(mark),
+            log: Mutex::new(log),
             poisoned: AtomicBool::new(false),
         }
     }
@@ -408,16 +424,27 @@ impl Store {
             },
             "journal mark {mark:?} goes back"
         );
+        // The last generation's page log reaches the space tree this one writes.
+        self.fold_pending()?;
         // Pages first, while nothing is frozen: a shortage is `NoSpace` and leaves the
         // store as it was (usable, nothing poisoned), as "Failure cases" promises.
         let mut addrs = self.alloc_pages()?;
+        let mut log_addrs = match self.alloc_log() {
+            Ok(a) => a,
+            Err(e) => {
+                addrs.iter().for_each(|a| self.alloc.free(a));
+                return Err(e);
+            }
+        };
         // Freeze: each tree's lock for a moment; nothing is copied.
         let frozen: Vec<_> = self.trees.iter().map(|t| t.write().freeze()).collect();
         let generation = frozen[0].generation;
-        let result = self
-            .fit_pages(&frozen, &mut addrs)
-            .and_then(|()| self.write_generation(&frozen, &addrs, mark));
-        let plans = match result {
+        let result = self.fit_pages(&frozen, &mut addrs).and_then(|()| {
+            let log = self.log_of(&frozen, &addrs, &mut log_addrs)?;
+            self.write_generation(&frozen, &addrs, mark, log.as_ref())
+                .map(|p| (p, log))
+        });
+        let (plans, log) = match result {
             Ok(p) => p,
             Err(e) => {
                 self.poisoned.store(true, Ordering::Release);
@@ -436,6 +463,11 @@ impl Store {
             for (at, node) in out.clean {
                 self.cache.insert(at, node, pinned);
             }
+        }
+        if let Some(log) = log {
+            // Folded into the open space tree before any later record is applied or
+            // checkpoint written (metadata.md, "Persisted free space").
+            self.publish_log(log);
         }
         Ok(generation)
     }
@@ -482,6 +514,7 @@ impl Store {
         frozen: &[Arc<stripefs_core::btree::tree::Frozen>],
         addrs: &[Vec<PageAddr>],
         mark: JournalMark,
+        log: Option<&pagelog::Written>,
     ) -> Result<Vec<WritePlan>, MetaError> {
         let generation = frozen[0].generation;
         let mut plans = Vec::with_capacity(frozen.len());
@@ -495,6 +528,13 @@ impl Store {
             touched[t] = true;
             let offset = self.cfg.block_size.to_bytes(run[0].at.addr.block.0);
             let bufs = run.iter().map(|p| IoBuf::from_slice(&p.bytes)).collect();
+            batch.submit(&*self.targets[t], IoOp::Write { offset, bufs });
+        }
+        for (at, bytes) in log.iter().flat_map(|l| l.blocks()) {
+            let t = at.target.index();
+            touched[t] = true;
+            let offset = self.cfg.block_size.to_bytes(at.block.0);
+            let bufs = vec![IoBuf::from_slice(bytes)];
             batch.submit(&*self.targets[t], IoOp::Write { offset, bufs });
         }
         batch.wait().into_iter().try_for_each(|d| d.result)?;
@@ -515,6 +555,7 @@ impl Store {
                 .copied()
                 .zip(plans.iter().map(WritePlan::root_ref))
                 .collect(),
+            log: log.map(pagelog::Written::root_ref),
         };
         let target = &self.targets[self.cfg.slots.target.index()];
         let mut sector = vec![0u8; (target.info().sector_size as usize).max(ROOT_RECORD_BYTES)];

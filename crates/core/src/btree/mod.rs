@@ -2,6 +2,7 @@
 //!
 //! - [`key`]: the ordered keyspace (25-byte big-endian keys, kinds, trees, name hash);
 //! - [`page`]: self-describing pages, encoded and verified on every read;
+//! - [`pagelog`]: a generation's log of the pages it allocated and freed;
 //! - [`root`]: the root record, the commit point of a checkpoint (two slots);
 //! - [`schema`]: keys and values of the keyspace's kinds (directory entries, extents,
 //!   free space, symlink and xattr chunks);
@@ -14,6 +15,7 @@
 
 pub mod key;
 pub mod page;
+pub mod pagelog;
 pub mod root;
 pub mod schema;
 pub mod tree;

@@ -11,7 +11,12 @@
 //!  48 journal tail u64  56 journal next sequence u64
 //!  64 per tree (24 bytes): tree u8 | root level u8 | zero u16 | target u32 |
 //!                          block u64 | root generation u64
+//! 448 page log: first block's target u32 | blocks u32 (0: no log) | first block u64
 //! ```
+//!
+//! The page log (`super::pagelog`) lists the metadata pages this generation allocated and
+//! made free; with the space tree it gives the free space without walking the trees
+//! (`docs/design/metadata.md`, "Persisted free space").
 
 use super::key::TreeId;
 use super::page::{Generation, PageAddr, PageRef, PageSize, MAX_LEVEL};
@@ -22,7 +27,15 @@ use crate::{crc32c, CoreError, PhysBlock, TargetId, Uuid};
 pub const ROOT_RECORD_BYTES: usize = 512;
 const MAGIC: u64 = u64::from_le_bytes(*b"SFROOT01");
 const TREE_ENTRY: usize = 24;
-const MAX_TREES: usize = (ROOT_RECORD_BYTES - 64) / TREE_ENTRY;
+const LOG_AT: usize = 448;
+const MAX_TREES: usize = (LOG_AT - 64) / TREE_ENTRY;
+
+/// Where a generation's page log is: its first block and how many blocks it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogRef {
+    pub first: PageAddr,
+    pub blocks: u32,
+}
 
 /// A verified root record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +48,8 @@ pub struct RootRecord {
     /// Sequence number of the first journal transaction after it.
     pub journal_seq: u64,
     pub roots: Vec<(TreeId, RootRef)>,
+    /// The generation's page log (`None`: trees whose free space is not kept).
+    pub log: Option<LogRef>,
 }
 
 fn get64(b: &[u8], at: usize) -> u64 {
@@ -80,6 +95,12 @@ impl RootRecord {
             e[4..8].copy_from_slice(&r.at.addr.target.0.to_le_bytes());
             e[8..16].copy_from_slice(&r.at.addr.block.0.to_le_bytes());
             e[16..24].copy_from_slice(&r.at.generation.0.to_le_bytes());
+        }
+        if let Some(l) = self.log {
+            assert!(l.blocks > 0, "a page log has blocks");
+            b[LOG_AT..LOG_AT + 4].copy_from_slice(&l.first.target.0.to_le_bytes());
+            b[LOG_AT + 4..LOG_AT + 8].copy_from_slice(&l.blocks.to_le_bytes());
+            b[LOG_AT + 8..LOG_AT + 16].copy_from_slice(&l.first.block.0.to_le_bytes());
         }
         let crc = crc32c(&b[12..]);
         b[8..12].copy_from_slice(&crc.to_le_bytes());
@@ -142,6 +163,16 @@ impl RootRecord {
             }
             roots.push((tree, RootRef { at, level: e[1] }));
         }
+        let log = match get32(buf, LOG_AT + 4) {
+            0 => None,
+            blocks => Some(LogRef {
+                first: PageAddr {
+                    target: TargetId(get32(buf, LOG_AT)),
+                    block: PhysBlock(get64(buf, LOG_AT + 8)),
+                },
+                blocks,
+            }),
+        };
         Ok(Some(RootRecord {
             slot,
             generation,
@@ -149,6 +180,7 @@ impl RootRecord {
             journal_tail: get64(buf, 48),
             journal_seq: get64(buf, 56),
             roots,
+            log,
         }))
     }
 
@@ -202,6 +234,10 @@ mod tests {
                     },
                 ),
             ],
+            log: Some(LogRef {
+                first: at(12, 7).addr,
+                blocks: 3,
+            }),
         }
     }
 

@@ -160,6 +160,19 @@ impl Frozen {
     pub fn page_count(&self) -> usize {
         self.nodes.len()
     }
+
+    /// Pages this generation superseded (reached by the previous durable generation and
+    /// not by this one): free once this generation is durable (its page log lists them).
+    #[must_use]
+    pub fn superseded(&self) -> Vec<PageAddr> {
+        self.gone
+            .iter()
+            .map(|g| match g {
+                Gone::Page(a) => *a,
+                Gone::Frozen(_) => unreachable!("resolved when the previous generation published"),
+            })
+            .collect()
+    }
 }
 
 /// One page a checkpoint writes, and what the cache holds for it afterwards.
@@ -296,6 +309,12 @@ impl Tree {
     #[must_use]
     pub fn dirty_count(&self) -> usize {
         self.dirty.len()
+    }
+
+    /// Pages the open generation superseded so far (its page log will free them).
+    #[must_use]
+    pub fn superseded_count(&self) -> usize {
+        self.gone.len()
     }
 
     /// Nodes of the frozen generation (pinned until published).

@@ -528,35 +528,63 @@ impl<'a> Checker<'a> {
         Ok(block[tail..].iter().any(|&b| b != 0))
     }
 
+    /// A `FreeSpace` item of the durable space tree: checked to decode; its run is claimed
+    /// by [`Checker::persisted_free_space`], with the page log applied.
     fn free_space_item(&mut self, k: &Key, v: &[u8]) {
-        let (target, start, len) = match decode_free_space(k, v) {
-            Ok(x) => x,
-            Err(e) => return self.item_problem(k, e),
-        };
-        self.free_items += 1;
-        match self.blocks.claim(target, start, len, Claimant::FreeSpace) {
-            Ok(()) => self.free_runs.push((target, start, len)),
-            Err(e) => self.item_problem(k, format!("free space item: {e}")),
+        match decode_free_space(k, v) {
+            Ok(_) => self.free_items += 1,
+            Err(e) => self.item_problem(k, e),
         }
     }
 
-    /// With free space recorded (any `FreeSpace` item), every data block must be in use
-    /// or recorded free: a block that is neither is leaked. Then the free runs' claims are
+    /// Claims the persisted free space: the space tree's runs with the durable page log
+    /// applied (`stripefs_meta::space::free_runs`; the durable tree holds the pages of the
+    /// generation before), and the log's blocks as pages (metadata.md, "Persisted free
+    /// space"). Call after the walk of every tree and before any journal record is applied.
+    ///
+    /// # Errors
+    /// A page read's error; a page log that does not fit the space tree's runs is a
+    /// problem, not an error.
+    pub fn persisted_free_space(&mut self, store: &stripefs_meta::Store) -> Result<()> {
+        for at in store.log_blocks() {
+            self.page(TreeId::Space, at);
+        }
+        let runs = match stripefs_meta::space::free_runs(store) {
+            Ok(r) => r,
+            Err(stripefs_meta::MetaError::Corrupted(e)) => {
+                self.problem(None, format!("persisted free space: {e}"));
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for (target, start, len) in runs {
+            match self.blocks.claim(target, start, len, Claimant::FreeSpace) {
+                Ok(()) => self.free_runs.push((target, start, len)),
+                Err(e) => self.problem(
+                    None,
+                    format!("free run at target {target} blocks {start}..{}: {e}", start + len),
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// Every data block must be in use or recorded free: a block that is neither is
+    /// leaked. Then the free runs' claims are
     /// dropped (journal records may allocate from them).
     pub fn free_space_complement(&mut self) {
-        if self.free_items > 0 {
-            for t in 0..self.geo.target_count() {
-                let target = TargetId(t);
-                let runs = self.blocks.unused_runs(target);
-                let leaked: u64 = runs.iter().map(|r| r.1).sum();
-                if let Some((s, l)) = runs.first() {
-                    self.problem(
-                        None,
-                        format!(
-                            "target {target}: {leaked} blocks are neither in use nor recorded free (leaked), the first {l} at block {s}"
-                        ),
-                    );
-                }
+        // Free space is always recorded (even a full file system's: no runs at all).
+        for t in 0..self.geo.target_count() {
+            let target = TargetId(t);
+            let runs = self.blocks.unused_runs(target);
+            let leaked: u64 = runs.iter().map(|r| r.1).sum();
+            if let Some((s, l)) = runs.first() {
+                self.problem(
+                    None,
+                    format!(
+                        "target {target}: {leaked} blocks are neither in use nor recorded free (leaked), the first {l} at block {s}"
+                    ),
+                );
             }
         }
         for (t, s, l) in std::mem::take(&mut self.free_runs) {

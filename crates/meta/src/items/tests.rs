@@ -30,6 +30,7 @@ fn store() -> Store {
             target: TargetId(0),
             offsets: [4096, 8192],
         },
+        space: crate::SpaceBooks::Off,
     };
     let sim: Arc<dyn Target> = Arc::new(SimTarget::new("t", 4 << 20, 512));
     Store::create(cfg, vec![sim], Arc::new(RegionAlloc::new(1, 16, 1, 500)))

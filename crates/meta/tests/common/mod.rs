@@ -28,6 +28,7 @@ pub fn config(cache_pages: usize) -> StoreConfig {
             target: TargetId(0),
             offsets: [4096, 8192],
         },
+        space: stripefs_meta::SpaceBooks::Off,
     }
 }
 
