@@ -562,7 +562,10 @@ impl<'a> Checker<'a> {
                 Ok(()) => self.free_runs.push((target, start, len)),
                 Err(e) => self.problem(
                     None,
-                    format!("free run at target {target} blocks {start}..{}: {e}", start + len),
+                    format!(
+                        "free run at target {target} blocks {start}..{}: {e}",
+                        start + len
+                    ),
                 ),
             }
         }
