@@ -51,6 +51,13 @@ impl Fs {
             .max()
             .unwrap_or(512);
         let block_size = BlockSize::new(opts.block_size).map_err(FsError::Invalid)?;
+        let max = stripefs_core::btree::pagelog::MAX_TARGETS;
+        if targets.len() > max {
+            return Err(FsError::invalid(format!(
+                "{} targets: at most {max} (the page log of a checkpoint holds a page count per target)",
+                targets.len()
+            )));
+        }
         let n = u32::try_from(targets.len()).map_err(|_| FsError::invalid("too many targets"))?;
         let params = MkfsParams {
             uuid: random_uuid(),

@@ -21,6 +21,9 @@ use super::page::{Generation, PageAddr, PageSize};
 use crate::{crc32c, CoreError, PhysBlock, TargetId, Uuid};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SFPLOG01");
+/// Most targets a file system may have: block 0 of a 4 KiB log holds a page count per
+/// target and still has room for entries (mkfs refuses more).
+pub const MAX_TARGETS: usize = 256;
 const HEADER: usize = 72;
 const ENTRY: usize = 16;
 
@@ -61,8 +64,8 @@ pub struct LogBlock {
 }
 
 fn cap(size: PageSize, first: bool, targets: usize) -> usize {
-    let counts = if first { targets * 8 } else { 0 };
-    (size.bytes() - HEADER - counts) / ENTRY
+    let counts = if first { targets.saturating_mul(8) } else { 0 };
+    size.bytes().saturating_sub(HEADER + counts) / ENTRY
 }
 
 /// Blocks a log of `entries` entries plus one `Allocated` entry per block of its own
@@ -198,6 +201,9 @@ pub fn decode(
     if counts != if first { targets } else { 0 } {
         return Err(bad(format!("{counts} page counts for {targets} targets")));
     }
+    if first && (targets as usize).saturating_mul(8) + HEADER > size.bytes() {
+        return Err(bad(format!("{targets} page counts do not fit the block")));
+    }
     let n = get32(buf, 44) as usize;
     if n > cap(size, first, targets as usize) {
         return Err(bad(format!("{n} entries do not fit the block")));
@@ -312,5 +318,13 @@ mod tests {
             "target count"
         );
         assert!(decode(&bufs[0], (size, Uuid([5; 16]), 2), g, 0, addrs[0]).is_err());
+        let mut many = bufs[0].clone();
+        many[60..64].copy_from_slice(&1000u32.to_le_bytes());
+        let crc = crc32c(&many[12..]);
+        many[8..12].copy_from_slice(&crc.to_le_bytes());
+        let e = decode(&many, (size, u, 1000), g, 0, addrs[0])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("do not fit"), "{e}");
     }
 }
