@@ -470,22 +470,18 @@ fn leaked_block_is_named() {
     // The durable page log first: the runs changed below are the open generation's.
     store.fold_pending().unwrap();
     let runs = stripefs_meta::space::free_runs(&store).unwrap();
-    let &(t, start, len) = runs
-        .iter()
-        .filter(|r| r.0 == TargetId(1))
-        .next_back()
-        .unwrap();
+    let &(t, start, len) = runs.iter().rfind(|r| r.0 == TargetId(1)).unwrap();
     store.remove(&free_space_item(t, start, len).0).unwrap();
     if len > 1 {
         let (k, v) = free_space_item(t, start, len - 1);
         store.insert(k, &v).unwrap();
     }
-    let leaked = Some(start + len - 1);
+    let leaked = start + len - 1;
     store.checkpoint().unwrap();
     let p = fsck_problems(&s);
     let want = format!(
         "target 1: 1 blocks are neither in use nor recorded free (leaked), the first 1 at block {}",
-        leaked.unwrap()
+        leaked
     );
     assert!(p.contains(&want), "{p:?}");
     assert!(
