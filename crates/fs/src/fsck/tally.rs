@@ -131,9 +131,10 @@ impl Tallies {
     /// Bytes the tables hold now (capacity, not length: what the process pays).
     #[must_use]
     pub fn bytes(&self) -> usize {
-        let slot = |k: usize, v: usize| k + v + 1;
-        self.inodes.capacity() * slot(8, std::mem::size_of::<Tally>())
-            + self.dirs.capacity() * slot(8, std::mem::size_of::<DirTally>())
+        // A slot is the (key, value) pair as stored, with its alignment, and one
+        // control byte.
+        self.inodes.capacity() * (std::mem::size_of::<(u64, Tally)>() + 1)
+            + self.dirs.capacity() * (std::mem::size_of::<(u64, DirTally)>() + 1)
     }
 }
 
