@@ -43,6 +43,9 @@ fn main() {
                 .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        // A failed log write is reported with `eprintln!`, which panics when stderr is a
+        // closed pipe: a daemon must never die over a log line.
+        .log_internal_errors(false)
         .init();
     let cli = match mount::helper_args(std::env::args_os()) {
         Some(Ok(args)) => Cli::parse_from(args),

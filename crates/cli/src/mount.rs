@@ -9,7 +9,7 @@
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stripefs::Fs;
@@ -282,12 +282,28 @@ fn daemonize(a: &MountArgs, mp: &Path) -> Result<i32, String> {
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot start the daemon: {e}"))?;
+    let startup = child.stderr.take().map(read_until_detached);
     let start = Instant::now();
     loop {
-        if is_mounted(mp) {
+        // The daemon closes its stderr once it serves requests (`detach_stderr`, after
+        // `serve`): under io_uring the mount shows in `/proc/mounts` before the rings
+        // are registered, and a log line written after we exited went to a dead pipe.
+        let detached = startup
+            .as_ref()
+            .is_none_or(|(done, _)| done.try_recv().is_ok());
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            if let Some((done, _)) = &startup {
+                let _ = done.recv_timeout(Duration::from_secs(5));
+            }
+            eprint!("{}", startup_output(startup.as_ref()));
+            return Err(format!("the daemon exited ({status}) before mounting"));
+        }
+        if detached && is_mounted(mp) {
             if a.quiet {
                 return Ok(0);
             }
+            // What the daemon logged while starting (warnings; more under STRIPEFS_LOG).
+            eprint!("{}", startup_output(startup.as_ref()));
             println!(
                 "mounted at {} (daemon pid {}); unmount with: stripefs umount {}",
                 mp.display(),
@@ -296,19 +312,45 @@ fn daemonize(a: &MountArgs, mp: &Path) -> Result<i32, String> {
             );
             return Ok(0);
         }
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            let mut msg = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut msg);
-            }
-            eprint!("{msg}");
-            return Err(format!("the daemon exited ({status}) before mounting"));
-        }
         if start.elapsed() > Duration::from_secs(120) {
             return Err("the daemon did not mount within 120 s (still running)".into());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// What a starting daemon writes to its stderr, read on a thread of its own (so a
+/// chatty daemon never blocks on a full pipe) until it closes it; the receiver hears
+/// once when it has.
+type Startup = (mpsc::Receiver<()>, Arc<Mutex<Vec<u8>>>);
+
+fn read_until_detached(mut pipe: std::process::ChildStderr) -> Startup {
+    let (tx, rx) = mpsc::channel();
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&out);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        loop {
+            match std::io::Read::read(&mut pipe, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => sink
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = tx.send(());
+    });
+    (rx, out)
+}
+
+fn startup_output(startup: Option<&Startup>) -> String {
+    startup.map_or_else(String::new, |(_, out)| {
+        let out = out
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        String::from_utf8_lossy(&out).into_owned()
+    })
 }
 
 /// Runs `stripefs umount`.
