@@ -367,6 +367,48 @@ fn attrs_of_model(image: &[Vec<u8>], geo: &Geometry, ino: Ino) -> stripefs_core:
     attrs_of(&open_store(&c, geo), ino)
 }
 
+/// The counts fsck reports after applying the journal in memory equal those of the
+/// same file system once mount has applied it (extents that merge or split included).
+#[test]
+fn counts_after_replay_equal_counts_after_mount() {
+    let s = sims(3, 16 << 20);
+    let fs = fresh(&s, 4096, 16384);
+    let a = fs
+        .create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o644))
+        .unwrap();
+    for i in 0..6u64 {
+        // Appends (merging with the extent before) and a rewrite in the middle.
+        let off = if i == 5 { 4096 } else { i * 4096 };
+        fs.write_at(a.ino, off, &pattern(i, off, 4096)).unwrap();
+        fs.sync().unwrap();
+    }
+    std::mem::forget(fs);
+    for t in &s {
+        t.crash(stripefs_target::CrashMode::DropUnflushed);
+    }
+    let replayed = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
+    assert!(replayed.is_clean(), "{:?}", replayed.problems);
+    assert!(
+        replayed.notes.iter().any(|n| n.contains("journal holds")),
+        "{:?}",
+        replayed.notes
+    );
+    Fs::mount(dyns(&s), quiet()).unwrap().0.unmount().unwrap();
+    let mounted = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
+    assert_eq!(
+        (
+            replayed.inodes,
+            replayed.extents,
+            replayed.data_blocks_used - replayed.meta_pages
+        ),
+        (
+            mounted.inodes,
+            mounted.extents,
+            mounted.data_blocks_used - mounted.meta_pages
+        )
+    );
+}
+
 /// The same xattr name under two collision indices (the trees hold each name once).
 #[test]
 fn xattr_twice_is_named() {

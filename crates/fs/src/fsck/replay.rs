@@ -288,9 +288,12 @@ impl Txn<'_, '_, '_> {
 
     /// Extent items in the window an extent record reads (to count them before and
     /// after it: the walk's count follows the trees).
+    /// From one block below to one block past the range: an extent ending where the
+    /// range starts or starting where it ends may merge with the new one.
     fn window(&self, a: &InodeAttrs, obj: u32, block: u64, len: u64) -> Result<u64> {
         let end = block.saturating_add(len).saturating_add(1);
-        Ok(self.extents(a.ino, obj, Some((block, end)))?.len() as u64)
+        let start = block.saturating_sub(1);
+        Ok(self.extents(a.ino, obj, Some((start, end)))?.len() as u64)
     }
 
     /// After `rec` was applied: the extent count of its window.
