@@ -113,25 +113,24 @@ impl Fs {
     /// A clear error naming the target or structure when superblocks, checkpoint or
     /// journal fail verification, or targets are missing, duplicated or foreign.
     pub fn mount(targets: Vec<Arc<dyn Target>>, opts: MountOptions) -> Result<(Fs, MountReport)> {
-        let mut l = recovery::load(targets, opts.meta_cache)?;
-        let replayed_records = l.replayed.len() as u64;
+        let l = recovery::load(targets, opts.meta_cache)?;
+        let replayed_records = l.replayed_records;
         opts.cache
             .validate(l.geo.block_size.bytes())
             .map_err(FsError::Invalid)?;
-        // The replayed records go to the trees now, so that their free-space changes are
-        // in the space tree the allocator is read from.
-        for rec in std::mem::take(&mut l.replayed) {
-            items::apply_record(&l.store, &rec)?;
-        }
+        // The replayed records are in the trees (applied at load), so their free-space
+        // changes are in the space tree the allocator is read from.
         let alloc = build_allocator(&l)?;
+        let counter = items::counter(&l.store)?;
+        let orphans = items::orphans(&l.store)?;
         let committed = l.next_seq - 1;
         let store = Arc::new(l.store);
-        // The replayed changes are not in the trees until the checkpointer applies them.
-        let replayed_seq = if l.replayed_txns > 0 { committed } else { 0 };
-        let view = MetaView::with_state(
+        // Nothing in core yet: inodes are read from the trees (which hold the replay) on
+        // first use.
+        let view = MetaView::new(
             Arc::clone(&store),
-            l.state,
-            replayed_seq,
+            counter.next_ino,
+            counter.inodes,
             opts.inode_bound().0,
         );
         let pos = JournalPosition {
@@ -139,6 +138,8 @@ impl Fs {
             tail: l.mark.tail,
             generation: store.durable_generation().0,
         };
+        // The trees hold every replayed transaction (applied at load): the checkpointer
+        // starts after them, and the next checkpoint's root record covers them.
         let applied = JournalMark {
             tail: l.head,
             seq: l.next_seq,
@@ -168,7 +169,7 @@ impl Fs {
         ));
         pages.attach(Arc::downgrade(&inner));
         let fs = Fs { inner };
-        let orphans = fs.free_orphans()?;
+        let orphans = fs.free_orphans(&orphans)?;
         fs.reap_dead();
         if l.replayed_txns > 0 || orphans > 0 {
             match fs
@@ -202,19 +203,17 @@ impl Fs {
         Ok((fs, report))
     }
 
-    fn free_orphans(&self) -> Result<u64> {
+    /// Frees the inodes left with link count 0 (open when the file system crashed).
+    fn free_orphans(&self, orphans: &[Ino]) -> Result<u64> {
         let mut m = self.inner.meta.lock();
-        let mut orphans: Vec<Ino> = Vec::new();
-        m.state.each_inode(&mut |i| {
-            if i.attrs.nlink == 0 {
-                orphans.push(i.attrs.ino);
+        let mut freed = 0;
+        for &ino in orphans {
+            if m.open_count(ino) == 0 {
+                self.free_inode(&mut m, ino)?;
+                freed += 1;
             }
-        })?;
-        orphans.retain(|&i| m.open_count(i) == 0);
-        for &ino in &orphans {
-            self.free_inode(&mut m, ino)?;
         }
-        Ok(orphans.len() as u64)
+        Ok(freed)
     }
 
     fn start_background(&self, every: std::time::Duration) {
@@ -362,7 +361,15 @@ impl Fs {
                 Ok(())
             }
             (Access::ReadOnly, Access::ReadWrite) => {
-                let freed = self.free_orphans()?;
+                // Files closed while read-only kept their link count 0: find them among
+                // every inode (a streaming pass; the switch is rare).
+                let mut orphans = Vec::new();
+                self.inner.meta.lock().state.each_inode(&mut |i| {
+                    if i.attrs.nlink == 0 {
+                        orphans.push(i.attrs.ino);
+                    }
+                })?;
+                let freed = self.free_orphans(&orphans)?;
                 self.reap_dead();
                 tracing::debug!(freed, "read-write again; orphans freed");
                 Ok(())

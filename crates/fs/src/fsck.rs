@@ -149,6 +149,12 @@ fn check(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) -> 
         pages.push((tree, walk_tree(&mut c, store, tree, progress)?));
         if tree == TreeId::Fs {
             c.finish_group()?;
+            for o in std::mem::take(&mut c.orphan_index) {
+                c.problem(
+                    Some(Ino(o)),
+                    format!("an orphan item names inode {o}, which does not exist"),
+                );
+            }
         }
     }
     c.page_owners(store)?;

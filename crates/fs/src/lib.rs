@@ -44,6 +44,7 @@ mod options;
 mod path;
 mod queue;
 mod recovery;
+mod replay;
 mod types;
 mod wbgroup;
 

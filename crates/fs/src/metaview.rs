@@ -23,7 +23,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use stripefs_core::inode::Inode;
-use stripefs_core::meta::{apply_to, new_inode, MetaState};
+use stripefs_core::meta::{apply_to, new_inode};
 use stripefs_core::record::Record;
 use stripefs_core::{CoreError, Ino};
 use stripefs_meta::{items, Store};
@@ -109,17 +109,6 @@ impl MetaView {
             peak: Cell::new(0),
             evicted: 0,
         }
-    }
-
-    /// A view holding every inode of `state` (as changed by `seq`, the last transaction
-    /// replayed into it: the trees may not have those changes yet).
-    pub fn with_state(store: Arc<Store>, state: MetaState, seq: u64, bound: usize) -> Self {
-        let count = state.inodes.len() as u64;
-        let mut v = Self::new(store, state.next_ino, count, bound);
-        for (ino, inode) in state.inodes {
-            v.insert(ino, inode, seq);
-        }
-        v
     }
 
     fn map(&self) -> &HashMap<Ino, NonNull<Slot>> {

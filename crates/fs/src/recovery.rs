@@ -1,30 +1,29 @@
 //! Mount-time loading: superblocks, the metadata trees as the newest valid root record
-//! leaves them (loaded whole into a `MetaState` in stage 1), and journal replay from the
-//! position that root record names.
+//! leaves them (nothing of them is loaded whole: issue 11 stage 2), and journal replay
+//! from the position that root record names.
 //!
-//! Replay is pure: it reads, verifies and applies records in memory, writing nothing, so it
-//! is idempotent and a crash during it changes nothing. The replayed records are handed to
-//! the journal's apply queue; the caller (mount) then checkpoints, which applies them to
-//! the trees; a crash before that checkpoint's root record is durable simply replays again.
-//! fsck uses the same loader read-only.
+//! Replay (`replay.rs`) checks each transaction and applies it to the trees in memory,
+//! writing nothing, so a crash during it changes nothing. The caller (mount) then
+//! checkpoints, which writes the pages; a crash before that checkpoint's root record is
+//! durable simply replays again on the same durable trees. fsck uses `open` and
+//! `read_journal` read-only.
 
 use std::sync::Arc;
 
-use stripefs_core::check::ReplayCheck;
 use stripefs_core::geometry::Geometry;
 use stripefs_core::journal::{
     decode_header, find_later, log_limit, verify_payload, HeaderMismatch,
 };
-use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::superblock::{Superblock, SB_BYTES};
 use stripefs_core::CoreError;
-use stripefs_meta::{items, JournalMark, RootSlots, Store, StoreConfig};
+use stripefs_meta::{JournalMark, RootSlots, Store, StoreConfig};
 use stripefs_target::Target;
 
 use crate::error::{FsError, Result};
 use crate::metapages::MetaPages;
 use crate::options::MetaCacheBytes;
+use crate::replay::Replayer;
 
 /// What loading found.
 #[derive(Debug)]
@@ -32,8 +31,8 @@ pub(crate) struct Loaded {
     pub geo: Geometry,
     /// Targets sorted by their superblock index.
     pub targets: Vec<Arc<dyn Target>>,
-    pub state: MetaState,
-    /// The metadata trees as the durable root record leaves them.
+    /// The metadata trees as the durable root record leaves them, with the replayed
+    /// transactions applied in memory (not yet written: the mount's checkpoint does).
     pub store: Store,
     /// Their page allocation (not attached to an allocator yet).
     pub pages: Arc<MetaPages>,
@@ -44,8 +43,8 @@ pub(crate) struct Loaded {
     /// Sequence number of the next transaction.
     pub next_seq: u64,
     pub replayed_txns: u64,
-    /// The replayed records, in journal order (the trees do not hold them yet).
-    pub replayed: Vec<Record>,
+    /// Records replayed (applied to the trees).
+    pub replayed_records: u64,
 }
 
 /// Targets in index order with their superblocks.
@@ -186,23 +185,23 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         store,
         pages,
     } = open(targets, cache)?;
-    let mut state = items::load_state(&store)?;
     // No walk of the pages: the free space is the space tree's (metadata.md, "Persisted
     // free space").
     let mark = store.journal_mark();
     let t0 = targets[0].as_ref();
-    let (head, next_seq, txns, replayed) = replay(t0, &geo, mark, &mut state)?;
+    let mut r = Replayer::new(&store, &geo);
+    let end = read_journal(t0, &geo, mark, &mut |at, recs| r.apply_txn(at, &recs))?;
+    let replayed_records = r.records;
     Ok(Loaded {
         geo,
         targets,
-        state,
         store,
         pages,
         mark,
-        head,
-        next_seq,
-        replayed_txns: txns,
-        replayed,
+        head: end.head,
+        next_seq: end.next_seq,
+        replayed_txns: end.txns,
+        replayed_records,
     })
 }
 
@@ -291,40 +290,6 @@ pub(crate) fn read_journal(
         next_seq: seq,
         txns,
     })
-}
-
-/// Replays transactions from `mark`; returns (head, next seq, transactions, records).
-///
-/// Every transaction is checked against the rules fsck applies ([`ReplayCheck`]) before
-/// the model accepts it; one that breaks them is corruption named by its sequence and
-/// position, even though its checksums verify (a software bug or a crafted image).
-fn replay(
-    t0: &dyn Target,
-    geo: &Geometry,
-    mark: JournalMark,
-    state: &mut MetaState,
-) -> Result<(u64, u64, u64, Vec<Record>)> {
-    let mut records = Vec::new();
-    // The rules fsck checks, applied to every transaction (built at the first one: a clean
-    // unmount leaves none to replay).
-    let mut rules: Option<ReplayCheck> = None;
-    let end = read_journal(t0, geo, mark, &mut |at, recs| {
-        let rules = match &mut rules {
-            Some(r) => r,
-            None => rules.insert(ReplayCheck::new(state, geo).map_err(|e| {
-                CoreError::corrupted(
-                    format!("metadata trees (replay from journal unit {})", mark.tail),
-                    e,
-                )
-            })?),
-        };
-        rules
-            .apply_txn(state, geo, &recs)
-            .map_err(|e| CoreError::corrupted(at.to_string(), e))?;
-        records.extend(recs);
-        Ok(())
-    })?;
-    Ok((end.head, end.next_seq, end.txns, records))
 }
 
 /// What is at the position of the next transaction.

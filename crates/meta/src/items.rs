@@ -20,7 +20,7 @@ use stripefs_core::btree::schema::{
     assemble_symlink, counter_key, decode_counter, decode_dir_cookie, decode_dir_entry,
     decode_extent, decode_inode, decode_xattr, dir_cookie_key, dir_entry_items, dir_entry_key,
     encode_counter, encode_extent, encode_inode, extent_key, free_collision, inode_key, orphan_key,
-    symlink_items, xattr_items, DirEntryItem, COOKIE_FIRST,
+    orphan_range, symlink_items, xattr_items, Counter, DirEntryItem, COOKIE_FIRST,
 };
 use stripefs_core::btree::{name_hash, Key, KeyKind, TreeId};
 use stripefs_core::extent::{Extent, ExtentMap};
@@ -69,11 +69,51 @@ pub fn load_state(store: &Store) -> Result<MetaState, MetaError> {
 /// # Errors
 /// As [`load_state`], for `ino`'s items.
 pub fn load_inode(store: &Store, ino: Ino) -> Result<Option<Inode>, MetaError> {
+    load_inode_with(store, name_hash, ino)
+}
+
+/// Every inode with an orphan item (link count 0), from the orphan index at object 0.
+///
+/// # Errors
+/// A page read's error; `Corrupted` for an orphan item with a value.
+pub fn orphans(store: &Store) -> Result<Vec<Ino>, MetaError> {
+    let (mut at, to) = orphan_range();
+    let mut out = Vec::new();
+    loop {
+        let items = store.scan(TreeId::Fs, at, to, BATCH)?;
+        let Some(&(last, _)) = items.last() else {
+            return Ok(out);
+        };
+        for (k, v) in items {
+            if !v.is_empty() || k.b != 0 {
+                return Err(bad_item(&k, "an orphan item with a value"));
+            }
+            out.push(Ino(k.a));
+        }
+        match last.successor() {
+            Some(k) => at = k,
+            None => return Ok(out),
+        }
+    }
+}
+
+/// The counter item: next inode number and inode count (a mount reads only this).
+///
+/// # Errors
+/// A page read's error; `Corrupted` if the item does not decode.
+pub fn counter(store: &Store) -> Result<Counter, MetaError> {
+    Items::new(store, name_hash).counter()
+}
+
+fn load_inode_with(store: &Store, hash: NameHash, ino: Ino) -> Result<Option<Inode>, MetaError> {
     if ino.0 == 0 {
         return Ok(None);
     }
-    let mut l = Loader::new(store, name_hash);
-    l.next_ino = Items::new(store, name_hash).next_ino()?;
+    let mut l = Loader::new(store, hash);
+    l.next_ino = Items::new(store, hash).counter()?.next_ino;
+    if store.get(&orphan_key(ino))?.is_some() {
+        l.orphans.insert(ino.0);
+    }
     let from = Key {
         object: ino.0,
         ..Key::MIN
@@ -196,11 +236,11 @@ impl<'a> Items<'a> {
             .ok_or_else(|| bad(format!("{rec:?} refers to missing inode {ino}")))
     }
 
-    fn next_ino(&self) -> Result<u64, MetaError> {
+    fn counter(&self) -> Result<Counter, MetaError> {
         let key = counter_key();
         match self.store.get(&key)? {
             Some(v) => Ok(decode_counter(&key, &v)?),
-            None => Ok(Ino::ROOT.0),
+            None => Ok(Counter::EMPTY),
         }
     }
 
@@ -229,8 +269,12 @@ impl<'a> Items<'a> {
             .0
             .checked_add(1)
             .ok_or_else(|| bad(format!("inode number {}", a.ino)))?;
-        if next > self.next_ino()? {
-            self.store.insert(counter_key(), &encode_counter(next))?;
+        let was = self.counter()?;
+        let mut c = was;
+        c.next_ino = c.next_ino.max(next);
+        c.inodes += u64::from(old.is_none());
+        if c != was {
+            self.store.insert(counter_key(), &encode_counter(c))?;
         }
         self.store.insert(inode_key(a.ino), &encode_inode(a))?;
         let was_orphan = old.as_ref().is_some_and(|o| o.nlink == 0);
@@ -247,6 +291,13 @@ impl<'a> Items<'a> {
         let Some(attrs) = self.attrs(ino)? else {
             return Err(bad(format!("free of missing inode {ino}")));
         };
+        let mut c = self.counter()?;
+        c.inodes = c
+            .inodes
+            .checked_sub(1)
+            .ok_or_else(|| bad(format!("free of inode {ino} with no inodes counted")))?;
+        self.store.insert(counter_key(), &encode_counter(c))?;
+        self.store.remove(&orphan_key(ino))?;
         let from = Key {
             object: ino.0,
             ..Key::MIN
@@ -570,6 +621,11 @@ fn stream(
     f: &mut dyn FnMut(Inode) -> Result<(), MetaError>,
 ) -> Result<u64, MetaError> {
     let mut l = Loader::new(store, hash);
+    let mut seen = 0u64;
+    let mut f = |i: Inode| {
+        seen += 1;
+        f(i)
+    };
     let mut at = Key::MIN;
     loop {
         let items = store.scan(TreeId::Fs, at, None, BATCH)?;
@@ -590,6 +646,17 @@ fn stream(
     l.finish()?;
     for (_, i) in std::mem::take(&mut l.inodes) {
         f(i)?;
+    }
+    if let Some(&o) = l.orphans.first() {
+        return Err(bad_item(
+            &orphan_key(Ino(o)),
+            "an orphan item of a missing inode",
+        ));
+    }
+    let (key, inodes) = l.counted.unwrap_or((counter_key(), 0));
+    if inodes != seen {
+        let d = format!("counts {inodes} inodes, the tree holds {seen}");
+        return Err(bad_item(&key, d));
     }
     Ok(l.next_ino)
 }
@@ -613,6 +680,10 @@ struct Loader {
     inodes: BTreeMap<Ino, Inode>,
     /// The counter item's next inode number (every inode is below it).
     next_ino: u64,
+    /// The counter item and its inode count (checked when the whole tree is read).
+    counted: Option<(Key, u64)>,
+    /// Orphan index items not yet matched with their inode (object 0 comes first).
+    orphans: std::collections::BTreeSet<u64>,
     cur: Option<Building>,
 }
 
@@ -623,16 +694,27 @@ impl Loader {
             hash,
             inodes: BTreeMap::new(),
             next_ino: Ino::ROOT.0,
+            counted: None,
+            orphans: std::collections::BTreeSet::new(),
             cur: None,
         }
     }
 
     fn item(&mut self, k: Key, v: &[u8]) -> Result<(), MetaError> {
         if k.object == 0 {
-            if k != counter_key() {
-                return Err(bad_item(&k, "an item of object 0 other than the counter"));
+            if k.kind == KeyKind::Orphan as u8 && k.b == 0 && v.is_empty() {
+                self.orphans.insert(k.a);
+                return Ok(());
             }
-            self.next_ino = decode_counter(&k, v)?;
+            if k != counter_key() {
+                return Err(bad_item(
+                    &k,
+                    "an item of object 0 other than the counter and the orphan index",
+                ));
+            }
+            let c = decode_counter(&k, v)?;
+            self.next_ino = c.next_ino;
+            self.counted = Some((k, c.inodes));
             return Ok(());
         }
         if self
@@ -647,7 +729,6 @@ impl Loader {
         };
         match KeyKind::from_code(k.kind) {
             Some(KeyKind::Symlink) => b.symlink.push((k, v.to_vec())),
-            Some(KeyKind::Orphan) if v.is_empty() => b.orphan = true,
             Some(KeyKind::DirEntry) => entry(b, self.uuid, self.hash, k, v)?,
             Some(KeyKind::DirCookie) => cookie(b, k, v)?,
             Some(KeyKind::Xattr) => {
@@ -712,6 +793,7 @@ impl Loader {
             b.inode.symlink = assemble_symlink(ino, &b.symlink)?;
         }
         let what = format!("metadata items of inode {ino}");
+        b.orphan = self.orphans.remove(&ino.0);
         if b.orphan != (b.inode.attrs.nlink == 0) {
             let d = format!(
                 "orphan item {}, link count {}",

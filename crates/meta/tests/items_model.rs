@@ -444,7 +444,7 @@ fn run(seed: u64, records: usize) {
         .expect("scan")
         .into_iter()
         .filter(|(k, _)| k.kind == KeyKind::Orphan as u8)
-        .map(|(k, _)| k.object)
+        .map(|(k, _)| k.a)
         .collect();
     let unlinked: Vec<u64> = r
         .state

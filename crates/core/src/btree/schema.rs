@@ -33,10 +33,21 @@ pub fn counter_key() -> Key {
     Key::new(0, KeyKind::Inode, 0, 0)
 }
 
-/// The key of the orphan item of `ino` (present while its link count is 0).
+/// The key of the orphan item of `ino` (present while its link count is 0). Orphan items
+/// are an index at object 0, next to the counter, so a mount finds every inode to free
+/// with one short scan ([`orphan_range`]) instead of reading every inode.
 #[must_use]
 pub fn orphan_key(ino: Ino) -> Key {
-    Key::new(ino.0, KeyKind::Orphan, 0, 0)
+    Key::new(0, KeyKind::Orphan, ino.0, 0)
+}
+
+/// The keys of every orphan item: `from..to`.
+#[must_use]
+pub fn orphan_range() -> (Key, Option<Key>) {
+    (
+        Key::new(0, KeyKind::Orphan, 0, 0),
+        Key::new(0, KeyKind::Orphan, u64::MAX, u64::MAX).successor(),
+    )
 }
 
 /// The value of an inode item: version byte, then the attributes as an `InodeSet`
@@ -72,24 +83,50 @@ pub fn decode_inode(key: &Key, value: &[u8]) -> Result<InodeAttrs, CoreError> {
     Ok(a)
 }
 
-/// The value of the counter item.
-#[must_use]
-pub fn encode_counter(next_ino: u64) -> Vec<u8> {
-    next_ino.to_le_bytes().to_vec()
+/// What the counter item holds: the next inode number and how many inodes exist, so a
+/// mount knows both without reading the inodes (`statfs`, the inode count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counter {
+    pub next_ino: u64,
+    pub inodes: u64,
 }
 
-/// Decodes the counter item: the next inode number (at least 1, the root's).
+impl Counter {
+    /// Empty trees: no inode yet, the next one is the root.
+    pub const EMPTY: Counter = Counter {
+        next_ino: Ino::ROOT.0,
+        inodes: 0,
+    };
+}
+
+/// The value of the counter item.
+#[must_use]
+pub fn encode_counter(c: Counter) -> Vec<u8> {
+    let mut v = c.next_ino.to_le_bytes().to_vec();
+    v.extend_from_slice(&c.inodes.to_le_bytes());
+    v
+}
+
+/// Decodes the counter item: the next inode number (at least 1, the root's) and the
+/// inode count (below it: inode numbers start at 1 and are never reused).
 ///
 /// # Errors
-/// `Corrupted` naming the key: wrong length or 0.
-pub fn decode_counter(key: &Key, value: &[u8]) -> Result<u64, CoreError> {
+/// `Corrupted` naming the key: wrong length, next inode 0, or more inodes than numbers.
+pub fn decode_counter(key: &Key, value: &[u8]) -> Result<Counter, CoreError> {
     let w = what(key);
     let mut d = Dec::shown(value, &w);
     let next = d.u64()?;
-    if next < Ino::ROOT.0 || d.remaining() != 0 {
-        return Err(d.err(format!("next inode {next} in a {}-byte value", value.len())));
+    let inodes = d.u64()?;
+    if next < Ino::ROOT.0 || inodes >= next || d.remaining() != 0 {
+        return Err(d.err(format!(
+            "next inode {next}, {inodes} inodes in a {}-byte value",
+            value.len()
+        )));
     }
-    Ok(next)
+    Ok(Counter {
+        next_ino: next,
+        inodes,
+    })
 }
 
 /// A directory entry as both its items carry it.
@@ -529,9 +566,23 @@ mod tests {
             }
         }
         let c = counter_key();
-        assert_eq!(decode_counter(&c, &encode_counter(77)).unwrap(), 77);
-        assert!(decode_counter(&c, &encode_counter(0)).is_err());
+        let n = Counter {
+            next_ino: 77,
+            inodes: 70,
+        };
+        assert_eq!(decode_counter(&c, &encode_counter(n)).unwrap(), n);
+        let zero = Counter {
+            next_ino: 0,
+            inodes: 0,
+        };
+        assert!(decode_counter(&c, &encode_counter(zero)).is_err());
+        let more = Counter {
+            next_ino: 5,
+            inodes: 5,
+        };
+        assert!(decode_counter(&c, &encode_counter(more)).is_err());
         assert!(decode_counter(&c, &[1, 2, 3]).is_err());
+        assert!(decode_counter(&c, &77u64.to_le_bytes()).is_err());
     }
 
     /// Arbitrary values never panic a decoder.

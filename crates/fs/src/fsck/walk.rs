@@ -39,6 +39,8 @@ pub struct Checker<'a> {
     pub problems: Vec<Problem>,
     /// The counter item's next inode number (0: none seen).
     pub next_ino: u64,
+    /// Orphan index items (object 0, read before any inode) not yet matched with theirs.
+    pub orphan_index: std::collections::BTreeSet<u64>,
     pub extents: u64,
     /// Free runs recorded in the space tree (`FreeSpace` items), claimed while the
     /// complement is checked (bounded by the device size: at most one per two blocks).
@@ -121,6 +123,7 @@ impl<'a> Checker<'a> {
             blocks: BlockMap::new(geo),
             problems: Vec::new(),
             next_ino: 0,
+            orphan_index: std::collections::BTreeSet::new(),
             extents: 0,
             free_runs: Vec::new(),
             free_items: 0,
@@ -236,7 +239,10 @@ impl<'a> Checker<'a> {
     fn fs_item(&mut self, k: Key, v: &[u8]) -> Result<()> {
         if k.object == 0 {
             match decode_counter(&k, v) {
-                Ok(n) if k == counter_key() => self.next_ino = n,
+                _ if k.kind == KeyKind::Orphan as u8 && k.b == 0 && v.is_empty() => {
+                    self.orphan_index.insert(k.a);
+                }
+                Ok(c) if k == counter_key() => self.next_ino = c.next_ino,
                 Ok(_) => self.item_problem(&k, "an item of object 0 other than the counter"),
                 Err(e) => self.item_problem(&k, e),
             }
@@ -255,7 +261,6 @@ impl<'a> Checker<'a> {
         }
         match KeyKind::from_code(k.kind) {
             Some(KeyKind::Symlink) => self.group().symlink.push((k, v.to_vec())),
-            Some(KeyKind::Orphan) if v.is_empty() => self.group().orphan = true,
             Some(KeyKind::DirEntry) => self.entry(&k, v),
             Some(KeyKind::DirCookie) => self.cookie(&k, v),
             Some(KeyKind::Xattr) => {
@@ -297,10 +302,11 @@ impl<'a> Checker<'a> {
         let layout_ok = layout_problem(&attrs, objects_of(&attrs), self.geo).is_none();
         // With a bad layout, extents are not mapped to targets (it may not name one).
         let objects = if layout_ok { objects_of(&attrs) } else { 0 };
+        let orphan = self.orphan_index.remove(&attrs.ino.0);
         self.cur = Some(Group {
             layout_ok,
             attrs,
-            orphan: false,
+            orphan,
             symlink: Vec::new(),
             xattr: Vec::new(),
             xattr_names: (0, Vec::new()),

@@ -1,0 +1,241 @@
+//! Mount-time replay into the metadata trees (issue 11 stage 2: no whole model at mount).
+//!
+//! Each journal transaction after the durable root record's mark is checked, then applied
+//! to the trees in memory with `items::apply_record`, the function the checkpointer uses
+//! (dirty pages in the store's cache; the mount's checkpoint writes them, and a crash
+//! before it replays again from the same mark, on the same durable trees). The checks see
+//! only what the replay touches: the inodes its records name, read from the trees as they
+//! stand before each record and kept, changed, in a partial `MetaState`; so mount reads
+//! what the journal names, not the file system.
+//!
+//! Rules checked per record (as `ReplayCheck` does): the record fits (`MetaState::apply`:
+//! existing inode, object in range, entry in a directory, no change of type), entry
+//! names, stripe layouts, extents on their own (length, overflow, sharing) and inside the
+//! data area; at the end of each transaction, every entry it added names an existing inode
+//! of its type, and an inode created by the replay has as many links as entries naming it.
+//! Rules that need the whole file system (links of an inode created before the mark,
+//! reachability, two files claiming one block) are fsck's (decisions.md, 54).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use stripefs_core::alloc::Allocator;
+use stripefs_core::check::{extent_problem, layout_problem, name_problem};
+use stripefs_core::extent::Extent;
+use stripefs_core::geometry::Geometry;
+use stripefs_core::inode::FileKind;
+use stripefs_core::meta::MetaState;
+use stripefs_core::record::Record;
+use stripefs_core::{CoreError, Ino};
+use stripefs_meta::{items, Store};
+
+use crate::error::Result;
+use crate::recovery::TxnAt;
+
+/// The replay's view of the inodes it touched.
+pub(crate) struct Replayer<'a> {
+    store: &'a Store,
+    geo: &'a Geometry,
+    /// Every inode a replayed record named, as the replay left it (absent: freed, or not
+    /// in the trees).
+    partial: MetaState,
+    /// Inodes looked up (present in `partial` or known absent).
+    seen: BTreeSet<Ino>,
+    /// Inodes the trees held when the replay first named them.
+    existed: BTreeSet<Ino>,
+    /// Inodes the replay created, with the entries naming them (by the replay).
+    created: BTreeMap<Ino, u32>,
+    /// A scratch map for the data-area check of extents (each claim is given back).
+    area: Allocator,
+    /// Records applied.
+    pub records: u64,
+}
+
+type Broken = std::result::Result<(), String>;
+
+/// What one transaction touched, checked at its end.
+#[derive(Default)]
+struct Touched {
+    inodes: BTreeSet<Ino>,
+    entries: Vec<(Ino, Vec<u8>)>,
+}
+
+impl<'a> Replayer<'a> {
+    pub fn new(store: &'a Store, geo: &'a Geometry) -> Self {
+        Self {
+            store,
+            geo,
+            partial: MetaState::new(),
+            seen: BTreeSet::new(),
+            existed: BTreeSet::new(),
+            created: BTreeMap::new(),
+            area: Allocator::new(geo),
+            records: 0,
+        }
+    }
+
+    /// Reads `ino` from the trees into the partial model on its first mention.
+    fn touch(&mut self, ino: Ino) -> Result<()> {
+        if self.seen.insert(ino) {
+            if let Some(i) = items::load_inode(self.store, ino)? {
+                self.partial.inodes.insert(ino, i);
+                self.existed.insert(ino);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks and applies one transaction.
+    ///
+    /// # Errors
+    /// `Corrupted` naming the transaction for a record that does not fit or a rule the
+    /// transaction breaks; a page read's error.
+    pub fn apply_txn(&mut self, at: TxnAt, recs: &[Record]) -> Result<()> {
+        let named = |e: String| CoreError::corrupted(at.to_string(), e);
+        let mut t = Touched::default();
+        for rec in recs {
+            self.touch(rec.subject())?;
+            if let Record::DirAdd { ino, .. } = rec {
+                self.touch(*ino)?;
+            }
+            self.before(rec).map_err(named)?;
+            self.unlinked(rec, &mut t);
+            self.partial.apply(rec).map_err(|e| named(e.to_string()))?;
+            self.after(rec, &mut t);
+            items::apply_record(self.store, rec).map_err(|e| named(e.to_string()))?;
+            self.records += 1;
+        }
+        self.end(&t).map_err(named)?;
+        Ok(())
+    }
+
+    /// The entry `rec` replaces or removes no longer names its inode.
+    fn unlinked(&mut self, rec: &Record, t: &mut Touched) {
+        let (Record::DirAdd { dir, name, .. } | Record::DirRemove { dir, name }) = rec else {
+            return;
+        };
+        let Some(old) = self.partial.get(*dir).and_then(|d| d.entries.get(name)) else {
+            return;
+        };
+        let ino = old.ino;
+        t.inodes.insert(ino);
+        if let Some(n) = self.created.get_mut(&ino) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    fn before(&mut self, rec: &Record) -> Broken {
+        match rec {
+            Record::InodeSet(a) => {
+                let objects = self.partial.get(a.ino).map_or_else(
+                    || match a.kind {
+                        FileKind::Regular => a.layout.count as usize,
+                        _ => 0,
+                    },
+                    |i| i.objects.len(),
+                );
+                layout_problem(a, objects, self.geo).map_or(Ok(()), Err)
+            }
+            Record::InodeFree(ino) if *ino == Ino::ROOT => Err("root inode 1 is freed".into()),
+            Record::ExtentSet {
+                ino,
+                object,
+                block,
+                len,
+                phys,
+                state,
+                refcount,
+            } => {
+                let e = Extent {
+                    len: *len,
+                    phys: *phys,
+                    state: *state,
+                    refcount: *refcount,
+                };
+                if let Some(p) = extent_problem(*ino, *object, *block, &e) {
+                    return Err(p);
+                }
+                self.in_data_area(*ino, *object, *block, &e)
+            }
+            Record::DirAdd { dir, name, .. } => name_problem(*dir, name).map_or(Ok(()), Err),
+            _ => Ok(()),
+        }
+    }
+
+    /// An extent's blocks lie in its target's data area.
+    fn in_data_area(&mut self, ino: Ino, obj: u32, block: u64, e: &Extent) -> Broken {
+        let Some(i) = self.partial.get(ino) else {
+            return Ok(()); // `apply` names the missing inode
+        };
+        let target = i.attrs.layout.target_of(obj, self.geo.target_count());
+        if target.index() >= self.geo.targets.len() {
+            return Ok(()); // `apply` or the layout rule names it
+        }
+        match self.area.mark_used(target, e.phys, e.len) {
+            Ok(()) => {
+                self.area.free_now(target, e.phys, e.len);
+                Ok(())
+            }
+            Err(err) => Err(format!("inode {ino} object {obj} block {block}: {err}")),
+        }
+    }
+
+    /// Bookkeeping after `rec` was applied to the partial model.
+    fn after(&mut self, rec: &Record, t: &mut Touched) {
+        match rec {
+            Record::InodeSet(a) => {
+                t.inodes.insert(a.ino);
+                if !self.existed.contains(&a.ino) {
+                    // New: the trees did not hold it when the replay first named it.
+                    self.created.entry(a.ino).or_insert(0);
+                }
+            }
+            Record::DirAdd { dir, name, ino, .. } => {
+                t.entries.push((*dir, name.clone()));
+                t.inodes.insert(*ino);
+                if let Some(n) = self.created.get_mut(ino) {
+                    *n += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// End-of-transaction rules for what it touched.
+    fn end(&self, t: &Touched) -> Broken {
+        let mut problems = Vec::new();
+        for (dir, name) in &t.entries {
+            let Some(e) = self.partial.get(*dir).and_then(|d| d.entries.get(name)) else {
+                continue;
+            };
+            let shown = String::from_utf8_lossy(name);
+            match self.partial.get(e.ino) {
+                None => problems.push(format!(
+                    "directory {dir} entry {shown:?} points to missing inode {}",
+                    e.ino
+                )),
+                Some(t) if t.attrs.kind != e.kind => problems.push(format!(
+                    "directory {dir} entry {shown:?} says {:?} but inode {} is {:?}",
+                    e.kind, e.ino, t.attrs.kind
+                )),
+                Some(_) => {}
+            }
+        }
+        for ino in &t.inodes {
+            let (Some(&links), Some(i)) = (self.created.get(ino), self.partial.get(*ino)) else {
+                continue;
+            };
+            let a = &i.attrs;
+            if a.kind != FileKind::Directory && a.nlink != 0 && a.nlink != links {
+                problems.push(format!(
+                    "inode {ino} has link count {}, but {links} entries reference it",
+                    a.nlink
+                ));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
