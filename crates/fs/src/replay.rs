@@ -14,7 +14,7 @@
 //! data area; at the end of each transaction, every entry it added names an existing inode
 //! of its type, and an inode created by the replay has as many links as entries naming it.
 //! Rules that need the whole file system (links of an inode created before the mark,
-//! reachability, two files claiming one block) are fsck's (decisions.md, 54).
+//! reachability, two files claiming one block) are fsck's (decisions.md, 55).
 
 use std::collections::{BTreeMap, BTreeSet};
 
