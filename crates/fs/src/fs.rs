@@ -658,6 +658,7 @@ impl Fs {
             ckpt_bytes_written: self.inner.ckpt_bytes_written.load(Ordering::Relaxed),
             checkpoints: self.inner.checkpoints.load(Ordering::Relaxed),
             journal_full_waits: self.inner.journal.full_waits.load(Ordering::Relaxed),
+            journal_full_checkpoints: self.inner.journal.full_checkpoints.load(Ordering::Relaxed),
             cache: self.inner.cache.stats(),
             dio_shared: self.inner.dio_shared.load(Ordering::Relaxed),
             dio_exclusive: self.inner.dio_exclusive.load(Ordering::Relaxed),

@@ -22,8 +22,9 @@
 //! applied transaction (`Store::checkpoint_at`); then the journal tail moves there. No
 //! lock that commits or other operations need is held meanwhile: a commit appends while a
 //! checkpoint writes (`tests/checkpoint_background.rs`). Only a commit whose transaction
-//! does not fit between the head and the tail waits, by running (or waiting for) a
-//! checkpoint itself, which frees the whole journal (bounded back-pressure). A
+//! does not fit between the head and the tail waits: for the running checkpoint, and if
+//! that does not free enough, by applying the queue up to half a journal and writing a
+//! checkpoint itself (`Journal::make_room`, bounded back-pressure). A
 //! transaction larger than the whole journal is committed by a checkpoint (its root record
 //! is the commit point). [`CommitMode::Checkpoint`] appends and then runs a checkpoint to
 //! completion, waiting for it.
@@ -49,6 +50,7 @@ use stripefs_target::{Batch, IoBuf, IoOp};
 
 use crate::error::{FsError, Result};
 use crate::inner::{FsInner, Txn};
+use crate::options::Checkpoints;
 
 /// Records queued before the checkpointer is woken to apply them (so it applies in
 /// batches rather than once per commit).
@@ -94,6 +96,8 @@ pub(crate) struct Journal {
     committed: AtomicU64,
     /// Commits that found the journal full and waited for a checkpoint.
     pub full_waits: AtomicU64,
+    /// Of those, the ones that wrote a checkpoint themselves.
+    pub full_checkpoints: AtomicU64,
     /// Shared with committers, checkpoints and the checkpointer thread.
     ctl: Arc<CheckpointCtl>,
     /// Serialises checkpoints (apply and write), with the mark of the last transaction
@@ -169,6 +173,13 @@ struct Shared {
     stop: bool,
 }
 
+/// Whether transactions are still queued after an apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    Empty,
+    More,
+}
+
 struct Work {
     seq: u64,
     records: Vec<Record>,
@@ -200,6 +211,7 @@ impl Journal {
             head_seen: AtomicU64::new(pos.head),
             committed: AtomicU64::new(committed),
             full_waits: AtomicU64::new(0),
+            full_checkpoints: AtomicU64::new(0),
             ctl: Arc::new(CheckpointCtl {
                 shared: Mutex::new(Shared {
                     queue,
@@ -288,14 +300,18 @@ impl Journal {
             return self.checkpoint_now(fs, Urge::Now);
         }
         if *head + w.units - self.ctl.shared.lock().tail > limit {
-            // Journal full: wait for the tail to move. The checkpoint covers every
-            // queued transaction, which is every appended one: the journal empties.
             self.full_waits.fetch_add(1, Ordering::Relaxed);
-            self.checkpoint_now(fs, Urge::Now)?;
-            debug_assert_eq!(
-                self.ctl.shared.lock().tail,
-                *head,
-                "a checkpoint empties the journal"
+            // With a checkpointer, make room down to half a journal (it applies the
+            // rest); without one, empty the journal as the synchronous design does.
+            let keep = match fs.opts.checkpoints {
+                Checkpoints::Background => limit / 2,
+                Checkpoints::Inline => 0,
+            };
+            let end = *head + w.units;
+            self.make_room(fs, end - limit, end.saturating_sub(keep))?;
+            debug_assert!(
+                *head + w.units - self.ctl.shared.lock().tail <= limit,
+                "room made for the transaction"
             );
         }
         self.append(fs, head, &w)?;
@@ -388,19 +404,25 @@ impl Journal {
     /// commits or other operations need across the apply or the I/O. A failure poisons the
     /// file system.
     ///
+    /// `Urge::IfDue` applies in slices of [`APPLY_BATCH_RECORDS`] records, leaving the
+    /// checkpoint lock between them and writing as soon as a threshold is passed: a
+    /// commit waiting for room (`make_room`) waits for one slice, not for a whole
+    /// backlog, and a checkpoint covers about half a journal even when the queue holds
+    /// more.
+    ///
     /// # Errors
     /// `Poisoned`; an injected checkpoint fault; the store's apply, allocation, write or
     /// flush error.
     pub fn checkpoint_now(&self, fs: &FsInner, urge: Urge) -> Result<()> {
-        let mut applied = self.run.lock();
-        fs.check()?;
-        let res = self.apply_queued(fs, &mut applied).and_then(|()| {
-            if urge == Urge::Now || self.due(fs, *applied) {
-                self.write_checkpoint(fs, *applied)
-            } else {
-                Ok(())
+        let res = match urge {
+            Urge::Now => {
+                let mut applied = self.run.lock();
+                fs.check()?;
+                self.apply_until(fs, &mut applied, u64::MAX, usize::MAX)
+                    .and_then(|_| self.write_checkpoint(fs, *applied))
             }
-        });
+            Urge::IfDue => self.apply_in_slices(fs),
+        };
         res.inspect_err(|e| match e {
             // The store allocates every page before it freezes anything: no pages is
             // NoSpace with the trees unchanged (the records stay applied in memory, the
@@ -410,17 +432,49 @@ impl Journal {
         })
     }
 
-    fn apply_queued(&self, fs: &FsInner, applied: &mut JournalMark) -> Result<()> {
-        let batch: Vec<Queued> = {
-            let mut s = self.ctl.shared.lock();
-            s.queued_records = 0;
-            s.queue.drain(..).collect()
-        };
-        let applied_any = !batch.is_empty();
-        for q in batch {
+    fn apply_in_slices(&self, fs: &FsInner) -> Result<()> {
+        loop {
+            let mut applied = self.run.lock();
+            fs.check()?;
+            let rest = self.apply_until(fs, &mut applied, u64::MAX, APPLY_BATCH_RECORDS)?;
+            if self.due(fs, *applied) {
+                return self.write_checkpoint(fs, *applied);
+            }
+            if rest == Queue::Empty {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Applies queued transactions in journal order until the applied mark reaches
+    /// journal unit `tail`, at least `records` records are applied, or the queue is
+    /// empty; says whether it is.
+    fn apply_until(
+        &self,
+        fs: &FsInner,
+        applied: &mut JournalMark,
+        tail: u64,
+        records: usize,
+    ) -> Result<Queue> {
+        let mut done = 0;
+        let mut applied_any = false;
+        let mut rest = Queue::More;
+        while applied.tail < tail && done < records {
+            let next = {
+                let mut s = self.ctl.shared.lock();
+                let q = s.queue.pop_front();
+                s.queued_records -= q.as_ref().map_or(0, |q| q.records.len());
+                q
+            };
+            let Some(q) = next else {
+                rest = Queue::Empty;
+                break;
+            };
             for rec in &q.records {
                 items::apply_record(&fs.store, rec)?;
             }
+            done += q.records.len();
+            applied_any = true;
             *applied = JournalMark {
                 tail: q.end,
                 seq: q.seq + 1,
@@ -431,7 +485,35 @@ impl Journal {
             // In the trees' free space now: metadata pages may take them too.
             fs.meta.lock().alloc.applied(applied.seq - 1);
         }
-        Ok(())
+        if rest == Queue::More && self.ctl.shared.lock().queue.is_empty() {
+            rest = Queue::Empty;
+        }
+        Ok(rest)
+    }
+
+    /// Makes the journal tail reach unit `need` for a commit that found the journal
+    /// full (called with the commit lock). First waits for a running checkpoint, whose
+    /// tail move may be enough; otherwise applies only the queued transactions up to
+    /// unit `want` (at least `need`, at most the head: not the whole queue, the
+    /// checkpointer applies the rest) and writes a checkpoint at that mark. So the wait
+    /// is at most the rest of a running checkpoint plus one checkpoint of what is
+    /// applied (bounded back-pressure, journal.md).
+    /// A failure poisons the file system, except `NoSpace` (as [`Self::checkpoint_now`]).
+    fn make_room(&self, fs: &FsInner, need: u64, want: u64) -> Result<()> {
+        debug_assert!(need <= want, "room wanted {want} below room needed {need}");
+        let mut applied = self.run.lock();
+        fs.check()?;
+        if self.ctl.shared.lock().tail >= need {
+            return Ok(());
+        }
+        self.full_checkpoints.fetch_add(1, Ordering::Relaxed);
+        let res = self
+            .apply_until(fs, &mut applied, want, usize::MAX)
+            .and_then(|_| self.write_checkpoint(fs, *applied));
+        res.inspect_err(|e| match e {
+            FsError::NoSpace(_) => tracing::warn!(error = %e, "checkpoint postponed"),
+            _ => fs.poison(&format!("checkpoint failed: {e}")),
+        })
     }
 
     /// Whether the trees should be written now: the journal is half full, or their

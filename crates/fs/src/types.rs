@@ -270,6 +270,9 @@ pub struct FsStatus {
     pub checkpoints: u64,
     /// Commits that found the journal full and waited for a checkpoint (back-pressure).
     pub journal_full_waits: u64,
+    /// Of those, the waits that wrote a checkpoint themselves (the running one did not
+    /// free enough of the journal).
+    pub journal_full_checkpoints: u64,
     /// Page cache counters.
     pub cache: stripefs_iomap::cache::CacheStats,
     /// Direct writes run under the shared / exclusive inode lock since mount.
