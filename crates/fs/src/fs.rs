@@ -204,10 +204,20 @@ impl Fs {
     }
 
     /// Frees the inodes left with link count 0 (open when the file system crashed).
+    ///
+    /// # Errors
+    /// `Corrupted` for an orphan item naming no inode or a linked one; the free's errors.
     fn free_orphans(&self, orphans: &[Ino]) -> Result<u64> {
         let mut m = self.inner.meta.lock();
         let mut freed = 0;
         for &ino in orphans {
+            if m.state.get(ino)?.is_none_or(|i| i.attrs.nlink != 0) {
+                return Err(CoreError::corrupted(
+                    "metadata orphan index",
+                    format!("an orphan item names inode {ino}, which is missing or linked"),
+                )
+                .into());
+            }
             if m.open_count(ino) == 0 {
                 self.free_inode(&mut m, ino)?;
                 freed += 1;

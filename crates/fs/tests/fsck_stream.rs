@@ -531,3 +531,25 @@ fn leaked_block_is_named() {
         "target 2's free space is exact: {p:?}"
     );
 }
+
+/// An orphan item (the index at object 0) naming no inode: fsck names it, and mount
+/// refuses it as corruption instead of tripping over a missing inode while freeing.
+#[test]
+fn orphan_item_of_a_missing_inode_is_named() {
+    let (s, geo) = populated(10, 1);
+    let store = open_store(&s, &geo);
+    let ghost = Ino(9_999);
+    store
+        .insert(stripefs_core::btree::schema::orphan_key(ghost), &[])
+        .unwrap();
+    store.checkpoint().unwrap();
+    drop(store);
+    let p = fsck_problems(&s);
+    let want = format!("an orphan item names inode {ghost}, which does not exist");
+    assert!(p.contains(&want), "{p:?}");
+    let msg = match Fs::mount(dyns(&s), quiet()) {
+        Ok(_) => panic!("mounted with an orphan item naming no inode"),
+        Err(e) => e.to_string(),
+    };
+    assert!(msg.contains("orphan item names inode 9999"), "{msg}");
+}
