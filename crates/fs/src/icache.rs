@@ -2,7 +2,8 @@
 //! or the VFS's `struct inode`), holding every piece of per-inode runtime state, looked up
 //! in one table, with an explicit lifetime (`docs/design/cache.md`, "In-core inodes").
 //!
-//! The on-disk inode (attributes, extent maps) stays in `stripefs-core`'s `MetaState`; an
+//! The decoded on-disk inode (attributes, extent maps) is in the metadata core's
+//! `MetaView` (`metaview.rs`), which keeps it in core while this table pins it; an
 //! [`InCoreInode`] holds only what the mount adds to it: open handles, the journal
 //! sequences `fsync` must make durable, the mapping generation, delayed allocations, the
 //! in-core size, idle-trim and lazy-atime state, the error sequence inode-based `fsync`
