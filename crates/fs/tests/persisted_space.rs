@@ -93,9 +93,9 @@ fn many_files(files: usize) -> (Vec<Arc<SimTarget>>, Geometry) {
     (s, geo)
 }
 
-/// Mount reads no page just to find the free space: the roots of the (empty) refcount and
-/// checksum trees, which nothing at mount needs, are never read (the stage-1 walk of every
-/// tree read them, and re-read every page loading had evicted from a small cache).
+/// Mount reads a small part of the trees, and no page just to find the free space: the
+/// roots of the (empty) refcount and checksum trees, which nothing at mount needs, are
+/// never read (the stage-1 walk of every tree read them and every other page).
 #[test]
 fn mount_does_not_walk_every_tree_page() {
     let (s, geo) = many_files(4000);
@@ -137,7 +137,10 @@ fn mount_does_not_walk_every_tree_page() {
     {
         assert_eq!(read(at), 0, "mount read the root of tree {tree} at {at}");
     }
-    eprintln!(
+    // Mount loads no inode and walks no tree: what it reads is the page log, the space
+    // tree's free runs, the counter and the orphans (6 of 438 pages when this was written).
+    assert!(
+        reads.len() * 4 < pages.len(),
         "mount read {} pages; the trees have {} and the page log {log}",
         reads.len(),
         pages.len()
