@@ -530,6 +530,9 @@ impl Journal {
             return Ok(()); // nothing since the last checkpoint
         }
         fs.metadata_fault(crate::faults::CHECKPOINT_WRITE)?;
+        // A file system poisoned while this checkpoint applied (a commit failed) writes
+        // nothing more: the targets keep what its last durable write left.
+        fs.check()?;
         let pages = fs.store.dirty_bytes() as u64;
         let generation = fs.store.checkpoint_at(mark)?;
         let written = pages + u64::from(fs.geo.sector_size);
