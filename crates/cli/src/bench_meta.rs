@@ -22,7 +22,7 @@
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -148,6 +148,53 @@ pub(crate) struct MountTime {
     pub journal_fill: f64,
 }
 
+/// Memory over one phase of the run: the peak (`VmHWM`, reset at the phase's start
+/// through `/proc/self/clear_refs`) and, at its end, `VmRSS` and what the file system's
+/// bounded structures held.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct PhaseMemory {
+    pub phase: &'static str,
+    pub vm_hwm: u64,
+    pub vm_rss: u64,
+    /// Clean pages in the metadata page cache (decoded bytes).
+    pub meta_cache_bytes: usize,
+    /// Dirty and frozen tree pages (page bytes).
+    pub meta_pinned_bytes: usize,
+    /// Decoded inodes and in-core inodes.
+    pub meta_inodes: usize,
+    pub incore_inodes: usize,
+    /// Journal records not yet applied to the trees.
+    pub queued_records: usize,
+}
+
+impl PhaseMemory {
+    /// Starts a phase: resets the process's peak resident size (a no-op where the
+    /// kernel does not support it: the peak is then the run's so far).
+    fn start() {
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+    }
+
+    /// Ends a phase.
+    fn end(phase: &'static str, fs: Option<&Fs>) -> PhaseMemory {
+        let (vm_rss, vm_hwm) = memory();
+        let mut m = PhaseMemory {
+            phase,
+            vm_hwm,
+            vm_rss,
+            ..PhaseMemory::default()
+        };
+        if let Some(fs) = fs {
+            let st = fs.status();
+            m.meta_cache_bytes = st.meta_cache.bytes;
+            m.meta_pinned_bytes = st.meta_pinned_bytes;
+            m.meta_inodes = st.meta_inodes;
+            m.incore_inodes = st.incore_inodes;
+            m.queued_records = st.journal_queued_records;
+        }
+        m
+    }
+}
+
 /// Everything `-w meta` measured.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct MetaReport {
@@ -170,6 +217,11 @@ pub(crate) struct MetaReport {
     pub mount_crash: MountTime,
     pub ckpt_bytes_per_file: f64,
     pub vm_hwm: u64,
+    /// Memory phase by phase.
+    pub phases: Vec<PhaseMemory>,
+    /// Each metadata tree's root level with every file created, and the tree pages.
+    pub tree_levels: Vec<(String, u8)>,
+    pub tree_pages: u64,
     /// (files created when it was called, latency in seconds) of every timed `fsync`.
     pub fsyncs: Vec<(u64, f64)>,
 }
@@ -193,6 +245,68 @@ fn err(e: FsError) -> String {
 
 fn name(n: u64) -> OsString {
     OsString::from(format!("f{n}"))
+}
+
+/// The files created, as one bit per file number: at 10 million files 1.2 MiB, where a
+/// list of numbers took 80 MiB of the resident memory the benchmark reports.
+struct FileSet {
+    bits: Vec<AtomicU64>,
+}
+
+impl FileSet {
+    fn new(files: u64) -> FileSet {
+        FileSet {
+            bits: (0..files.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn add(&self, n: u64) {
+        self.bits[(n / 64) as usize].fetch_or(1 << (n % 64), Ordering::Relaxed);
+    }
+
+    fn contains(&self, n: u64) -> bool {
+        self.bits
+            .get((n / 64) as usize)
+            .is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (n % 64)) != 0)
+    }
+
+    fn len(&self) -> u64 {
+        self.bits
+            .iter()
+            .map(|w| u64::from(w.load(Ordering::Relaxed).count_ones()))
+            .sum()
+    }
+
+    /// The file numbers in the set, ascending.
+    fn iter(&self) -> impl Iterator<Item = u64> + Clone + '_ {
+        self.bits.iter().enumerate().flat_map(|(i, w)| {
+            let mut w = w.load(Ordering::Relaxed);
+            std::iter::from_fn(move || {
+                (w != 0).then(|| {
+                    let b = u64::from(w.trailing_zeros());
+                    w &= w - 1;
+                    i as u64 * 64 + b
+                })
+            })
+        })
+    }
+
+    /// Up to `n` members picked at random (all of them when the set is smaller).
+    fn sample(&self, n: u64, rng: &mut Rng) -> Vec<u64> {
+        let len = self.len();
+        if len <= n {
+            return self.iter().collect();
+        }
+        let span = self.bits.len() as u64 * 64;
+        let mut out = Vec::with_capacity(n as usize);
+        while (out.len() as u64) < n {
+            let f = rng.below(span);
+            if self.contains(f) {
+                out.push(f);
+            }
+        }
+        out
+    }
 }
 
 /// Creates the targets (sparse, not pre-zeroed: the metadata regions are written
@@ -247,14 +361,19 @@ struct Creating<'a> {
 /// What one worker did in one step.
 #[derive(Default)]
 struct Created {
-    files: Vec<u64>,
+    files: u64,
     fsyncs: Vec<(u64, f64)>,
     enospc: Option<String>,
 }
 
 impl Creating<'_> {
     /// Creates this worker's files among `range`.
-    fn worker(&self, th: u64, range: std::ops::Range<u64>) -> Result<Created, String> {
+    fn worker(
+        &self,
+        th: u64,
+        range: std::ops::Range<u64>,
+        set: &FileSet,
+    ) -> Result<Created, String> {
         let mut out = Created::default();
         let first = range.start + (th + self.threads - range.start % self.threads) % self.threads;
         for n in (first..range.end).step_by(self.threads as usize) {
@@ -262,7 +381,10 @@ impl Creating<'_> {
                 break;
             }
             match self.one(n, &mut out) {
-                Ok(()) => out.files.push(n),
+                Ok(()) => {
+                    set.add(n);
+                    out.files += 1;
+                }
                 Err(FsError::NoSpace(why)) => {
                     self.stop.store(true, Ordering::Relaxed);
                     out.enospc = Some(format!("file {n}: {why}"));
@@ -315,17 +437,23 @@ fn on_threads<T: Send>(
 }
 
 /// Lookups of `names` (file index) on `threads` threads; returns lookups per second.
-fn stat_all(fs: &Fs, dirs: &[Ino], files: &[u64], threads: usize) -> Result<f64, String> {
+fn stat_all(
+    fs: &Fs,
+    dirs: &[Ino],
+    files: impl Iterator<Item = u64> + Clone + Sync,
+    threads: usize,
+) -> Result<f64, String> {
     let t = Instant::now();
+    let count = files.clone().count();
     on_threads(threads, |th| {
-        for &n in files.iter().skip(th as usize).step_by(threads) {
+        for n in files.clone().skip(th as usize).step_by(threads) {
             let dir = dirs[(n % dirs.len() as u64) as usize];
             fs.lookup(dir, &name(n))
                 .map_err(|e| format!("lookup f{n}: {e}"))?;
         }
         Ok(())
     })?;
-    Ok(files.len() as f64 / t.elapsed().as_secs_f64())
+    Ok(count as f64 / t.elapsed().as_secs_f64())
 }
 
 /// Reads `dirs` on `threads` threads; returns entries per second.
@@ -351,13 +479,13 @@ fn sample<T: Copy>(v: &[T], n: u64, rng: &mut Rng) -> Vec<T> {
         .collect()
 }
 
-/// The create steps: returns the files created, in no particular order.
+/// The create steps: returns the files created.
 fn create_phase(
     fs: &Fs,
     dirs: &[Ino],
     p: &MetaParams,
     r: &mut MetaReport,
-) -> Result<Vec<u64>, String> {
+) -> Result<FileSet, String> {
     let work = Creating {
         fs,
         dirs,
@@ -365,7 +493,8 @@ fn create_phase(
         data: vec![0x5a; p.file_size as usize],
         stop: AtomicBool::new(false),
     };
-    let mut files: Vec<u64> = Vec::with_capacity(p.files as usize);
+    let files = FileSet::new(p.files);
+    let mut created = 0u64;
     let mut rng = Rng::new(11);
     let mut create_secs = 0.0;
     let ckpt_start = fs.status().ckpt_bytes_written;
@@ -373,13 +502,13 @@ fn create_phase(
         let range = p.files * (k - 1) / p.steps..p.files * k / p.steps;
         let before = fs.status();
         let t = Instant::now();
-        let done = on_threads(p.threads, |th| work.worker(th, range.clone()))?;
+        let done = on_threads(p.threads, |th| work.worker(th, range.clone(), &files))?;
         let secs = t.elapsed().as_secs_f64();
         create_secs += secs;
-        let made: u64 = done.iter().map(|c| c.files.len() as u64).sum();
+        let made: u64 = done.iter().map(|c| c.files).sum();
+        created += made;
         let mut lat = Vec::new();
         for c in done {
-            files.extend(c.files);
             lat.extend(c.fsyncs.iter().map(|f| f.1));
             r.fsyncs.extend(c.fsyncs);
             if r.enospc.is_none() {
@@ -387,13 +516,13 @@ fn create_phase(
             }
         }
         let after = fs.status();
-        let sampled = sample(&files, STAT_SAMPLE, &mut rng);
+        let sampled = files.sample(STAT_SAMPLE, &mut rng);
         let sample_dirs = sample(dirs, READDIR_SAMPLE, &mut rng);
         r.steps.push(Step {
-            files: files.len() as u64,
+            files: created,
             create_per_sec: made as f64 / secs,
             fsync: Quantiles::of(&lat),
-            stat_per_sec: stat_all(fs, dirs, &sampled, 1)?,
+            stat_per_sec: stat_all(fs, dirs, sampled.iter().copied(), 1)?,
             readdir_entries_per_sec: readdir_all(fs, &sample_dirs, 1)?,
             ckpt_bytes_per_file: (after.ckpt_bytes_written - before.ckpt_bytes_written) as f64
                 / made.max(1) as f64,
@@ -415,10 +544,9 @@ fn create_phase(
         }
     }
     let all = fs.status();
-    r.files_created = files.len() as u64;
-    r.create_per_sec = files.len() as f64 / create_secs;
-    r.ckpt_bytes_per_file =
-        (all.ckpt_bytes_written - ckpt_start) as f64 / files.len().max(1) as f64;
+    r.files_created = created;
+    r.create_per_sec = created as f64 / create_secs;
+    r.ckpt_bytes_per_file = (all.ckpt_bytes_written - ckpt_start) as f64 / created.max(1) as f64;
     let lat: Vec<f64> = r.fsyncs.iter().map(|f| f.1).collect();
     r.fsync = Quantiles::of(&lat);
     r.fsyncs.sort_by_key(|f| f.0);
@@ -431,7 +559,7 @@ fn create_phase(
 /// the journal fill it went down with.
 ///
 /// [`log_limit`]: stripefs_core::journal::log_limit
-fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &[u64]) -> Result<f64, String> {
+fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &FileSet) -> Result<f64, String> {
     let used = |fs: &Fs| {
         let s = fs.status();
         (s.journal.head - s.journal.tail, s.journal_units)
@@ -443,9 +571,11 @@ fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &[u64]) -> Result<
     let (mut before, cap) = used(&fs);
     let limit = stripefs_core::journal::log_limit(cap);
     let mut i = 0u64;
-    while !files.is_empty() && i < CRASH_MAX_CHMODS {
+    let mut cycle = files.iter().cycle();
+    let empty = files.len() == 0;
+    while !empty && i < CRASH_MAX_CHMODS {
         for _ in 0..FSYNC_EVERY {
-            let n = files[(i % files.len() as u64) as usize];
+            let Some(n) = cycle.next() else { break };
             let set = SetAttr {
                 mode: Some(if i.is_multiple_of(2) { 0o600 } else { 0o644 }),
                 ..SetAttr::default()
@@ -476,7 +606,7 @@ fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &[u64]) -> Result<
         FaultKind::Eio,
         Persistence::Sticky,
     );
-    if let Some(&n) = files.first() {
+    if let Some(n) = files.iter().next() {
         let set = SetAttr {
             mode: Some(0o640),
             ..SetAttr::default()
@@ -542,6 +672,7 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
         ..MetaReport::default()
     };
     let faults = Arc::new(FaultInjector::new());
+    PhaseMemory::start();
     let (fs, _) = timed_mount(paths, Some(Arc::clone(&faults)), p.checkpoints)?;
     let dirs: Vec<Ino> = (0..p.dirs)
         .map(|d| {
@@ -555,12 +686,30 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
         .collect::<Result<_, _>>()
         .map_err(err)?;
     let files = create_phase(&fs, &dirs, p, &mut r)?;
+    r.phases.push(PhaseMemory::end("create", Some(&fs)));
+    let st = fs.status();
+    r.tree_levels = st
+        .meta_tree_levels
+        .iter()
+        .map(|(t, l)| (t.to_string(), *l))
+        .collect();
+    r.tree_pages = st.meta_page_blocks;
+    // On stderr at once: a run stopped before its end still shows the shape at N.
+    eprintln!(
+        "meta: created {} files; tree root levels {:?}, {} tree pages; {:?}",
+        r.files_created, r.tree_levels, r.tree_pages, r.phases[0]
+    );
+    PhaseMemory::start();
     fs.unmount().map_err(err)?;
     drop(fs);
     let (fs, clean) = timed_mount(paths, Some(Arc::clone(&faults)), p.checkpoints)?;
     r.mount_clean = clean;
-    r.stat_per_sec = stat_all(&fs, &dirs, &files, p.threads)?;
+    r.phases.push(PhaseMemory::end("unmount, mount", Some(&fs)));
+    PhaseMemory::start();
+    r.stat_per_sec = stat_all(&fs, &dirs, files.iter(), p.threads)?;
     r.readdir_entries_per_sec = readdir_all(&fs, &dirs, p.threads)?;
+    r.phases.push(PhaseMemory::end("stat, readdir", Some(&fs)));
+    PhaseMemory::start();
     // The crash phase fills the journal with no checkpointer running, so what the
     // crash leaves is a full journal whatever `--checkpoint` says (see the module doc).
     fs.unmount().map_err(err)?;
@@ -571,21 +720,29 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
         stripefs::Checkpoints::Inline,
     )?;
     let fill = crash(fs, &faults, &dirs, &files)?;
+    r.phases.push(PhaseMemory::end("chmod, crash", None));
+    PhaseMemory::start();
     let (fs, mut crashed) = timed_mount(paths, None, p.checkpoints)?;
     crashed.journal_fill = fill;
     r.mount_crash = crashed;
+    r.phases.push(PhaseMemory::end("crash mount", Some(&fs)));
+    PhaseMemory::start();
     let t = Instant::now();
     on_threads(p.threads, |th| {
-        for &n in files.iter().skip(th as usize).step_by(p.threads) {
+        for n in files.iter().skip(th as usize).step_by(p.threads) {
             let dir = dirs[(n % dirs.len() as u64) as usize];
             fs.unlink(dir, &name(n))
                 .map_err(|e| format!("unlink f{n}: {e}"))?;
         }
         Ok(())
     })?;
-    r.unlink_per_sec = files.len() as f64 / t.elapsed().as_secs_f64();
+    r.unlink_per_sec = r.files_created as f64 / t.elapsed().as_secs_f64();
+    r.phases.push(PhaseMemory::end("unlink", Some(&fs)));
+    PhaseMemory::start();
     fs.unmount().map_err(err)?;
-    r.vm_hwm = memory().1;
+    r.phases.push(PhaseMemory::end("unmount", None));
+    // Each phase's peak was reset at its start: the run's peak is the largest.
+    r.vm_hwm = r.phases.iter().map(|m| m.vm_hwm).max().unwrap_or(0);
     Ok(r)
 }
 
@@ -780,6 +937,35 @@ pub(crate) fn table(r: &MetaReport) -> String {
         r.mount_crash.replayed_txns,
         mib(r.vm_hwm)
     );
+    let levels: Vec<String> = r
+        .tree_levels
+        .iter()
+        .map(|(t, l)| format!("{t} {l}"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "tree root levels at {} files: {}; {} tree pages",
+        r.files_created,
+        levels.join(", "),
+        r.tree_pages
+    );
+    s.push('\n');
+    let _ = writeln!(s, "| phase | VmHWM MiB | VmRSS at end MiB | page cache MiB | pinned pages MiB | decoded inodes | in-core inodes | queued records |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    for m in &r.phases {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            m.phase,
+            mib(m.vm_hwm),
+            mib(m.vm_rss),
+            mib(m.meta_cache_bytes as u64),
+            mib(m.meta_pinned_bytes as u64),
+            m.meta_inodes,
+            m.incore_inodes,
+            m.queued_records
+        );
+    }
     s
 }
 
@@ -826,6 +1012,20 @@ fn json_mount(m: &MountTime) -> String {
     )
 }
 
+fn json_phase(m: &PhaseMemory) -> String {
+    format!(
+        "{{\"phase\":{},\"vm_hwm_bytes\":{},\"vm_rss_bytes\":{},\"meta_cache_bytes\":{},\"meta_pinned_bytes\":{},\"meta_inodes\":{},\"incore_inodes\":{},\"queued_records\":{}}}",
+        json_str(m.phase),
+        m.vm_hwm,
+        m.vm_rss,
+        m.meta_cache_bytes,
+        m.meta_pinned_bytes,
+        m.meta_inodes,
+        m.incore_inodes,
+        m.queued_records
+    )
+}
+
 /// The JSON report (one object; `fsyncs` are `[files_created, seconds]` pairs).
 pub(crate) fn to_json(r: &MetaReport) -> String {
     let steps: Vec<String> = r
@@ -846,13 +1046,19 @@ pub(crate) fn to_json(r: &MetaReport) -> String {
             )
         })
         .collect();
+    let phases: Vec<String> = r.phases.iter().map(json_phase).collect();
+    let levels: Vec<String> = r
+        .tree_levels
+        .iter()
+        .map(|(t, l)| format!("[{},{l}]", json_str(t)))
+        .collect();
     let fsyncs: Vec<String> = r
         .fsyncs
         .iter()
         .map(|(n, v)| format!("[{n},{}]", json_f(*v)))
         .collect();
     format!(
-        "{{\"workload\":\"meta\",\"files\":{},\"dirs\":{},\"threads\":{},\"file_size\":{},\"targets\":{},\"target_size\":{},\"files_created\":{},\"enospc\":{},\"create_per_sec\":{},\"fsync\":{},\"stat_per_sec\":{},\"readdir_entries_per_sec\":{},\"unlink_per_sec\":{},\"mount_clean\":{},\"mount_crash\":{},\"ckpt_bytes_per_file\":{},\"vm_hwm_bytes\":{},\"steps\":[{}],\"fsyncs\":[{}]}}",
+        "{{\"workload\":\"meta\",\"files\":{},\"dirs\":{},\"threads\":{},\"file_size\":{},\"targets\":{},\"target_size\":{},\"files_created\":{},\"enospc\":{},\"create_per_sec\":{},\"fsync\":{},\"stat_per_sec\":{},\"readdir_entries_per_sec\":{},\"unlink_per_sec\":{},\"mount_clean\":{},\"mount_crash\":{},\"ckpt_bytes_per_file\":{},\"vm_hwm_bytes\":{},\"tree_levels\":[{}],\"tree_pages\":{},\"phases\":[{}],\"steps\":[{}],\"fsyncs\":[{}]}}",
         r.params_files,
         r.dirs,
         r.threads,
@@ -870,6 +1076,9 @@ pub(crate) fn to_json(r: &MetaReport) -> String {
         json_mount(&r.mount_crash),
         json_f(r.ckpt_bytes_per_file),
         r.vm_hwm,
+        levels.join(","),
+        r.tree_pages,
+        phases.join(","),
         steps.join(","),
         fsyncs.join(",")
     )
@@ -931,6 +1140,18 @@ mod tests {
             },
             ckpt_bytes_per_file: 9.0,
             vm_hwm: 10,
+            phases: vec![PhaseMemory {
+                phase: "create",
+                vm_hwm: 11,
+                vm_rss: 12,
+                meta_cache_bytes: 13,
+                meta_pinned_bytes: 14,
+                meta_inodes: 15,
+                incore_inodes: 16,
+                queued_records: 17,
+            }],
+            tree_levels: vec![("fs".into(), 3), ("space".into(), 0)],
+            tree_pages: 18,
             fsyncs: vec![(1000, 0.001), (2000, 0.003)],
         }
     }
@@ -948,6 +1169,10 @@ mod tests {
              \"mount_clean\":{\"secs\":0.500000,\"replayed_txns\":0,\"journal_fill\":0.000000},\
              \"mount_crash\":{\"secs\":1.500000,\"replayed_txns\":6,\"journal_fill\":0.680000},\
              \"ckpt_bytes_per_file\":9.000000,\"vm_hwm_bytes\":10,\
+             \"tree_levels\":[[\"fs\",3],[\"space\",0]],\"tree_pages\":18,\
+             \"phases\":[{\"phase\":\"create\",\"vm_hwm_bytes\":11,\"vm_rss_bytes\":12,\
+             \"meta_cache_bytes\":13,\"meta_pinned_bytes\":14,\"meta_inodes\":15,\
+             \"incore_inodes\":16,\"queued_records\":17}],\
              \"steps\":[{\"files\":1500,\"create_per_sec\":1000.000000,\
              \"fsync\":{\"count\":2,\"p50_s\":0.001000,\"p99_s\":0.002000,\"max_s\":0.003000},\
              \"stat_per_sec\":2.500000,\"readdir_entries_per_sec\":3.000000,\
@@ -960,6 +1185,29 @@ mod tests {
         let t = table(&report());
         assert!(t.contains("ENOSPC after 1500 files"), "{t}");
         assert!(t.contains("(6 transactions replayed)"), "{t}");
+        assert!(
+            t.contains("tree root levels at 1500 files: fs 3, space 0; 18 tree pages"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| create | 0 | 0 | 0 | 0 | 15 | 16 | 17 |"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn file_set() {
+        let set = FileSet::new(200);
+        for n in [0, 63, 64, 130, 199] {
+            set.add(n);
+        }
+        assert_eq!(set.len(), 5);
+        assert_eq!(set.iter().collect::<Vec<_>>(), vec![0, 63, 64, 130, 199]);
+        assert!(set.contains(130) && !set.contains(131) && !set.contains(1000));
+        let mut rng = Rng::new(1);
+        assert_eq!(set.sample(10, &mut rng).len(), 5, "all of a small set");
+        let s = set.sample(3, &mut rng);
+        assert!(s.len() == 3 && s.iter().all(|&n| set.contains(n)), "{s:?}");
     }
 
     #[test]

@@ -629,6 +629,7 @@ impl Fs {
     /// Counters for `inspect` and tests.
     #[must_use]
     pub fn status(&self) -> FsStatus {
+        let store = self.inner.store.stats();
         let m = self.inner.meta.lock();
         let targets = self
             .inner
@@ -656,7 +657,10 @@ impl Fs {
             inodes: m.state.count(),
             extents: m.state.resident_extents() as u64,
             meta_page_blocks: self.inner.pages.live_blocks_total(),
-            meta_cache: self.inner.store.stats().cache,
+            meta_cache: store.cache,
+            meta_pinned_bytes: store.pinned_bytes,
+            meta_tree_levels: store.trees.iter().map(|t| (t.0, t.1)).collect(),
+            journal_queued_records: self.inner.journal.queued_records(),
             busy_blocks: m.alloc.busy_blocks(),
             poisoned: self.inner.is_poisoned(),
             data_bytes_written: self.inner.data_bytes_written.load(Ordering::Relaxed),

@@ -252,6 +252,14 @@ pub struct FsStatus {
     pub meta_page_blocks: u64,
     /// The metadata trees' page cache.
     pub meta_cache: stripefs_meta::CacheStats,
+    /// Bytes of metadata tree pages pinned in memory (dirty and frozen, counted at page
+    /// size): what the next checkpoint writes, outside the cache's clean pages.
+    pub meta_pinned_bytes: usize,
+    /// Each metadata tree and the level of its root (0: the root is a leaf).
+    pub meta_tree_levels: Vec<(stripefs_core::btree::TreeId, u8)>,
+    /// Records durable in the journal and not yet applied to the trees (the apply
+    /// queue, held in memory; bounded by the journal's size).
+    pub journal_queued_records: usize,
     pub busy_blocks: u64,
     pub poisoned: bool,
     /// Bytes of file data written to / read from the targets since mount.
