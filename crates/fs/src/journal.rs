@@ -470,9 +470,8 @@ impl Journal {
                 rest = Queue::Empty;
                 break;
             };
-            for rec in &q.records {
-                items::apply_record(&fs.store, rec)?;
-            }
+            // A whole transaction at once: the counter item is read and written once.
+            items::apply_records(&fs.store, &q.records)?;
             done += q.records.len();
             applied_any = true;
             *applied = JournalMark {

@@ -47,8 +47,27 @@ const BATCH: usize = 512;
 /// non-directory, object index out of range, a name the items cannot hold...) or an
 /// item read does not decode; a page read's error; `Poisoned`.
 pub fn apply_record(store: &Store, rec: &Record) -> Result<(), MetaError> {
+    apply_records(store, std::slice::from_ref(rec))
+}
+
+/// Applies `recs` in order, as [`apply_record`] one by one would, reading the counter
+/// item (next inode number, inode count) once and writing it once at the end instead of
+/// around every inode record: the journal's applier hands over a whole transaction. A
+/// record that fails leaves the ones before it applied (the counter item included) and
+/// itself unwritten.
+///
+/// Until it returns, the counter item may lag the inode items of `recs`: a reader of
+/// [`load_inode`] must not ask for an inode that `recs` create before they are applied
+/// (the file system's in-core inodes are pinned until the transaction that changed them
+/// is applied, `metaview.rs`).
+///
+/// # Errors
+/// As [`apply_record`], for the first record that fails.
+pub fn apply_records(store: &Store, recs: &[Record]) -> Result<(), MetaError> {
     store.fold_pending()?;
-    Items::new(store, name_hash).apply(rec)
+    let items = Items::new(store, name_hash);
+    let res = recs.iter().try_for_each(|r| items.apply(r));
+    items.write_counter().and(res)
 }
 
 /// Reads the whole fs tree into a `MetaState` (stage 1: the file system keeps a full
@@ -165,11 +184,18 @@ struct Found<T> {
 struct Items<'a> {
     store: &'a Store,
     hash: NameHash,
+    /// The counter item as the records applied so far leave it, and as the tree holds
+    /// it (read once, written by [`Items::write_counter`]).
+    counter: std::cell::Cell<Option<(Counter, Counter)>>,
 }
 
 impl<'a> Items<'a> {
     fn new(store: &'a Store, hash: NameHash) -> Self {
-        Items { store, hash }
+        Items {
+            store,
+            hash,
+            counter: std::cell::Cell::new(None),
+        }
     }
 
     fn hash(&self, name: &[u8]) -> u64 {
@@ -237,10 +263,41 @@ impl<'a> Items<'a> {
     }
 
     fn counter(&self) -> Result<Counter, MetaError> {
+        if let Some((now, _)) = self.counter.get() {
+            return Ok(now);
+        }
         let key = counter_key();
-        match self.store.get(&key)? {
-            Some(v) => Ok(decode_counter(&key, &v)?),
-            None => Ok(Counter::EMPTY),
+        let c = match self.store.get(&key)? {
+            Some(v) => decode_counter(&key, &v)?,
+            None => Counter::EMPTY,
+        };
+        self.counter.set(Some((c, c)));
+        Ok(c)
+    }
+
+    /// Sets the counter for the records after this one; the tree gets it from
+    /// [`Items::write_counter`].
+    fn set_counter(&self, c: Counter) -> Result<(), MetaError> {
+        let (_, stored) = match self.counter.get() {
+            Some(v) => v,
+            None => {
+                let now = self.counter()?;
+                (now, now)
+            }
+        };
+        self.counter.set(Some((c, stored)));
+        Ok(())
+    }
+
+    /// Writes the counter item if the records changed it.
+    fn write_counter(&self) -> Result<(), MetaError> {
+        match self.counter.get() {
+            Some((now, stored)) if now != stored => {
+                self.store.insert(counter_key(), &encode_counter(now))?;
+                self.counter.set(Some((now, now)));
+                Ok(())
+            }
+            _ => Ok(()),
         }
     }
 
@@ -248,8 +305,48 @@ impl<'a> Items<'a> {
         if a.ino.0 == 0 {
             return Err(bad("inode number 0 (the counter item's object)".into()));
         }
-        let old = self.attrs(a.ino)?;
-        match &old {
+        if a.ino.0 == u64::MAX {
+            return Err(bad(format!("inode number {}", a.ino)));
+        }
+        // Written first, its previous value read by the same descent; put back if the
+        // record is refused, so that nothing of it stays written.
+        let key = inode_key(a.ino);
+        let prev = self.store.insert(key, &encode_inode(a))?;
+        let checked = match &prev {
+            Some(v) => decode_inode(&key, v)
+                .map_err(MetaError::from)
+                .and_then(|o| Self::inode_set_checks(a, Some(&o)).map(|()| Some(o))),
+            None => Self::inode_set_checks(a, None).map(|()| None),
+        };
+        let old = match checked {
+            Ok(old) => old,
+            Err(e) => {
+                match &prev {
+                    Some(v) => self.store.insert(key, v)?,
+                    None => self.store.remove(&key)?,
+                };
+                return Err(e);
+            }
+        };
+        let was = self.counter()?;
+        let mut c = was;
+        c.next_ino = c.next_ino.max(a.ino.0 + 1);
+        c.inodes += u64::from(old.is_none());
+        if c != was {
+            self.set_counter(c)?;
+        }
+        let was_orphan = old.as_ref().is_some_and(|o| o.nlink == 0);
+        if a.nlink == 0 && !was_orphan {
+            self.store.insert(orphan_key(a.ino), &[])?;
+        } else if a.nlink > 0 && was_orphan {
+            self.store.remove(&orphan_key(a.ino))?;
+        }
+        Ok(())
+    }
+
+    /// What an inode record may not do to the inode it replaces (`old`).
+    fn inode_set_checks(a: &InodeAttrs, old: Option<&InodeAttrs>) -> Result<(), MetaError> {
+        match old {
             Some(o) if o.kind != a.kind => {
                 return Err(bad(format!("inode {} changes type", a.ino)));
             }
@@ -264,25 +361,6 @@ impl<'a> Items<'a> {
             }
             _ => {}
         }
-        let next = a
-            .ino
-            .0
-            .checked_add(1)
-            .ok_or_else(|| bad(format!("inode number {}", a.ino)))?;
-        let was = self.counter()?;
-        let mut c = was;
-        c.next_ino = c.next_ino.max(next);
-        c.inodes += u64::from(old.is_none());
-        if c != was {
-            self.store.insert(counter_key(), &encode_counter(c))?;
-        }
-        self.store.insert(inode_key(a.ino), &encode_inode(a))?;
-        let was_orphan = old.as_ref().is_some_and(|o| o.nlink == 0);
-        if a.nlink == 0 && !was_orphan {
-            self.store.insert(orphan_key(a.ino), &[])?;
-        } else if a.nlink > 0 && was_orphan {
-            self.store.remove(&orphan_key(a.ino))?;
-        }
         Ok(())
     }
 
@@ -296,7 +374,7 @@ impl<'a> Items<'a> {
             .inodes
             .checked_sub(1)
             .ok_or_else(|| bad(format!("free of inode {ino} with no inodes counted")))?;
-        self.store.insert(counter_key(), &encode_counter(c))?;
+        self.set_counter(c)?;
         self.store.remove(&orphan_key(ino))?;
         let from = Key {
             object: ino.0,

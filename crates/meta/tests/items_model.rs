@@ -5,7 +5,9 @@
 //! happen, xattrs whose values span chunks, orphans, frees) go to both; every
 //! [`COMPARE`] records `load_state` must equal the model, and every [`REOPEN`] records
 //! the store is checkpointed and reopened with a cache of a few pages (so nearly every
-//! page is read again) and compared again.
+//! page is read again) and compared again. Records reach the store in batches of 1 to 32
+//! through `apply_records` (the journal applies a transaction at once), so the counter
+//! item written once per batch is compared too.
 
 mod common;
 
@@ -19,7 +21,7 @@ use stripefs_core::layout::StripeLayout;
 use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::Ino;
-use stripefs_meta::items::{apply_record, load_state};
+use stripefs_meta::items::{apply_records, load_state};
 use stripefs_meta::region::RegionAlloc;
 use stripefs_meta::Store;
 use stripefs_target::{Rng, SimTarget, Target};
@@ -44,6 +46,11 @@ struct Run {
     /// Inodes with no links, not yet freed.
     orphans: Vec<Ino>,
     serial: u64,
+    /// Records applied to the model, not yet to the store.
+    pending: Vec<Record>,
+    /// Size of the next batch, from its own generator (the records do not depend on it).
+    batch: usize,
+    batch_rng: Rng,
 }
 
 fn alloc() -> Arc<RegionAlloc> {
@@ -105,6 +112,9 @@ impl Run {
             big: Ino(0),
             orphans: Vec::new(),
             serial: 0,
+            pending: Vec::new(),
+            batch: 1,
+            batch_rng: Rng::new(seed ^ 0xba7c_4e5),
         };
         let root = attrs(Ino::ROOT, FileKind::Directory, &mut r.rng);
         r.apply(Record::InodeSet(root));
@@ -117,16 +127,31 @@ impl Run {
         if let Err(e) = self.state.apply(&rec) {
             panic!("seed {seed}: the generator made an invalid record {rec:?}: {e}");
         }
-        if let Err(e) = apply_record(&self.store, &rec) {
-            panic!("seed {seed} record {}: {rec:?}: {e}", self.applied);
-        }
+        self.pending.push(rec);
         self.applied += 1;
+        if self.pending.len() >= self.batch {
+            self.flush();
+        }
         if self.applied.is_multiple_of(COMPARE) {
+            self.flush();
             self.compare("");
         }
         if self.applied.is_multiple_of(REOPEN) {
             self.reopen();
         }
+    }
+
+    /// Applies the pending records to the store in one call.
+    fn flush(&mut self) {
+        let recs = std::mem::take(&mut self.pending);
+        if let Err(e) = apply_records(&self.store, &recs) {
+            let first = self.applied - recs.len();
+            panic!(
+                "seed {} records {first}..{}: {recs:?}: {e}",
+                self.seed, self.applied
+            );
+        }
+        self.batch = 1 + self.batch_rng.below(32) as usize;
     }
 
     fn compare(&self, when: &str) {
@@ -154,6 +179,7 @@ impl Run {
 
     /// Commits the trees, reopens them with a tiny cache, compares.
     fn reopen(&mut self) {
+        self.flush();
         self.store.checkpoint().expect("checkpoint");
         let cache = if self.rng.one_in(2) {
             TINY_CACHE
@@ -436,6 +462,7 @@ fn run(seed: u64, records: usize) {
     while r.applied < records {
         r.step();
     }
+    r.flush();
     r.compare(" (end)");
     r.reopen();
     let orphans: Vec<u64> = r

@@ -19,6 +19,33 @@ use crate::Uuid;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(u64);
 
+/// Hashes a [`NodeId`] (a counter) by one multiplication: every descent looks its
+/// dirty nodes up by id, and the default SipHash was a visible part of applying a record.
+/// Ids come from the tree itself, never from disk or a caller, so no input can be chosen
+/// to collide.
+#[derive(Debug, Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: the high bits, which the table's control bytes use, depend
+        // on every bit of the id.
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type NodeMap<V> = HashMap<NodeId, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 /// A pointer to a child (or the root): a written page, or a node in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Child {
@@ -150,7 +177,7 @@ pub struct Frozen {
     pub generation: Generation,
     root: Child,
     root_level: u8,
-    nodes: HashMap<NodeId, Arc<Node>>,
+    nodes: NodeMap<Arc<Node>>,
     gone: Vec<Gone>,
 }
 
@@ -190,7 +217,7 @@ pub struct WritePlan {
     pub pages: Vec<WrittenPage>,
     pub root: PageRef,
     pub root_level: u8,
-    placed: HashMap<NodeId, PageRef>,
+    placed: NodeMap<PageRef>,
 }
 
 /// What publishing a written generation gives back.
@@ -218,7 +245,7 @@ pub struct Tree {
     root: Child,
     root_level: u8,
     open: Generation,
-    dirty: HashMap<NodeId, Arc<Node>>,
+    dirty: NodeMap<Arc<Node>>,
     gone: Vec<Gone>,
     frozen: Option<Arc<Frozen>>,
     next_id: u64,
@@ -280,7 +307,7 @@ impl Tree {
             root,
             root_level: level,
             open,
-            dirty: HashMap::new(),
+            dirty: NodeMap::default(),
             gone: Vec::new(),
             frozen: None,
             next_id: 0,
@@ -907,7 +934,7 @@ impl Frozen {
                 generation: self.generation,
             },
             root_level: self.root_level,
-            placed: HashMap::with_capacity(addrs.len()),
+            placed: NodeMap::with_capacity_and_hasher(addrs.len(), Default::default()),
         };
         let mut next = addrs.iter();
         plan.root = match self.root {

@@ -90,6 +90,7 @@ fn colliding_names_get_indices_0_and_1_and_survive_each_others_removal() {
     let mut state = MetaState::new();
     let mut run = |r: Record| {
         items.apply(&r).unwrap();
+        items.write_counter().unwrap();
         state.apply(&r).unwrap();
         assert_eq!(load_with(&s, same_hash).unwrap(), state, "after {r:?}");
     };
@@ -126,4 +127,73 @@ fn colliding_names_get_indices_0_and_1_and_survive_each_others_removal() {
     // The real hash would put the entry elsewhere: the loader notices.
     let err = load_state(&s).unwrap_err().to_string();
     assert!(err.contains("wrong hash"), "{err}");
+}
+
+fn regular(ino: u64) -> InodeAttrs {
+    InodeAttrs {
+        kind: FileKind::Regular,
+        nlink: 1,
+        layout: StripeLayout {
+            count: 1,
+            unit_bytes: 65536,
+            first_target: 0,
+        },
+        ..dir(ino)
+    }
+}
+
+/// An inode record is written before its checks (one descent reads the old value and
+/// writes the new): a refused one must put the old item back.
+#[test]
+fn a_refused_inode_record_leaves_the_inode_as_it_was() {
+    let s = store();
+    apply_records(&s, &[Record::InodeSet(dir(1)), Record::InodeSet(dir(5))]).unwrap();
+    let before = load_state(&s).unwrap();
+    // A directory cannot become a regular file; a new regular file needs stripes.
+    let no_stripes = InodeAttrs {
+        layout: StripeLayout {
+            count: 0,
+            unit_bytes: 0,
+            first_target: 0,
+        },
+        ..regular(9)
+    };
+    for bad_rec in [regular(5), no_stripes] {
+        let err = apply_record(&s, &Record::InodeSet(bad_rec.clone())).unwrap_err();
+        assert!(
+            err.to_string().contains("inode 5 changes type")
+                || err.to_string().contains("no stripes"),
+            "{err}"
+        );
+        assert_eq!(
+            load_state(&s).unwrap(),
+            before,
+            "after refusing {bad_rec:?}"
+        );
+    }
+    let v = s.get(&inode_key(Ino(9))).unwrap();
+    assert!(v.is_none(), "the refused new inode left an item");
+}
+
+/// A batch reads the counter item once and writes it at the end, also when a record of
+/// the batch is refused: the records before it stay applied and counted.
+#[test]
+fn a_batch_counts_the_inodes_it_applied_before_a_refused_record() {
+    let s = store();
+    let recs = [
+        Record::InodeSet(dir(1)),
+        Record::InodeSet(dir(5)),
+        Record::InodeSet(regular(7)),
+        Record::InodeSet(regular(5)),
+        Record::InodeSet(regular(8)),
+    ];
+    let err = apply_records(&s, &recs).unwrap_err();
+    assert!(err.to_string().contains("inode 5 changes type"), "{err}");
+    let c = counter(&s).unwrap();
+    assert_eq!((c.next_ino, c.inodes), (8, 3), "inodes 1, 5 and 7 counted");
+    let mut want = MetaState::new();
+    for r in &recs[..3] {
+        want.apply(r).unwrap();
+    }
+    assert_eq!(load_state(&s).unwrap(), want);
 }
