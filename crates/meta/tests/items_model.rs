@@ -114,7 +114,7 @@ impl Run {
             serial: 0,
             pending: Vec::new(),
             batch: 1,
-            batch_rng: Rng::new(seed ^ 0xba7c_4e5),
+            batch_rng: Rng::new(seed ^ 0x0ba7_c4e5),
         };
         let root = attrs(Ino::ROOT, FileKind::Directory, &mut r.rng);
         r.apply(Record::InodeSet(root));
