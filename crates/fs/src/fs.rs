@@ -686,6 +686,7 @@ impl Fs {
             meta_inodes_peak: m.state.peak(),
             meta_inode_loads: m.state.loads(),
             meta_inodes_evicted: m.state.evicted(),
+            meta_inode_stale_reads: m.state.stale_reads(),
         }
     }
 

@@ -193,6 +193,11 @@ impl MetaCore {
     }
 }
 
+/// Reads made without the metadata lock beyond one per inode (stale reads retried, or
+/// inodes a sweep evicted again) after which [`FsInner::meta_with`] leaves the read to
+/// `MetaView::get`, under the lock.
+pub(crate) const MISS_RETRIES: u32 = 3;
+
 /// The metadata lock. Its guard sweeps the in-core inodes when they pass their bound, as
 /// it is released: every borrow of an inode has ended then, read paths included.
 #[derive(Debug)]
@@ -390,6 +395,52 @@ impl FsInner {
             dio_read_copied: std::sync::atomic::AtomicU64::new(0),
             map_lookups: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Takes the metadata lock with `inos` in core, reading each one that is not from the
+    /// trees with the lock dropped, so a miss does not stall operations on other files
+    /// (`metaview.rs`, "Misses without the metadata lock"; metadata.md, "Inode misses").
+    /// After one read per inode plus [`MISS_RETRIES`] it returns the guard as it is, and
+    /// the caller's `MetaView::get` reads what is still missing under the lock
+    /// (guaranteed progress). An inode the caller
+    /// finds absent later (evicted by a sweep between the fill and the return) is also
+    /// read under the lock: correct, only slower.
+    ///
+    /// # Errors
+    /// A read error that the ticket shows is not a torn read: the trees' error for an
+    /// inode no record changed while it was read.
+    pub fn meta_with(&self, inos: &[Ino]) -> Result<MetaGuard<'_>> {
+        let mut m = self.meta.lock();
+        // Reads this call may make: one per inode, plus the retries. A sweep may evict
+        // an inode filled a moment ago (a bound smaller than `inos`), so successful fills
+        // count too, or two inodes could evict each other forever.
+        let mut reads = inos.len() as u32 + MISS_RETRIES;
+        while reads > 0 {
+            reads -= 1;
+            // Sweep now if due, not when the guard drops below: a sweep bumps the epoch,
+            // and would make the read about to start stale at once.
+            if m.state.sweep_due() {
+                m.sweep_view();
+            }
+            let Some(t) = inos.iter().find_map(|&i| m.state.miss(i)) else {
+                break;
+            };
+            drop(m);
+            let read = stripefs_meta::items::load_inode(&self.store, t.ino);
+            m = self.meta.lock();
+            match read {
+                Ok(read) => {
+                    m.state.fill(t, read);
+                }
+                // A torn read of an inode that changed meanwhile may fail its checks:
+                // retry it; an error of a read that nothing raced is the trees' own.
+                Err(_) if !m.state.still_valid(t) => {
+                    m.state.fill(t, None);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(m)
     }
 
     /// Fails if the file system has been poisoned.

@@ -10,12 +10,23 @@
 //! `InodeFree` is applied, so a lookup cannot bring back the trees' stale copy.
 //!
 //! Lookups ([`MetaView::get`]) take `&self`, so every path that reads an inode under the
-//! metadata lock keeps its borrows as before; a miss reads the inode's items with
-//! `items::load_inode` (a scan of its key prefix) under the metadata lock (a documented
-//! limit: the design's retry without the lock is not built) and inserts it. Inserting
-//! through `&self` is safe because entries are boxed and never moved or removed through
-//! a shared reference: only `&mut self` methods (apply, sweep) change or drop them, and
-//! the borrow checker rules those out while any `&Inode` handed out lives.
+//! metadata lock keeps its borrows as before. Inserting through `&self` is safe because
+//! entries are boxed and never moved or removed through a shared reference: only
+//! `&mut self` methods (apply, sweep, fill) change or drop them, and the borrow checker
+//! rules those out while any `&Inode` handed out lives.
+//!
+//! Misses without the metadata lock (`docs/design/metadata.md`, "Inode misses"): the hot
+//! paths make their inodes resident first ([`crate::inner::FsInner::meta_with`]): under
+//! the lock, [`MetaView::miss`] takes a [`MissTicket`] (the inode and the view's removal
+//! epoch); the lock is dropped while `items::load_inode` reads the trees; under the lock
+//! again, [`MetaView::fill`] inserts the read only if the ticket is still valid: the inode
+//! is still absent from core and no inode left core meanwhile (the epoch is unchanged).
+//! Invariant: an inode absent from core has every record about it in the trees, and a
+//! new record about it needs it in core; so a read made while it stayed out of core saw
+//! no record about it being applied, and is what the trees held throughout. Any inode
+//! that entered and left core meanwhile bumped the epoch (eviction or free), so the read
+//! is discarded and retried; [`MetaView::get`] (a read under the lock) is the fallback
+//! after a few stale reads, so progress is guaranteed.
 
 use std::cell::{Cell, UnsafeCell};
 use std::collections::HashMap;
@@ -59,6 +70,31 @@ pub(crate) struct MetaView {
     sweep_at: usize,
     peak: Cell<usize>,
     evicted: u64,
+    /// Bumped whenever an inode leaves core (evicted or freed): a read made without the
+    /// lock across a bump may be stale ([`MissTicket`]).
+    epoch: u64,
+    /// Reads made without the lock and discarded as possibly stale.
+    stale_reads: u64,
+}
+
+/// A miss to be read from the trees without the metadata lock: the inode and the view's
+/// removal epoch when the miss was seen (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) struct MissTicket {
+    pub ino: Ino,
+    epoch: u64,
+}
+
+/// What [`MetaView::fill`] did with a read made without the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Filled {
+    /// The read is in core now, or the inode is (another thread's read or a change).
+    Resident,
+    /// The trees hold no such inode (remembered as gone until the next sweep).
+    Absent,
+    /// An inode left core while the read ran: it may be stale, and was discarded.
+    Stale,
 }
 
 // SAFETY: the view owns every `Slot` its raw pointers name (nothing else points at them
@@ -108,6 +144,8 @@ impl MetaView {
             sweep_at: bound,
             peak: Cell::new(0),
             evicted: 0,
+            epoch: 0,
+            stale_reads: 0,
         }
     }
 
@@ -171,6 +209,53 @@ impl MetaView {
         };
         self.loads.set(self.loads.get() + 1);
         Ok(Some(&self.insert_shared(ino, inode, 0).inode))
+    }
+
+    /// A ticket to read `ino` without the lock, if it must be read: `None` when it is in
+    /// core or cannot exist (number 0 or never handed out, or freed).
+    pub fn miss(&self, ino: Ino) -> Option<MissTicket> {
+        let absent = ino.0 == 0 || ino.0 >= self.next_ino || self.gone.contains_key(&ino);
+        (self.slot(ino).is_none() && !absent).then_some(MissTicket {
+            ino,
+            epoch: self.epoch,
+        })
+    }
+
+    /// Whether a read made for `t` without the lock still describes the trees: nothing
+    /// left core since the ticket was taken, and `t.ino` is not in core (if it is, the
+    /// view is its authority and the read may have seen its records being applied).
+    pub fn still_valid(&self, t: MissTicket) -> bool {
+        t.epoch == self.epoch && self.slot(t.ino).is_none()
+    }
+
+    /// Inserts `read`, the trees' copy of `t.ino` read without the lock, if the ticket is
+    /// still valid and the inode is still absent from core (module documentation).
+    pub fn fill(&mut self, t: MissTicket, read: Option<Inode>) -> Filled {
+        if let Some(s) = self.slot(t.ino) {
+            s.used.set(true);
+            return Filled::Resident;
+        }
+        if !self.still_valid(t) {
+            self.stale_reads += 1;
+            return Filled::Stale;
+        }
+        if self.gone.contains_key(&t.ino) {
+            return Filled::Absent;
+        }
+        let Some(inode) = read else {
+            // Freed and applied (inode numbers are not reused): absent for good. Seq 0
+            // lets the next sweep drop the tombstone; a later miss reads again.
+            self.gone.insert(t.ino, 0);
+            return Filled::Absent;
+        };
+        self.loads.set(self.loads.get() + 1);
+        self.insert(t.ino, inode, 0);
+        Filled::Resident
+    }
+
+    /// Reads made without the lock and discarded as possibly stale, since mount.
+    pub fn stale_reads(&self) -> u64 {
+        self.stale_reads
     }
 
     /// The inode `ino` if it is in core (no read).
@@ -259,6 +344,7 @@ impl MetaView {
                 // SAFETY: from `Box::into_raw`, removed from the map: dropped once.
                 drop(unsafe { Box::from_raw(p.as_ptr()) });
                 self.gone.insert(ino, seq);
+                self.epoch += 1;
                 self.count -= 1;
                 return Ok(());
             }
@@ -310,6 +396,9 @@ impl MetaView {
         }
         let kept = self.resident_count();
         self.evicted += (before - kept) as u64;
+        if kept < before {
+            self.epoch += 1;
+        }
         self.sweep_at = self.bound.max(2 * kept);
         ViewSwept {
             evicted: before - kept,

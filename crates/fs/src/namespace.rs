@@ -213,7 +213,7 @@ impl Fs {
     /// `Stale` if the inode does not exist; `Poisoned`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         self.inner.check()?;
-        let m = self.inner.meta.lock();
+        let m = self.inner.meta_with(&[ino])?;
         self.attr_of(&m, ino)
     }
 
@@ -232,15 +232,24 @@ impl Fs {
     /// `NotFound`, `NotDir`, `NameTooLong`, `Stale`, `Poisoned`.
     pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
         self.inner.check()?;
-        let m = self.inner.meta.lock();
-        let d = dir(&m, parent)?;
-        let target = match name.as_bytes() {
-            b"." => parent,
-            b".." => d.attrs.parent,
-            b if b.len() > NAME_MAX => return Err(FsError::NameTooLong),
-            b => d.entries.get(b).ok_or(FsError::NotFound)?.ino,
-        };
-        self.attr_of(&m, target)
+        // The directory first, then the inode its entry names: each read, if missed,
+        // without the metadata lock (`FsInner::meta_with`).
+        let mut want = vec![parent];
+        loop {
+            let m = self.inner.meta_with(&want)?;
+            let d = dir(&m, parent)?;
+            let target = match name.as_bytes() {
+                b"." => parent,
+                b".." => d.attrs.parent,
+                b if b.len() > NAME_MAX => return Err(FsError::NameTooLong),
+                b => d.entries.get(b).ok_or(FsError::NotFound)?.ino,
+            };
+            if want.len() == 1 && m.state.miss(target).is_some() {
+                want.push(target);
+                continue;
+            }
+            return self.attr_of(&m, target);
+        }
     }
 
     /// The inode a file handle names (`open_by_handle_at`, an NFS server): any kind, as
@@ -251,7 +260,7 @@ impl Fs {
     /// `Stale` if the inode is gone or unlinked.
     pub fn by_handle(&self, ino: Ino) -> Result<Attr> {
         self.inner.check()?;
-        let m = self.inner.meta.lock();
+        let m = self.inner.meta_with(&[ino])?;
         if inode(&m, ino)?.attrs.nlink == 0 {
             return Err(FsError::Stale(ino.0));
         }
@@ -413,7 +422,7 @@ impl Fs {
     /// `Invalid` if `ino` is not a symlink; `Stale`.
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
         self.inner.check()?;
-        let m = self.inner.meta.lock();
+        let m = self.inner.meta_with(&[ino])?;
         let i = inode(&m, ino)?;
         if i.attrs.kind != FileKind::Symlink {
             return Err(FsError::invalid("not a symbolic link"));
@@ -743,7 +752,7 @@ impl Fs {
     /// `NotDir`, `Stale`.
     pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntryInfo>> {
         self.inner.check()?;
-        let m = self.inner.meta.lock();
+        let m = self.inner.meta_with(&[ino])?;
         let d = dir(&m, ino)?;
         let entries = d
             .entries
@@ -770,7 +779,7 @@ impl Fs {
             self.set_len(ino, size)?;
         }
         let now = crate::clock::time_now();
-        let mut m = self.inner.meta.lock();
+        let mut m = self.inner.meta_with(&[ino])?;
         let i = inode(&m, ino)?;
         let mut a = i.attrs.clone();
         let mut recs = Vec::new();
@@ -832,7 +841,7 @@ impl Fs {
     /// `NoData` if absent; `Stale`.
     pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>> {
         self.inner.check()?;
-        let m = self.inner.meta.lock();
+        let m = self.inner.meta_with(&[ino])?;
         inode(&m, ino)?
             .xattrs
             .get(name.as_bytes())
@@ -899,7 +908,7 @@ impl Fs {
     /// `Stale`.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
         self.inner.check()?;
-        let m = self.inner.meta.lock();
+        let m = self.inner.meta_with(&[ino])?;
         Ok(inode(&m, ino)?.xattrs.keys().cloned().collect())
     }
 
@@ -943,7 +952,7 @@ impl Fs {
     /// `Stale` if the inode is gone.
     pub fn open_with(&self, ino: Ino, mode: OpenMode) -> Result<Fh> {
         self.inner.check()?;
-        let mut m = self.inner.meta.lock();
+        let mut m = self.inner.meta_with(&[ino])?;
         inode(&m, ino)?;
         m.inodes.entry(ino).open += 1;
         self.inner.sweep_inodes_if_due(&mut m);

@@ -305,6 +305,9 @@ pub struct FsStatus {
     pub meta_inodes_peak: usize,
     pub meta_inode_loads: u64,
     pub meta_inodes_evicted: u64,
+    /// Inode reads made without the metadata lock and discarded because an inode left
+    /// core while they ran (`docs/design/metadata.md`, "Inode misses").
+    pub meta_inode_stale_reads: u64,
 }
 
 /// One target's space.
