@@ -435,6 +435,11 @@ impl Fs {
             r => r,
         }?;
         self.commit_if_large()?;
+        // The apply queue holds at most the in-core inode bound's number of records:
+        // past it, this change applies a slice first (`Journal::throttle_apply`).
+        self.inner
+            .journal
+            .throttle_apply(&self.inner, self.inner.opts.inode_bound().0)?;
         Ok(g)
     }
 
@@ -504,10 +509,23 @@ impl Fs {
         (g.journal_units() * u64::from(g.journal_unit) / 8) as usize
     }
 
+    /// Commits the running transaction if it is past [`Fs::txn_limit`], or if it holds
+    /// a bound's worth of records while the decoded inodes in core are past twice their
+    /// bound: an inode the running transaction changed cannot leave core before the
+    /// transaction is committed and its records applied to the trees, so a transaction
+    /// of many creates kept every new inode in core (49,033 against a bound of 8,192 in
+    /// `tests/scale.rs`). At most one such commit per bound's worth of records; the
+    /// apply queue's own bound ([`Journal::throttle_apply`]) then gets the records into
+    /// the trees and the next sweep evicts (`docs/design/metadata.md`, "Stage 2").
+    ///
+    /// [`Journal::throttle_apply`]: crate::journal::Journal::throttle_apply
     fn commit_if_large(&self) -> Result<()> {
         let seq = {
             let m = self.inner.meta.lock();
-            if m.txn.bytes <= self.txn_limit() {
+            let bound = m.state.bound();
+            let pins_too_many =
+                m.state.resident_count() > 2 * bound && m.txn.records.len() >= bound;
+            if m.txn.bytes <= self.txn_limit() && !pins_too_many {
                 return Ok(());
             }
             m.txn.seq
@@ -673,6 +691,7 @@ impl Fs {
             checkpoints: self.inner.checkpoints.load(Ordering::Relaxed),
             journal_full_waits: self.inner.journal.full_waits.load(Ordering::Relaxed),
             journal_full_checkpoints: self.inner.journal.full_checkpoints.load(Ordering::Relaxed),
+            apply_throttled: self.inner.journal.apply_throttled.load(Ordering::Relaxed),
             cache: self.inner.cache.stats(),
             dio_shared: self.inner.dio_shared.load(Ordering::Relaxed),
             dio_exclusive: self.inner.dio_exclusive.load(Ordering::Relaxed),

@@ -305,6 +305,11 @@ impl MetaView {
         self.map().len()
     }
 
+    /// The bound the sweep keeps the resident inodes to (`-o inode_cache`).
+    pub fn bound(&self) -> usize {
+        self.bound
+    }
+
     /// Most inodes in core at once since mount.
     pub fn peak(&self) -> usize {
         self.peak.get()

@@ -281,6 +281,9 @@ pub struct FsStatus {
     /// Of those, the waits that wrote a checkpoint themselves (the running one did not
     /// free enough of the journal).
     pub journal_full_checkpoints: u64,
+    /// Changes that applied a slice of the journal's apply queue before starting,
+    /// because it held more records than the in-core inode bound (back-pressure).
+    pub apply_throttled: u64,
     /// Page cache counters.
     pub cache: stripefs_iomap::cache::CacheStats,
     /// Direct writes run under the shared / exclusive inode lock since mount.
