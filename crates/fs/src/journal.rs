@@ -14,10 +14,12 @@
 //!
 //! Checkpoints ([`Journal::checkpoint_now`]) run outside the commit lock, normally on the
 //! checkpointer thread (`Fs::start_checkpointer`), woken when the journal is half full,
-//! when the queue holds enough records to apply, or on request: they take the queued
-//! transactions (in journal order), apply their records to the metadata trees
-//! (`stripefs_meta::items::apply_record`), and when the journal is half full, the trees'
-//! dirty pages pass half the cache budget or half the metadata reserve, or a caller asks,
+//! when pacing says the journal would be full within two recent checkpoint writes at the
+//! recent append rate ([`Pace`]), when the queue holds enough records to apply, or on
+//! request: they take the queued transactions (in journal order), apply their records to
+//! the metadata trees (`stripefs_meta::items::apply_records`), and when the journal is
+//! half full, pacing says so, the trees' dirty pages pass half the cache budget or half
+//! the metadata reserve, or a caller asks,
 //! write the dirty pages and the root record naming the journal position of the last
 //! applied transaction (`Store::checkpoint_at`); then the journal tail moves there. No
 //! lock that commits or other operations need is held meanwhile: a commit appends while a
@@ -40,6 +42,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use stripefs_core::codec::Enc;
@@ -55,6 +58,73 @@ use crate::options::Checkpoints;
 /// Records queued before the checkpointer is woken to apply them (so it applies in
 /// batches rather than once per commit).
 const APPLY_BATCH_RECORDS: usize = 4096;
+
+/// How fast the journal fills and how long a checkpoint takes, measured as the file
+/// system runs: the checkpointer writes a checkpoint when, at the recent append rate, the
+/// journal would be full sooner than [`PACE_MARGIN`] times the recent checkpoint
+/// duration (`docs/design/journal.md`, "Pacing").
+#[derive(Debug)]
+struct Pace {
+    /// Journal units appended since `since`.
+    units: u64,
+    since: Instant,
+    /// Journal units appended per second, smoothed.
+    rate: f64,
+    /// Seconds a checkpoint write took, smoothed.
+    write_secs: f64,
+}
+
+/// How many checkpoint durations ahead of a full journal the checkpointer writes.
+const PACE_MARGIN: f64 = 2.0;
+
+/// The shortest window the append rate is measured over.
+const PACE_WINDOW: Duration = Duration::from_millis(100);
+
+impl Pace {
+    fn new() -> Pace {
+        Pace {
+            units: 0,
+            since: Instant::now(),
+            rate: 0.0,
+            write_secs: 0.0,
+        }
+    }
+
+    fn appended(&mut self, units: u64, now: Instant) {
+        self.units += units;
+        let dt = now.saturating_duration_since(self.since);
+        if dt >= PACE_WINDOW {
+            let r = self.units as f64 / dt.as_secs_f64();
+            self.rate = if self.rate == 0.0 {
+                r
+            } else {
+                0.5 * (self.rate + r)
+            };
+            self.units = 0;
+            self.since = now;
+        }
+    }
+
+    fn wrote(&mut self, took: Duration) {
+        let t = took.as_secs_f64();
+        self.write_secs = if self.write_secs == 0.0 {
+            t
+        } else {
+            0.5 * (self.write_secs + t)
+        };
+    }
+
+    /// Whether a journal with `free` units before it is full must be checkpointed now.
+    fn urgent(&self, free: u64) -> bool {
+        pace_due(free, self.rate, self.write_secs)
+    }
+}
+
+/// Whether `free` journal units last less than [`PACE_MARGIN`] checkpoint writes of
+/// `write_secs` at `rate` units per second (no measurement yet: not urgent).
+fn pace_due(free: u64, rate: f64, write_secs: f64) -> bool {
+    rate > 0.0 && (free as f64) < rate * write_secs * PACE_MARGIN
+}
 
 /// Where the log stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +178,8 @@ pub(crate) struct Journal {
     /// The last transaction whose records the trees hold (read without a lock: an
     /// in-core inode changed by a later one cannot be evicted, `metaview.rs`).
     applied: Arc<AtomicU64>,
+    /// Append rate and checkpoint duration (a lock held for moments).
+    pace: Mutex<Pace>,
 }
 
 /// A transaction durable in the journal whose records have not reached the trees.
@@ -228,6 +300,7 @@ impl Journal {
             }),
             run: Mutex::new(mark),
             applied: Arc::new(AtomicU64::new(mark.seq.saturating_sub(1))),
+            pace: Mutex::new(Pace::new()),
         }
     }
 
@@ -319,8 +392,13 @@ impl Journal {
         }
         self.append(fs, head, &w)?;
         let used = *head - self.enqueue(w.seq, *head, w.records);
+        let urgent = {
+            let mut p = self.pace.lock();
+            p.appended(w.units, Instant::now());
+            p.urgent(limit.saturating_sub(used))
+        };
         let mut s = self.ctl.shared.lock();
-        if used > limit / 2 || s.queued_records >= APPLY_BATCH_RECORDS {
+        if used > limit / 2 || urgent || s.queued_records >= APPLY_BATCH_RECORDS {
             self.ctl.want(&mut s);
         }
         Ok(())
@@ -550,13 +628,22 @@ impl Journal {
         })
     }
 
-    /// Whether the trees should be written now: the journal is half full, or their
-    /// pinned pages pass half the cache budget or half the metadata reserve.
+    /// Whether the trees should be written now: the applied part of the journal is half
+    /// of it; or at the recent append rate the journal would be full within
+    /// [`PACE_MARGIN`] recent checkpoint writes (pacing: start early enough that a
+    /// committer rarely finds it full); or their pinned pages pass half the cache budget
+    /// or half the metadata reserve.
     fn due(&self, fs: &FsInner, applied: JournalMark) -> bool {
         let limit = log_limit(fs.geo.journal_units());
-        let used = applied.tail - self.ctl.shared.lock().tail;
+        let tail = self.ctl.shared.lock().tail;
+        let used = applied.tail - tail;
+        let in_use = self.head_seen.load(Ordering::Acquire).saturating_sub(tail);
+        let paced = used > 0 && self.pace.lock().urgent(limit.saturating_sub(in_use));
         let dirty = fs.store.dirty_bytes() as u64;
-        used > limit / 2 || dirty > fs.opts.meta_cache.0 / 2 || dirty > fs.meta_reserve_bytes() / 2
+        used > limit / 2
+            || paced
+            || dirty > fs.opts.meta_cache.0 / 2
+            || dirty > fs.meta_reserve_bytes() / 2
     }
 
     fn write_checkpoint(&self, fs: &FsInner, mark: JournalMark) -> Result<()> {
@@ -568,7 +655,9 @@ impl Journal {
         // nothing more: the targets keep what its last durable write left.
         fs.check()?;
         let pages = fs.store.dirty_bytes() as u64;
+        let started = Instant::now();
         let generation = fs.store.checkpoint_at(mark)?;
+        self.pace.lock().wrote(started.elapsed());
         let written = pages + u64::from(fs.geo.sector_size);
         fs.meta_bytes_written.fetch_add(written, Ordering::Relaxed);
         fs.ckpt_bytes_written.fetch_add(written, Ordering::Relaxed);
@@ -583,5 +672,44 @@ impl Journal {
     /// The control the checkpointer thread waits on.
     pub fn control(&self) -> Arc<CheckpointCtl> {
         Arc::clone(&self.ctl)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pacing_writes_when_the_journal_would_fill_within_two_checkpoints() {
+        // 1000 units/s, checkpoints of 0.5 s: due below 1000 free units.
+        assert!(pace_due(999, 1000.0, 0.5));
+        assert!(!pace_due(1000, 1000.0, 0.5));
+        assert!(!pace_due(0, 0.0, 0.5), "no rate measured yet");
+        assert!(!pace_due(10, 1000.0, 0.0), "no checkpoint measured yet");
+    }
+
+    #[test]
+    fn the_append_rate_is_measured_over_windows_and_smoothed() {
+        let t0 = Instant::now();
+        let mut p = Pace::new();
+        p.since = t0;
+        p.appended(50, t0 + Duration::from_millis(50));
+        assert!(p.rate == 0.0, "no full window yet");
+        p.appended(50, t0 + Duration::from_millis(100));
+        assert!(
+            (p.rate - 1000.0).abs() < 1e-6,
+            "100 units in 0.1 s: {}",
+            p.rate
+        );
+        p.appended(300, t0 + Duration::from_millis(200));
+        assert!(
+            (p.rate - 2000.0).abs() < 1e-6,
+            "mean of 1000 and 3000: {}",
+            p.rate
+        );
+        p.wrote(Duration::from_millis(400));
+        p.wrote(Duration::from_millis(200));
+        assert!((p.write_secs - 0.3).abs() < 1e-9, "{}", p.write_secs);
+        assert!(p.urgent(1190) && !p.urgent(1210), "2000/s x 0.3 s x 2");
     }
 }
