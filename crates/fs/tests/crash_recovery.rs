@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use stripefs::{CreateParams, Fs, Ino, MkfsOptions, RenameMode};
+use stripefs::{Checkpoints, CreateParams, Fs, Ino, MkfsOptions, MountOptions, RenameMode};
 use stripefs_target::{Recorder, RecordingTarget, Rng, SimTarget, Target, UnflushedPolicy};
 
 const NTARGETS: usize = 3;
@@ -432,6 +432,13 @@ fn crash_during_recovery(images: &[Vec<u8>], w: &Workload, cut: Cut) -> usize {
 }
 
 fn crash_points(seed: u64, bs: u32) -> usize {
+    crash_points_with(seed, bs, Checkpoints::Inline).0
+}
+
+/// Runs the seeded workload with checkpoints where `checkpoints` says, then crashes at
+/// every durability point; returns the points covered and the checkpoints the
+/// checkpointer thread wrote (those not written by a committer finding the journal full).
+fn crash_points_with(seed: u64, bs: u32, checkpoints: Checkpoints) -> (usize, u64) {
     let sims = sims(NTARGETS, TARGET_BYTES);
     let opts = MkfsOptions {
         block_size: bs,
@@ -453,9 +460,20 @@ fn crash_points(seed: u64, bs: u32) -> usize {
             )) as Arc<dyn Target>
         })
         .collect();
-    let (fs, _) = Fs::mount(wrapped, quiet()).unwrap();
+    let opts = MountOptions {
+        checkpoints,
+        ..quiet()
+    };
+    let (fs, _) = Fs::mount(wrapped, opts).unwrap();
     let w = run_workload(&fs, &rec, seed);
-    std::mem::forget(fs);
+    let st = fs.status();
+    let by_thread = st.checkpoints - st.journal_full_checkpoints;
+    match checkpoints {
+        Checkpoints::Inline => std::mem::forget(fs),
+        // Stops the checkpointer (its last checkpoint's points are crash points too), so
+        // that nothing writes to the recorder while the images are built.
+        Checkpoints::Background => fs.unmount().unwrap(),
+    }
     let mut covered = 0;
     for (k, p) in rec.durability_points().into_iter().enumerate() {
         for policy in [
@@ -486,7 +504,7 @@ fn crash_points(seed: u64, bs: u32) -> usize {
         fsck_clean(&s2, &what);
         covered += 1;
     }
-    covered
+    (covered, by_thread)
 }
 
 #[test]
@@ -507,6 +525,25 @@ fn every_flush_point_recovers_1k() {
         total > 300,
         "workloads produced too few crash points: {total}"
     );
+}
+
+/// The same sweep with the checkpointer thread running, as mounts run by default: its
+/// checkpoints interleave with the workload's commits wherever the scheduler puts them,
+/// so each seed's schedule differs from run to run; every point of the schedule that
+/// happened is crashed at, and a failure names its seed and event. With a 64 KiB journal
+/// the thread writes checkpoints within each workload.
+#[test]
+fn every_flush_point_recovers_with_the_background_checkpointer() {
+    let mut total = 0;
+    let mut by_thread = 0;
+    for seed in 0..6 {
+        let (covered, thread) = crash_points_with(300 + seed, 4096, Checkpoints::Background);
+        total += covered;
+        by_thread += thread;
+    }
+    eprintln!("crash points covered (background checkpoints): {total}, {by_thread} by the thread");
+    assert!(by_thread > 0, "the checkpointer thread wrote no checkpoint");
+    assert!(total > 500, "workloads produced too few crash points: {total}");
 }
 
 /// Names of the tree-split workload: (name, event index its create started at, event
