@@ -543,7 +543,10 @@ fn every_flush_point_recovers_with_the_background_checkpointer() {
     }
     eprintln!("crash points covered (background checkpoints): {total}, {by_thread} by the thread");
     assert!(by_thread > 0, "the checkpointer thread wrote no checkpoint");
-    assert!(total > 500, "workloads produced too few crash points: {total}");
+    assert!(
+        total > 500,
+        "workloads produced too few crash points: {total}"
+    );
 }
 
 /// Names of the tree-split workload: (name, event index its create started at, event
