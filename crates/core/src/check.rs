@@ -20,6 +20,7 @@ use crate::geometry::Geometry;
 use crate::inode::{DirEntry, FileKind, Inode, InodeAttrs, NAME_MAX};
 use crate::meta::MetaState;
 use crate::record::Record;
+use crate::refcount::RefcountIndex;
 use crate::Ino;
 
 /// The outcome of checking a model.
@@ -59,12 +60,14 @@ pub fn check(meta: &MetaState, geo: &Geometry) -> CheckReport {
         }
     }
     let refs = references(meta);
+    let shared_problems = claim_shared(&mut r.allocator, &meta.refs, geo);
+    r.problems.extend(shared_problems);
     for inode in meta.inodes.values() {
         r.inodes += 1;
         link_problems(inode, refs.get(&inode.attrs.ino), &mut r.problems);
         r.problems
             .extend(layout_problem(&inode.attrs, inode.objects.len(), geo));
-        check_extents(inode, geo, &mut r);
+        check_extents(inode, &meta.refs, geo, &mut r);
         if inode.attrs.ino.0 >= meta.next_ino {
             r.problems.push(format!(
                 "inode {} is not below the next inode number {}",
@@ -73,6 +76,8 @@ pub fn check(meta: &MetaState, geo: &Geometry) -> CheckReport {
         }
     }
     check_reachable(meta, &mut r.problems);
+    r.problems
+        .extend(meta.refs.first_difference(&derived_refs(meta, geo)));
     r
 }
 
@@ -240,17 +245,19 @@ pub fn extent_problem(ino: Ino, obj: u32, block: u64, e: &Extent) -> Option<Stri
     }
     (e.refcount != 1).then(|| {
         format!(
-            "{}: refcount {} but sharing is not enabled",
+            "{}: refcount field {} (always 1: counts live in the refcount index)",
             at(),
             e.refcount
         )
     })
 }
 
-/// Claims an extent's blocks: they must lie in the target's data area and be claimed by
-/// no other extent.
+/// Claims an extent's unshared blocks: they must lie in the target's data area and be
+/// claimed by no other extent. Its shared blocks (those `refs` holds) are claimed once,
+/// by the index's own range ([`claim_shared`]).
 fn claim(
     alloc: &mut Allocator,
+    refs: &RefcountIndex,
     inode: &InodeAttrs,
     obj: u32,
     block: u64,
@@ -258,13 +265,54 @@ fn claim(
     geo: &Geometry,
 ) -> Option<String> {
     let target = inode.layout.target_of(obj, geo.target_count());
-    alloc
-        .mark_used(target, e.phys, e.len)
-        .err()
-        .map(|err| format!("inode {} object {obj} block {block}: {err}", inode.ino))
+    if refs.is_empty() || e.phys.checked_add(e.len).is_none() {
+        return alloc
+            .mark_used(target, e.phys, e.len)
+            .err()
+            .map(|err| format!("inode {} object {obj} block {block}: {err}", inode.ino));
+    }
+    for (p, l, c) in refs.pieces(target, e.phys, e.len) {
+        if c >= 2 {
+            continue;
+        }
+        if let Err(err) = alloc.mark_used(target, p, l) {
+            return Some(format!(
+                "inode {} object {obj} block {block}: {err}",
+                inode.ino
+            ));
+        }
+    }
+    None
 }
 
-fn check_extents(inode: &Inode, geo: &Geometry, r: &mut CheckReport) {
+/// Claims the blocks of every entry of the reference-count index (once each).
+fn claim_shared(alloc: &mut Allocator, refs: &RefcountIndex, geo: &Geometry) -> Vec<String> {
+    let mut out = Vec::new();
+    for (t, s, e) in refs.iter() {
+        if t.index() >= geo.targets.len() {
+            out.push(format!("refcount index names missing target {t}"));
+            continue;
+        }
+        if let Err(err) = alloc.mark_used(t, s, e.len) {
+            out.push(format!("refcount index range {s}..{}: {err}", s + e.len));
+        }
+    }
+    out
+}
+
+/// The index derived from every extent of `meta`.
+#[must_use]
+pub fn derived_refs(meta: &MetaState, geo: &Geometry) -> RefcountIndex {
+    RefcountIndex::derive(meta.inodes.values().flat_map(|i| {
+        let l = i.attrs.layout;
+        i.objects.iter().enumerate().flat_map(move |(obj, map)| {
+            let t = l.target_of(obj as u32, geo.target_count());
+            map.iter().map(move |(_, e)| (t, e.phys, e.len))
+        })
+    }))
+}
+
+fn check_extents(inode: &Inode, refs: &RefcountIndex, geo: &Geometry, r: &mut CheckReport) {
     let a = &inode.attrs;
     for (obj, map) in inode.objects.iter().enumerate() {
         if let Some(p) = map.check() {
@@ -277,7 +325,7 @@ fn check_extents(inode: &Inode, geo: &Geometry, r: &mut CheckReport) {
             r.problems
                 .extend(extent_problem(a.ino, obj as u32, block, e));
             r.problems
-                .extend(claim(&mut r.allocator, a, obj as u32, block, e, geo));
+                .extend(claim(&mut r.allocator, refs, a, obj as u32, block, e, geo));
         }
     }
 }
@@ -337,10 +385,14 @@ impl ReplayCheck {
     /// block another extent claims.
     pub fn new(meta: &MetaState, geo: &Geometry) -> Result<Self, String> {
         let mut alloc = Allocator::new(geo);
+        if let Some(p) = claim_shared(&mut alloc, &meta.refs, geo).into_iter().next() {
+            return Err(p);
+        }
         for inode in meta.inodes.values() {
             for (obj, map) in inode.objects.iter().enumerate() {
                 for (block, e) in map.iter() {
-                    if let Some(p) = claim(&mut alloc, &inode.attrs, obj as u32, block, e, geo) {
+                    let a = &inode.attrs;
+                    if let Some(p) = claim(&mut alloc, &meta.refs, a, obj as u32, block, e, geo) {
                         return Err(p);
                     }
                 }
@@ -404,7 +456,7 @@ impl ReplayCheck {
                 }
                 t.inodes.insert(*ino);
                 if let Some(i) = meta.get(*ino) {
-                    self.release_all(i, geo);
+                    self.release_all(i, &meta.refs, geo);
                     for e in i.entries.values() {
                         remove_ref(&mut self.refs, *ino, e);
                         t.inodes.insert(e.ino);
@@ -430,8 +482,16 @@ impl ReplayCheck {
                 if let Some(p) = extent_problem(*ino, *object, *block, &e) {
                     return Err(p);
                 }
-                self.release(i, *object, *block, *len, geo);
-                if let Some(p) = claim(&mut self.alloc, &i.attrs, *object, *block, &e, geo) {
+                self.release(i, &meta.refs, (*object, *block, *len), geo);
+                if let Some(p) = claim(
+                    &mut self.alloc,
+                    &meta.refs,
+                    &i.attrs,
+                    *object,
+                    *block,
+                    &e,
+                    geo,
+                ) {
                     return Err(p);
                 }
             }
@@ -447,7 +507,7 @@ impl ReplayCheck {
                         "inode {ino} object {object}: clear of {len} blocks at block {block}"
                     ));
                 }
-                self.release(i, *object, *block, *len, geo);
+                self.release(i, &meta.refs, (*object, *block, *len), geo);
             }
             Record::DirAdd {
                 dir,
@@ -476,6 +536,19 @@ impl ReplayCheck {
             }
             Record::SymlinkSet { ino, .. } => {
                 t.inodes.insert(*ino);
+            }
+            Record::RefcountSet {
+                target, phys, len, ..
+            } => {
+                if target.index() >= geo.targets.len()
+                    || phys.checked_add(*len).is_none()
+                    || geo.targets[target.index()].data_start > *phys
+                    || phys + len > geo.targets[target.index()].blocks
+                {
+                    return Err(format!(
+                        "refcount of target {target} blocks {phys}..+{len} outside the data area"
+                    ));
+                }
             }
             Record::XattrSet { .. } | Record::XattrRemove { .. } => {}
         }
@@ -507,10 +580,10 @@ impl ReplayCheck {
         let Some(old) = old.filter(|i| i.attrs.layout != a.layout && i.attrs.kind == a.kind) else {
             return Ok(());
         };
-        self.release_all(old, geo);
+        self.release_all(old, &meta.refs, geo);
         for (obj, map) in old.objects.iter().enumerate() {
             for (block, e) in map.iter() {
-                if let Some(p) = claim(&mut self.alloc, a, obj as u32, block, e, geo) {
+                if let Some(p) = claim(&mut self.alloc, &meta.refs, a, obj as u32, block, e, geo) {
                     return Err(p);
                 }
             }
@@ -526,20 +599,35 @@ impl ReplayCheck {
         }
     }
 
-    /// Returns the blocks mapped in `[block, block + len)` of an object.
-    fn release(&mut self, i: &Inode, obj: u32, block: u64, len: u64, geo: &Geometry) {
+    /// Returns the unshared blocks mapped in `[block, block + len)` of an object (shared
+    /// ones stay claimed by the index's range).
+    fn release(
+        &mut self,
+        i: &Inode,
+        refs: &RefcountIndex,
+        (obj, block, len): (u32, u64, u64),
+        geo: &Geometry,
+    ) {
         let target = i.attrs.layout.target_of(obj, geo.target_count());
         for r in i.objects[obj as usize].mapped_in(block, len) {
-            self.alloc.free_now(target, r.phys, r.len);
+            self.free_unshared(refs, target, r.phys, r.len);
         }
     }
 
-    /// Returns every block of an inode.
-    fn release_all(&mut self, i: &Inode, geo: &Geometry) {
+    fn free_unshared(&mut self, refs: &RefcountIndex, t: crate::TargetId, phys: u64, len: u64) {
+        for (p, l, c) in refs.pieces(t, phys, len) {
+            if c < 2 {
+                self.alloc.free_now(t, p, l);
+            }
+        }
+    }
+
+    /// Returns every unshared block of an inode.
+    fn release_all(&mut self, i: &Inode, refs: &RefcountIndex, geo: &Geometry) {
         for (obj, map) in i.objects.iter().enumerate() {
             let target = i.attrs.layout.target_of(obj as u32, geo.target_count());
             for (_, e) in map.iter() {
-                self.alloc.free_now(target, e.phys, e.len);
+                self.free_unshared(refs, target, e.phys, e.len);
             }
         }
     }
@@ -848,7 +936,7 @@ mod tests {
                     value: b"1".to_vec(),
                 }],
             ),
-            ("refcount 10241", false, vec![ext(0, 0, 4, d0, 10241)]),
+            ("refcount field 10241", false, vec![ext(0, 0, 4, d0, 10241)]),
             (
                 "extent over the metadata area",
                 false,
@@ -979,7 +1067,59 @@ mod tests {
                     target: Vec::new(),
                 }],
             ),
+            (
+                "a clone within the file: counted, then mapped again",
+                true,
+                vec![
+                    Record::RefcountSet {
+                        target: crate::TargetId(0),
+                        phys: d0,
+                        len: 4,
+                        count: 2,
+                    },
+                    ext(0, 8, 4, d0, 1),
+                ],
+            ),
+            (
+                "blocks mapped again without a count",
+                false,
+                vec![ext(0, 8, 4, d0, 1)],
+            ),
         ]
+    }
+
+    /// fsck compares the index with the counts the extents derive, both ways.
+    #[test]
+    fn refcounts_must_equal_what_extents_derive() {
+        let g = geo();
+        let d0 = g.targets[0].data_start;
+        let count = |n| Record::RefcountSet {
+            target: crate::TargetId(0),
+            phys: d0,
+            len: 4,
+            count: n,
+        };
+        let mut m = base(&g);
+        m.apply(&count(2)).unwrap();
+        let r = check(&m, &g);
+        assert!(
+            r.problems.iter().any(|p| p.contains("have 2 owners")),
+            "a count no second extent backs: {:?}",
+            r.problems
+        );
+        m.apply(&ext(0, 8, 4, d0, 1)).unwrap();
+        assert!(check(&m, &g).is_clean());
+        m.apply(&count(3)).unwrap();
+        assert!(!check(&m, &g).is_clean(), "count 3, two extents");
+        m.apply(&count(2)).unwrap();
+        m.apply(&Record::ExtentClear {
+            ino: Ino(F),
+            object: 0,
+            block: 8,
+            len: 4,
+        })
+        .unwrap();
+        assert!(!check(&m, &g).is_clean(), "the clone gone, the count left");
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod journal;
 pub mod layout;
 pub mod meta;
 pub mod record;
+pub mod refcount;
 pub mod superblock;
 pub mod units;
 

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use crate::extent::Extent;
 use crate::inode::{FileKind, Inode};
 use crate::record::Record;
+use crate::refcount::RefcountIndex;
 use crate::{CoreError, Ino};
 
 /// Every inode of the file system, by number.
@@ -20,6 +21,8 @@ pub struct MetaState {
     pub inodes: BTreeMap<Ino, Inode>,
     /// Next inode number to hand out; inode numbers are never reused.
     pub next_ino: u64,
+    /// The reference-count index: blocks two or more extents map (`crate::refcount`).
+    pub refs: RefcountIndex,
 }
 
 impl MetaState {
@@ -29,6 +32,7 @@ impl MetaState {
         Self {
             inodes: BTreeMap::new(),
             next_ino: Ino::ROOT.0,
+            refs: RefcountIndex::new(),
         }
     }
 
@@ -72,8 +76,14 @@ impl MetaState {
                     return Err(misfit(format!("free of missing inode {ino}")));
                 }
             }
+            Record::RefcountSet {
+                target,
+                phys,
+                len,
+                count,
+            } => self.refs.set(*target, *phys, *len, *count),
             _ => {
-                let ino = rec.subject();
+                let ino = rec.subject().expect("every other record names an inode");
                 apply_to(self.get_mut(ino, rec)?, rec)?;
             }
         }
@@ -118,7 +128,7 @@ pub fn new_inode(rec: &Record) -> Result<Inode, CoreError> {
 /// `Corrupted` as [`MetaState::apply`].
 pub fn apply_to(i: &mut Inode, rec: &Record) -> Result<(), CoreError> {
     debug_assert_eq!(
-        i.attrs.ino,
+        Some(i.attrs.ino),
         rec.subject(),
         "record applied to another inode"
     );
@@ -202,6 +212,9 @@ pub fn apply_to(i: &mut Inode, rec: &Record) -> Result<(), CoreError> {
             }
         }
         Record::SymlinkSet { target, .. } => i.symlink.clone_from(target),
+        Record::RefcountSet { .. } => {
+            return Err(misfit(format!("{rec:?} applied to inode {}", i.attrs.ino)));
+        }
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use crate::inode::{
     FileKind, InodeAttrs, Timespec, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX,
 };
 use crate::layout::StripeLayout;
-use crate::{CoreError, Ino};
+use crate::{CoreError, Ino, TargetId};
 
 /// One metadata change.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +58,15 @@ pub enum Record {
     XattrRemove { ino: Ino, name: Vec<u8> },
     /// Set a symlink's target.
     SymlinkSet { ino: Ino, target: Vec<u8> },
+    /// Physical blocks `[phys, phys + len)` of `target` are mapped by `count` extents
+    /// (`crate::refcount`): 2 or more is an entry of the reference-count index; 1 drops
+    /// them from it (one owner left).
+    RefcountSet {
+        target: TargetId,
+        phys: u64,
+        len: u64,
+        count: u32,
+    },
 }
 
 const T_INODE_SET: u8 = 1;
@@ -69,6 +78,7 @@ const T_DIR_REMOVE: u8 = 6;
 const T_XATTR_SET: u8 = 7;
 const T_XATTR_REMOVE: u8 = 8;
 const T_SYMLINK_SET: u8 = 9;
+const T_REFCOUNT_SET: u8 = 10;
 
 fn enc_time(e: &mut Enc, t: Timespec) {
     e.i64(t.sec);
@@ -248,6 +258,18 @@ impl Record {
                 b.blob(target);
                 T_SYMLINK_SET
             }
+            Record::RefcountSet {
+                target,
+                phys,
+                len,
+                count,
+            } => {
+                b.u32(target.0);
+                b.u64(*phys);
+                b.u64(*len);
+                b.u32(*count);
+                T_REFCOUNT_SET
+            }
         };
         e.u8(tag);
         e.u32(u32::try_from(b.len()).expect("record body below 4 GiB"));
@@ -345,6 +367,20 @@ impl Record {
                 ino: Ino(b.u64()?),
                 target: b.blob(SYMLINK_MAX)?.to_vec(),
             },
+            T_REFCOUNT_SET => {
+                let (target, phys, len, count) = (TargetId(b.u32()?), b.u64()?, b.u64()?, b.u32()?);
+                if len == 0 || phys.checked_add(len).is_none() || count == 0 {
+                    return Err(b.err(format!(
+                        "refcount of {len} blocks at target {target} block {phys}: count {count}"
+                    )));
+                }
+                Record::RefcountSet {
+                    target,
+                    phys,
+                    len,
+                    count,
+                }
+            }
             other => return Err(d.err(format!("unknown record type {other}"))),
         };
         if b.remaining() != 0 {
@@ -369,18 +405,20 @@ impl Record {
         Ok(out)
     }
 
-    /// The inode this record is about (the directory for entry records).
+    /// The inode this record is about (the directory for entry records); `None` for
+    /// reference counts, which are about physical blocks.
     #[must_use]
-    pub fn subject(&self) -> Ino {
+    pub fn subject(&self) -> Option<Ino> {
         match self {
-            Record::InodeSet(a) => a.ino,
-            Record::InodeFree(i) => *i,
+            Record::InodeSet(a) => Some(a.ino),
+            Record::InodeFree(i) => Some(*i),
             Record::ExtentSet { ino, .. }
             | Record::ExtentClear { ino, .. }
             | Record::XattrSet { ino, .. }
             | Record::XattrRemove { ino, .. }
-            | Record::SymlinkSet { ino, .. } => *ino,
-            Record::DirAdd { dir, .. } | Record::DirRemove { dir, .. } => *dir,
+            | Record::SymlinkSet { ino, .. } => Some(*ino),
+            Record::DirAdd { dir, .. } | Record::DirRemove { dir, .. } => Some(*dir),
+            Record::RefcountSet { .. } => None,
         }
     }
 }
@@ -451,6 +489,12 @@ mod tests {
             Record::SymlinkSet {
                 ino: Ino(9),
                 target: b"/x".to_vec(),
+            },
+            Record::RefcountSet {
+                target: TargetId(2),
+                phys: 77,
+                len: 3,
+                count: 2,
             },
             Record::InodeFree(Ino(9)),
         ];

@@ -388,7 +388,7 @@ impl Fs {
             }
             recs.push(Record::InodeSet(a));
         }
-        self.inner.log_all(&mut m, recs)
+        self.log_remapped(&mut m, ino, recs)
     }
 
     /// Speculative preallocation for an extending write: when nothing is mapped or delayed
@@ -480,7 +480,6 @@ impl Fs {
         }
         let size = m.size_of(ino).unwrap_or(i.attrs.size);
         let l = i.attrs.layout;
-        let mut recs = Vec::new();
         for object in 0..l.count {
             let keep = bs.blocks_for(l.object_len(object, size));
             self.clear_object_range(
@@ -489,10 +488,9 @@ impl Fs {
                 object,
                 (keep, u64::MAX),
                 Some(ExtentState::Unwritten),
-                &mut recs,
             )?;
         }
-        self.inner.log_all(m, recs)
+        Ok(())
     }
 
     /// Drops delalloc ranges that no dirty cache block backs any more (after a failed

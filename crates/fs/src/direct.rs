@@ -318,9 +318,11 @@ impl Fs {
         let mut only = true;
         iterate(mapper, off, len, IomapOp::Report, |map, p, n| {
             let whole_blocks = p.is_multiple_of(bs) && (p + n).is_multiple_of(bs);
+            // Shared blocks are never written in place: the write allocates.
+            let shared = map.flags.contains(stripefs_iomap::IomapFlags::SHARED);
             only = match map.kind {
-                IomapKind::Mapped => true,
-                IomapKind::Unwritten => whole_blocks,
+                IomapKind::Mapped => !shared,
+                IomapKind::Unwritten => whole_blocks && !shared,
                 IomapKind::Hole | IomapKind::Delalloc | IomapKind::Shared => false,
             };
             Ok(if only {
@@ -349,6 +351,7 @@ impl Fs {
             // size change can expose the gap.
             self.writeback_file(ino, stripefs_iomap::WbWait::Busy)?;
         }
+        self.cow_partial_edges(&mapper, off, data.len() as u64)?;
         self.touch_mtime(ino)?;
         let r = dio_write_wait(&mapper, off, data);
         if r.is_ok() {
@@ -357,6 +360,31 @@ impl Fs {
             mapper.allocated.commit();
         }
         r
+    }
+
+    /// A direct write covering part of a shared block: that block is copied to a block
+    /// of its own first (`cow_block`), so the write lands on it in place; whole shared
+    /// blocks get new blocks from the mapping (copy on write).
+    fn cow_partial_edges(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
+        if self.inner.meta.lock().refs.is_empty() {
+            return Ok(()); // nothing is shared: no walk
+        }
+        let bs = self.inner.geo.block_size;
+        let end = off + len;
+        let first = bs.round_down(off);
+        let last = bs.round_down(end - 1);
+        let partial_first = off != first || end < first + bs.bytes_u64();
+        let partial_last = last != first && bs.offset_in_block(end) != 0;
+        for (pos, partial) in [(first, partial_first), (last, partial_last)] {
+            if !partial || pos >= mapper.size() {
+                continue;
+            }
+            let map = mapper.begin_report(pos)?;
+            if map.flags.contains(stripefs_iomap::IomapFlags::SHARED) {
+                self.cow_block(mapper.ino, &map, pos, |_| {})?;
+            }
+        }
+        Ok(())
     }
 
     /// Reserves, per target, the blocks of every hole in the range. False if some target
@@ -418,7 +446,7 @@ impl Fs {
             m.mark_data(ino);
             recs.push(Record::InodeSet(a));
         }
-        self.inner.log_all(&mut m, recs)
+        self.log_remapped(&mut m, ino, recs)
     }
 
     pub(crate) fn touch_mtime(&self, ino: Ino) -> Result<()> {

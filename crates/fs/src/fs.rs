@@ -121,6 +121,7 @@ impl Fs {
         // The replayed records are in the trees (applied at load), so their free-space
         // changes are in the space tree the allocator is read from.
         let alloc = build_allocator(&l)?;
+        let refs = stripefs_meta::refcount::load(&l.store)?;
         let counter = items::counter(&l.store)?;
         let orphans = items::orphans(&l.store)?;
         let committed = l.next_seq - 1;
@@ -148,6 +149,7 @@ impl Fs {
         let meta = MetaCore {
             state: view,
             alloc,
+            refs,
             txn: Txn::new(l.next_seq),
             rotor: 0,
             inodes: crate::icache::InodeTable::default(),
@@ -777,6 +779,12 @@ impl Fs {
         if let Err(e) = seen {
             tracing::warn!(error = %e, "space books: the trees could not be read");
         }
+        // A shared block is in several maps but on the target once.
+        for (t, _, e) in m.refs.iter() {
+            let extra = e.len * u64::from(e.count - 1);
+            let b = &mut books[t.index()].extent_blocks;
+            *b = b.saturating_sub(extra);
+        }
         books
     }
 
@@ -788,6 +796,34 @@ impl Fs {
         self.space_accounting()
             .iter()
             .try_for_each(SpaceAccount::check)
+    }
+
+    /// Checks that the reference-count index equals the counts every extent map derives
+    /// (`docs/design/reflink.md`); reads every inode (tests and tools).
+    ///
+    /// # Errors
+    /// The first difference, worded as fsck words it, or an inode that could not be read.
+    pub fn check_refcounts(&self) -> std::result::Result<(), String> {
+        let m = self.inner.meta.lock();
+        let n = self.inner.geo.target_count();
+        let mut pieces = Vec::new();
+        m.state
+            .each_inode(&mut |i| {
+                let l = i.attrs.layout;
+                for (object, map) in i.objects.iter().enumerate() {
+                    let t = l.target_of(object as u32, n);
+                    pieces.extend(map.iter().map(|(_, e)| (t, e.phys, e.len)));
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        let derived = stripefs_core::refcount::RefcountIndex::derive(pieces);
+        m.refs.first_difference(&derived).map_or(Ok(()), Err)
+    }
+
+    /// Blocks shared by two or more extents, counted once (what a clone saved).
+    #[must_use]
+    pub fn shared_blocks(&self) -> u64 {
+        self.inner.meta.lock().refs.shared_blocks()
     }
 
     /// Blocks freed by a transaction stay busy until it is durable (see `Allocator`), so
@@ -854,9 +890,10 @@ impl Fs {
     }
 
     /// Unmaps object blocks `[from, from + len)` of `ino`'s object `object` (only extents
-    /// in state `only`, if given): appends an `ExtentClear` per mapped piece to `recs` and
-    /// frees the blocks once the running transaction commits (busy extents). The caller
-    /// has waited for every writeback write of the range (its cache is gone).
+    /// in state `only`, if given): logs an `ExtentClear` per mapped piece, each followed
+    /// by the reference-count decrements of its shared blocks, and frees the others once
+    /// the running transaction commits (busy extents). The caller has waited for every
+    /// writeback write of the range (its cache is gone).
     pub(crate) fn clear_object_range(
         &self,
         m: &mut MetaCore,
@@ -864,13 +901,37 @@ impl Fs {
         object: u32,
         range: (u64, u64),
         only: Option<stripefs_core::extent::ExtentState>,
-        recs: &mut Vec<Record>,
     ) -> Result<()> {
         let seq = m.txn.seq;
-        for f in self.unmap_object_range(m, ino, object, range, only, recs)? {
+        let mut recs = Vec::new();
+        let pieces = self.unmap_object_range(m, ino, object, range, only, &mut recs)?;
+        for f in self.log_released(m, recs.into_iter().zip(pieces).collect())? {
             m.alloc.free_after(f.target, f.phys, f.len, seq);
         }
         Ok(())
+    }
+
+    /// Logs each record that unmaps blocks, each followed at once by the decrements of the
+    /// shared blocks it unmapped (`docs/design/reflink.md`): the next record, here and when
+    /// the trees apply them in this order, sees the counts the previous one left (one
+    /// file may map a shared block twice). Returns the blocks whose last owner let go.
+    pub(crate) fn log_released(
+        &self,
+        m: &mut MetaCore,
+        batch: Vec<(Record, Freed)>,
+    ) -> Result<Vec<Freed>> {
+        let mut freed = Vec::new();
+        for (rec, f) in batch {
+            self.inner.log_all(m, vec![rec])?;
+            let r = m.refs.release(&[(f.target, f.phys, f.len)]);
+            self.inner.log_all(m, r.records)?;
+            freed.extend(r.freed.into_iter().map(|(target, phys, len)| Freed {
+                target,
+                phys,
+                len,
+            }));
+        }
+        Ok(freed)
     }
 
     /// Appends an `ExtentClear` per mapped piece of object blocks `[from, from + len)` of
@@ -917,20 +978,15 @@ impl Fs {
     /// dropped its page cache: a writeback write of the file may still be on its way.
     pub(crate) fn free_inode(&self, m: &mut MetaCore, ino: Ino) -> Result<()> {
         let inode = m.state.get(ino)?.ok_or(FsError::Stale(ino.0))?.clone();
-        let mut recs = Vec::new();
-        let mut blocks = Vec::new();
+        let mut batch = Vec::new();
         for object in 0..inode.objects.len() as u32 {
-            blocks.extend(self.unmap_object_range(
-                m,
-                ino,
-                object,
-                (0, u64::MAX),
-                None,
-                &mut recs,
-            )?);
+            let mut recs = Vec::new();
+            let pieces = self.unmap_object_range(m, ino, object, (0, u64::MAX), None, &mut recs)?;
+            batch.extend(recs.into_iter().zip(pieces));
         }
-        recs.push(Record::InodeFree(ino));
-        self.inner.log_all(m, recs)?;
+        // Shared blocks lose this owner; only the others are the dead inode's to free.
+        let blocks = self.log_released(m, batch)?;
+        self.inner.log_all(m, vec![Record::InodeFree(ino)])?;
         let n = self.inner.geo.target_count();
         let l = inode.attrs.layout;
         if let Some(c) = m.inodes.remove(ino) {

@@ -143,12 +143,17 @@ fn check(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) -> 
         journal_txns: end.txns,
     });
     let mut c = walk::Checker::new(geo, geo.uuid, &opened.targets);
+    match stripefs_meta::refcount::load(store) {
+        Ok(refs) => c.set_refs(refs),
+        Err(e) => c.problem(None, format!("the refcount tree does not load: {e}")),
+    }
     let mut pages = Vec::new();
     // The space tree last: its free runs are checked against every claim.
     for tree in [TreeId::Fs, TreeId::Refcount, TreeId::Csum, TreeId::Space] {
         pages.push((tree, walk_tree(&mut c, store, tree, progress)?));
         if tree == TreeId::Fs {
             c.finish_group()?;
+            c.check_refcounts();
             for o in std::mem::take(&mut c.orphan_index) {
                 c.problem(
                     Some(Ino(o)),

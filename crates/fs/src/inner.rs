@@ -51,6 +51,10 @@ pub(crate) struct MetaCore {
     /// The decoded inodes in core, read from the trees on a miss (`metaview.rs`).
     pub state: crate::metaview::MetaView,
     pub alloc: Allocator,
+    /// The reference-count index (`docs/design/reflink.md`): only shared ranges, whole in
+    /// memory, loaded at mount from the `refcount` tree and changed by `RefcountSet`
+    /// records as they are logged.
+    pub refs: stripefs_core::refcount::RefcountIndex,
     pub txn: Txn,
     /// Next first-target for new files, so that files spread over the targets.
     pub rotor: u32,
@@ -142,17 +146,36 @@ impl MetaCore {
     /// `Corrupted` if the model rejects the record (damaged metadata or a bug); the caller
     /// poisons the file system.
     pub fn log(&mut self, mut rec: Record) -> Result<()> {
+        if let Record::RefcountSet {
+            target,
+            phys,
+            len,
+            count,
+        } = rec
+        {
+            self.refs.set(target, phys, len, count);
+            self.txn.bytes += rec.encoded_len();
+            self.txn.records.push(rec);
+            return Ok(());
+        }
         self.fold_lazy_atime(&mut rec);
         let needed_for_data = self.needed_to_reach_data(&rec)?;
         let seq = self.txn.seq;
         self.state.apply(&rec, seq)?;
-        let ino = rec.subject();
+        let ino = rec.subject().expect("only reference counts name no inode");
         self.inodes.entry(ino).meta_seq = seq;
         if let Some(i) = needed_for_data {
             self.inodes.entry(i).data_seq = seq;
         }
         if let Record::InodeSet(a) = &rec {
-            if let Some(&at) = self.txn.inode_set_at.get(&a.ino) {
+            // A later InodeSet replaces the transaction's earlier one in place, unless it
+            // changes the layout (an empty clone destination taking its source's): the
+            // extent records between them were applied with the old layout's targets.
+            let at = self.txn.inode_set_at.get(&a.ino).copied();
+            let same_layout = at.is_some_and(
+                |at| matches!(&self.txn.records[at], Record::InodeSet(o) if o.layout == a.layout),
+            );
+            if let (Some(at), true) = (at, same_layout) {
                 self.txn.records[at] = rec;
                 return Ok(());
             }

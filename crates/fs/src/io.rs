@@ -57,7 +57,7 @@ impl Fs {
         if size < old {
             for object in 0..i.attrs.layout.count {
                 let keep = bs.blocks_for(i.attrs.layout.object_len(object, size));
-                self.clear_object_range(&mut m, ino, object, (keep, u64::MAX), None, &mut recs)?;
+                self.clear_object_range(&mut m, ino, object, (keep, u64::MAX), None)?;
             }
         }
         let mut a = data_changed(&m, ino)?;
@@ -78,6 +78,11 @@ impl Fs {
         let map = mapper.begin_report(size)?;
         if !map.is_written() {
             return Ok(());
+        }
+        if map.flags.contains(stripefs_iomap::IomapFlags::SHARED) {
+            // Never in place on a shared block: zeroed in a copy of its own.
+            let at = bs.offset_in_block(size) as usize;
+            return self.cow_block(mapper.ino, &map, size, |b| b[at..].fill(0));
         }
         let first = bs.round_down(size);
         let offset = bs.to_bytes(map.addr.phys) + (first - map.offset);
@@ -223,7 +228,9 @@ impl Fs {
             let delayed = m
                 .delalloc_of(mapper.ino, object as usize)
                 .map_or(0, |d| d.overlap(b0, b1 - b0));
-            need[l.target_of(object, n).index()] += (b1 - b0) - mapped - delayed;
+            // Copy-on-write reservations are delayed allocations over mapped blocks:
+            // counted in both, so the holes are at least this many.
+            need[l.target_of(object, n).index()] += (b1 - b0).saturating_sub(mapped + delayed);
         }
         for (t, &want) in need.iter().enumerate() {
             let id = stripefs_core::TargetId(t as u32);
@@ -339,10 +346,18 @@ impl Fs {
             m.alloc.unreserve(l.target_of(object, n), removed);
             match fate {
                 BlockFate::Free => {
-                    self.clear_object_range(&mut m, ino, object, (block, blocks), None, &mut recs)?
+                    self.clear_object_range(&mut m, ino, object, (block, blocks), None)?
                 }
                 BlockFate::Unwritten => {
-                    recs.extend(self.unwritten_records(&m, ino, object, block, blocks)?)
+                    let t = l.target_of(object, n);
+                    let (conv, shared) =
+                        self.unwritten_records(&m, ino, (object, t), block, blocks)?;
+                    recs.extend(conv);
+                    // Shared blocks are not turned unwritten (a later write would land on
+                    // them in place): this file lets go of them; the range is a hole.
+                    for (b, len) in shared {
+                        self.clear_object_range(&mut m, ino, object, (b, len), None)?;
+                    }
                 }
             }
         }
@@ -350,33 +365,44 @@ impl Fs {
     }
 
     /// Records turning the written extents of object blocks `[block, block + blocks)`
-    /// unwritten (same blocks; reads become zeros).
+    /// unwritten (same blocks; reads become zeros), and the object ranges over shared
+    /// blocks, which are left out.
     fn unwritten_records(
         &self,
         m: &crate::inner::MetaCore,
         ino: Ino,
-        object: u32,
+        (object, target): (u32, stripefs_core::TargetId),
         block: u64,
         blocks: u64,
-    ) -> Result<Vec<Record>> {
+    ) -> Result<(Vec<Record>, Vec<ObjectRange>)> {
         let i = inode(m, ino)?;
-        Ok(i.objects[object as usize]
-            .range(block, blocks)
-            .filter(|(_, e)| e.state == ExtentState::Written)
-            .map(|(s, e)| {
-                let from = s.max(block);
-                let len = (s + e.len).min(block + blocks) - from;
-                Record::ExtentSet {
+        let mut recs = Vec::new();
+        let mut shared = Vec::new();
+        for (s, e) in i.objects[object as usize].range(block, blocks) {
+            if e.state != ExtentState::Written {
+                continue;
+            }
+            let from = s.max(block);
+            let len = (s + e.len).min(block + blocks) - from;
+            let phys = e.phys + (from - s);
+            for (p, l, c) in m.refs.pieces(target, phys, len) {
+                let at = from + (p - phys);
+                if c >= 2 {
+                    shared.push((at, l));
+                    continue;
+                }
+                recs.push(Record::ExtentSet {
                     ino,
                     object,
-                    block: from,
-                    len,
-                    phys: e.phys + (from - s),
+                    block: at,
+                    len: l,
+                    phys: p,
                     state: ExtentState::Unwritten,
-                    refcount: e.refcount,
-                }
-            })
-            .collect())
+                    refcount: 1,
+                });
+            }
+        }
+        Ok((recs, shared))
     }
 
     /// Makes the file's data and metadata durable (`fsync`), or its data and the metadata
@@ -461,6 +487,9 @@ enum BlockFate {
     /// Keep allocated, read as zeros (zero range).
     Unwritten,
 }
+
+/// Object blocks `(first, count)` of one stripe object.
+type ObjectRange = (u64, u64);
 
 impl FileMapper<'_> {
     /// The mapping at `pos` without allocating.

@@ -44,6 +44,7 @@ mod options;
 mod path;
 mod queue;
 mod recovery;
+mod reflink;
 mod replay;
 mod types;
 mod wbgroup;

@@ -466,12 +466,24 @@ impl IomapOps for FileMapper<'_> {
                     ExtentState::Unwritten => IomapKind::Unwritten,
                 };
                 let off_in = obj_block - es;
-                (
-                    kind,
-                    IomapFlags::NONE,
-                    ext.phys + off_in,
-                    (ext.len - off_in).min(want),
-                )
+                let phys = ext.phys + off_in;
+                // Cut where sharing changes: one mapping is all shared or all not.
+                let (_, blocks, owners) =
+                    m.refs.pieces(target, phys, (ext.len - off_in).min(want))[0];
+                if owners >= 2 {
+                    self.map_shared(&mut m, op, (target, object, obj_block), kind, phys, blocks)?
+                } else {
+                    if op == IomapOp::Writeback {
+                        // A copy-on-write reservation whose blocks stopped being shared
+                        // (the other owners let go): written in place, the promise goes back.
+                        let da = m.delalloc_mut(self.ino, object, self.layout.count);
+                        if da.covering(obj_block).is_some() {
+                            let n = da.remove(obj_block, blocks);
+                            m.alloc.unreserve(target, n);
+                        }
+                    }
+                    (kind, IomapFlags::NONE, phys, blocks)
+                }
             }
             Lookup::Hole { next } => {
                 let hole = next.map_or(want, |n| (n - obj_block).min(want));
@@ -490,8 +502,7 @@ impl IomapOps for FileMapper<'_> {
             "NEW means allocated by this begin, never reserved"
         );
         debug_assert!(
-            !flags.contains(IomapFlags::RESERVED)
-                || (kind == IomapKind::Delalloc && op == IomapOp::BufferedWrite),
+            !flags.contains(IomapFlags::RESERVED) || op == IomapOp::BufferedWrite,
             "only a buffered write reserves"
         );
         debug_assert!(
@@ -571,6 +582,68 @@ impl IomapOps for FileMapper<'_> {
 }
 
 impl FileMapper<'_> {
+    /// Maps `blocks` shared blocks at `obj_block` (from `phys`) for `op`
+    /// (`docs/design/reflink.md`, "Copy on write"): reads use them; a buffered write
+    /// reserves a block for each (kept as a delayed allocation over the mapped blocks, so
+    /// writeback never meets `ENOSPC`); writeback and direct writes get new blocks, which
+    /// their completion records in place of the shared ones (`Fs::log_remapped`).
+    fn map_shared(
+        &self,
+        m: &mut MetaCore,
+        op: IomapOp,
+        (target, object, obj_block): (TargetId, u32, u64),
+        kind: IomapKind,
+        phys: u64,
+        blocks: u64,
+    ) -> Result<(IomapKind, IomapFlags, u64, u64)> {
+        let objects = self.layout.count;
+        match op {
+            IomapOp::Read | IomapOp::Report => Ok((kind, IomapFlags::SHARED, phys, blocks)),
+            // `Write` without a direct write's lock is preallocation (`fallocate`): the
+            // blocks are allocated already and stay shared.
+            IomapOp::Write if self.dio_lock.is_none() => {
+                Ok((kind, IomapFlags::SHARED, phys, blocks))
+            }
+            IomapOp::BufferedWrite => {
+                let da = m.delalloc_mut(self.ino, object, objects);
+                if let Some((s, l)) = da.covering(obj_block) {
+                    let n = (s + l - obj_block).min(blocks);
+                    return Ok((kind, IomapFlags::SHARED, phys, n));
+                }
+                let n = da
+                    .next_after(obj_block)
+                    .map_or(blocks, |x| (x - obj_block).min(blocks));
+                let got = n.min(m.alloc.available_blocks(target));
+                if got == 0 {
+                    return Err(FsError::NoSpace(format!("target {target} is full")));
+                }
+                self.fs.inner.alloc_fault(target)?;
+                assert!(m.alloc.reserve(target, got));
+                m.delalloc_mut(self.ino, object, objects)
+                    .insert(obj_block, got);
+                let flags = IomapFlags::SHARED.with(IomapFlags::RESERVED);
+                Ok((kind, flags, phys, got))
+            }
+            IomapOp::Writeback | IomapOp::Write => {
+                let da = m.delalloc_mut(self.ino, object, objects);
+                let (covered, next) = (da.covering(obj_block), da.next_after(obj_block));
+                let (new, got) = match covered {
+                    Some((s, l)) => {
+                        let n = (s + l - obj_block).min(blocks);
+                        self.allocate(m, target, object, obj_block, n, Funding::Reserved)?
+                    }
+                    // Up to the next reserved block: that one is paid for by its
+                    // reservation, which completion would otherwise leave promised.
+                    None => {
+                        let n = next.map_or(blocks, |x| (x - obj_block).min(blocks));
+                        self.allocate(m, target, object, obj_block, n, Funding::Free)?
+                    }
+                };
+                Ok((IomapKind::Mapped, IomapFlags::NEW, new, got))
+            }
+        }
+    }
+
     /// Maps `hole` blocks of hole at `obj_block` (possibly covered by delalloc) for `op`.
     fn map_hole(
         &self,

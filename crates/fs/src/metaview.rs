@@ -341,7 +341,13 @@ impl MetaView {
     /// # Errors
     /// `Corrupted` if the record does not fit (as `MetaState::apply`); a read error.
     pub fn apply(&mut self, rec: &Record, seq: u64) -> Result<()> {
-        let ino = rec.subject();
+        let Some(ino) = rec.subject() else {
+            return Err(CoreError::corrupted(
+                "metadata record",
+                format!("{rec:?} applied to the inodes"),
+            )
+            .into());
+        };
         let exists = self.get(ino)?.is_some();
         match rec {
             Record::InodeFree(_) if exists => {

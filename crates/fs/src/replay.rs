@@ -93,7 +93,9 @@ impl<'a> Replayer<'a> {
         let named = |e: String| CoreError::corrupted(at.to_string(), e);
         let mut t = Touched::default();
         for rec in recs {
-            self.touch(rec.subject())?;
+            if let Some(ino) = rec.subject() {
+                self.touch(ino)?;
+            }
             if let Record::DirAdd { ino, .. } = rec {
                 self.touch(*ino)?;
             }

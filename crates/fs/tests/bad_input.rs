@@ -425,7 +425,7 @@ fn journal_records_that_fsck_rejects_are_refused_by_mount() {
     let cases: Vec<(&str, &str, Alter)> = vec![
         (
             "refcount",
-            "refcount 10241 but sharing is not enabled",
+            "refcount field 10241 (always 1",
             Box::new(|r| {
                 if let Record::ExtentSet { refcount, .. } = r {
                     *refcount = 10241;

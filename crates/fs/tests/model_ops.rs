@@ -238,7 +238,8 @@ impl Run {
     fn step(&mut self) {
         self.ops += 1;
         match self.rng.below(100) {
-            0..=24 => self.op_write(),
+            0..=21 => self.op_write(),
+            22..=24 => self.op_clone(),
             25..=36 => self.op_read(),
             37..=41 => self.op_create(),
             42..=47 => self.op_truncate(),
@@ -253,6 +254,7 @@ impl Run {
             79..=80 => self.op_close_handle(),
             81..=82 => self.op_remount(),
             83..=96 => self.op_direct(),
+            97..=98 => self.op_clone(),
             _ => self.verify_all(),
         }
         self.check_sizes();
@@ -268,8 +270,87 @@ impl Run {
     /// delayed allocation, so no path (truncate, punch, unlink, failed writeback, eviction)
     /// leaks or double-returns space.
     fn check_space(&mut self) {
+        // Issue 12: the reference-count index equals what all extent maps derive.
+        if let Err(e) = self.sut.fs.check_refcounts() {
+            self.fail(&format!("refcounts: {e}"));
+        }
         if let Err(e) = self.sut.fs.check_space_accounting() {
             self.fail(&format!("space accounting: {e}"));
+        }
+    }
+
+    /// Clones (`clone_file`, `clone_range`) and `copy_file_range`: whole files, ranges,
+    /// onto the same file at another offset, over existing data; the model copies bytes.
+    fn op_clone(&mut self) {
+        let (Some((sname, src)), Some((dname, dst))) = (self.existing(), self.existing()) else {
+            return;
+        };
+        let bs = u64::from(self.c.block_size);
+        let ssize = self.model.data[&src].len() as u64;
+        let dsize = self.model.data[&dst].len() as u64;
+        let (si, di) = (self.sut.inos[&src], self.sut.inos[&dst]);
+        let what = format!("{}/{} -> {}/{}", sname.0, sname.1, dname.0, dname.1);
+        match self.rng.below(4) {
+            0 if src != dst => {
+                self.log.push(format!("clone_file {what}"));
+                if let Err(e) = self.sut.fs.clone_file(si, di) {
+                    self.fail(&format!("clone_file: {e}"));
+                }
+                let copy = self.model.data[&src].clone();
+                self.model.data.insert(dst, copy);
+            }
+            0 | 1 => {
+                let so = self.rng.below(ssize / bs + 1) * bs;
+                let avail = ssize.saturating_sub(so);
+                let mut len = if self.rng.one_in(3) || avail < bs {
+                    avail
+                } else {
+                    self.rng.range(1, avail / bs) * bs
+                };
+                let d_off = (self.rng.below(dsize + 8 * bs) / bs * bs).min(MAX_FILE / 2);
+                len = len.min((MAX_FILE - d_off) / bs * bs);
+                if len == 0 {
+                    return;
+                }
+                let span = len.next_multiple_of(bs);
+                let overlap = src == dst && so < d_off + span && d_off < so + span;
+                let bad_tail =
+                    !len.is_multiple_of(bs) && (so + len != ssize || d_off + len < dsize);
+                self.log.push(format!(
+                    "clone_range {what} src_off={so} dst_off={d_off} len={len}"
+                ));
+                match self.sut.fs.clone_range(si, so, di, d_off, len) {
+                    Err(FsError::Invalid(_)) if overlap || bad_tail => return,
+                    Ok(n) if n == len && !overlap && !bad_tail => {}
+                    other => self.fail(&format!(
+                        "clone_range returned {other:?} (overlap {overlap}, bad tail {bad_tail})"
+                    )),
+                }
+                let bytes = self.model.data[&src][so as usize..(so + len) as usize].to_vec();
+                self.model_write(dst, d_off, &bytes);
+            }
+            _ => {
+                let so = self.rng.below(ssize + 2);
+                let (d_off, len) = self.random_range(dsize, 300_000);
+                let d_off = d_off.min(MAX_FILE / 2);
+                let len = len.min(MAX_FILE - d_off);
+                let n = len.min(ssize.saturating_sub(so));
+                let overlap = src == dst && n > 0 && so < d_off + n && d_off < so + n;
+                self.log.push(format!(
+                    "copy_file_range {what} src_off={so} dst_off={d_off} len={len}"
+                ));
+                match self.sut.fs.copy_file_range(si, so, di, d_off, len) {
+                    Err(FsError::Invalid(_)) if overlap => return,
+                    Ok(got) if got == n && !overlap => {}
+                    other => self.fail(&format!(
+                        "copy_file_range returned {other:?}, model {n} (overlap {overlap})"
+                    )),
+                }
+                if n > 0 {
+                    let bytes = self.model.data[&src][so as usize..(so + n) as usize].to_vec();
+                    self.model_write(dst, d_off, &bytes);
+                }
+            }
         }
     }
 

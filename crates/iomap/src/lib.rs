@@ -61,6 +61,11 @@ impl IomapFlags {
     /// write over a hole): `end` gives back what the write did not use. Nothing is
     /// allocated, so this is not `NEW`.
     pub const RESERVED: Self = Self(8);
+    /// The mapped blocks are shared with other extents (a clone): reads may use them, a
+    /// write never lands on them (writeback and direct writes get new blocks, `NEW`, and
+    /// the file system remaps at completion). A buffered write over them is `RESERVED`
+    /// for that copy.
+    pub const SHARED: Self = Self(16);
     /// Empty set.
     pub const NONE: Self = Self(0);
 

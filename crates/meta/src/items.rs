@@ -242,6 +242,12 @@ impl<'a> Items<'a> {
             Record::XattrSet { ino, name, value } => self.xattr_set(rec, *ino, name, value),
             Record::XattrRemove { ino, name } => self.xattr_remove(rec, *ino, name),
             Record::SymlinkSet { ino, target } => self.symlink_set(rec, *ino, target),
+            Record::RefcountSet {
+                target,
+                phys,
+                len,
+                count,
+            } => crate::refcount::set(self.store, *target, *phys, *len, *count),
         }
     }
 
@@ -397,7 +403,7 @@ impl<'a> Items<'a> {
                 let space = object.and_then(|o| self.store.space_target(&attrs, o));
                 if let (Some(t), true) = (space, k.kind == KeyKind::Extent as u8) {
                     let e = decode_extent(&k, &v)?;
-                    crate::space::give(self.store, t, e.phys, e.len)?;
+                    crate::space::give_unshared(self.store, t, e.phys, e.len)?;
                 }
             }
         }
@@ -675,7 +681,11 @@ fn load_with(store: &Store, hash: NameHash) -> Result<MetaState, MetaError> {
         inodes.insert(i.attrs.ino, i);
         Ok(())
     })?;
-    Ok(MetaState { inodes, next_ino })
+    Ok(MetaState {
+        inodes,
+        next_ino,
+        refs: crate::refcount::load(store)?,
+    })
 }
 
 /// Hands every inode of the fs tree to `f`, in inode order, holding one at a time

@@ -14,6 +14,7 @@
 mod cache;
 pub mod items;
 mod pagelog;
+pub mod refcount;
 pub mod region;
 pub mod space;
 

@@ -103,6 +103,25 @@ pub(crate) fn take(store: &Store, t: TargetId, start: u64, len: u64) -> Result<(
     Ok(())
 }
 
+/// Gives back the blocks of `[start, start + len)` that the reference-count index does
+/// not hold (an extent left to an inode's free).
+///
+/// # Errors
+/// As [`give`].
+pub(crate) fn give_unshared(
+    store: &Store,
+    t: TargetId,
+    start: u64,
+    len: u64,
+) -> Result<(), MetaError> {
+    let run = [(start, start + len)];
+    let shared = crate::refcount::shared_runs(store, t, &run)?;
+    for (s, e) in minus(&run, &shared) {
+        give(store, t, s, e - s)?;
+    }
+    Ok(())
+}
+
 /// Marks `[start, start + len)` of `t` free, merging with its neighbours.
 ///
 /// # Errors
@@ -192,6 +211,11 @@ fn tree_runs(store: &Store) -> Result<Vec<(TargetId, u64, u64)>, MetaError> {
 fn phys_runs(map: &ExtentMap) -> Vec<(u64, u64)> {
     let mut v: Vec<(u64, u64)> = map.iter().map(|(_, e)| (e.phys, e.phys + e.len)).collect();
     v.sort_unstable();
+    merged(v)
+}
+
+/// Sorted `[start, end)` pairs, overlapping or touching ones merged.
+fn merged(v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
     for (s, e) in v {
         match out.last_mut() {
@@ -226,7 +250,9 @@ fn minus(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 }
 
 /// The free-space side of an extent record: blocks the window of one object's map held
-/// before and no longer holds are free, blocks it holds now and did not are used.
+/// before and no longer holds are free, blocks it holds now and did not are used; blocks
+/// the reference-count index holds are neither (other extents map them: a clone logs its
+/// increments before its extent records, a release its decrements after them).
 ///
 /// # Errors
 /// `Corrupted` when a block freed is free already or a block used is not free (two
@@ -238,6 +264,10 @@ pub(crate) fn extent_change(
     after: &ExtentMap,
 ) -> Result<(), MetaError> {
     let (old, new) = (phys_runs(before), phys_runs(after));
+    let mut all: Vec<(u64, u64)> = old.iter().chain(new.iter()).copied().collect();
+    all.sort_unstable();
+    let shared = crate::refcount::shared_runs(store, t, &merged(all))?;
+    let (old, new) = (minus(&old, &shared), minus(&new, &shared));
     for (s, e) in minus(&old, &new) {
         give(store, t, s, e - s)?;
     }

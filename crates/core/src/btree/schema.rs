@@ -11,6 +11,7 @@ use crate::codec::{Dec, Enc};
 use crate::extent::{Extent, ExtentState};
 use crate::inode::{FileKind, InodeAttrs, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX};
 use crate::record::{dec_attrs, enc_attrs};
+use crate::refcount::Shared;
 use crate::{CoreError, Ino, TargetId};
 
 /// Version byte that starts an inode item's value.
@@ -329,6 +330,41 @@ pub fn decode_free_space(key: &Key, value: &[u8]) -> Result<(TargetId, u64, u64)
     Ok((TargetId(target), key.a, len))
 }
 
+/// The key of the reference-count item of `target`'s shared range at `start`.
+#[must_use]
+pub fn refcount_key(target: TargetId, start: u64) -> Key {
+    Key::new(u64::from(target.0), KeyKind::Refcount, start, 0)
+}
+
+/// A reference-count item: `(target, Refcount, first block, 0)` -> length u64, count u32.
+#[must_use]
+pub fn refcount_item(target: TargetId, start: u64, e: Shared) -> (Key, Vec<u8>) {
+    let mut v = Enc::new();
+    v.u64(e.len);
+    v.u32(e.count);
+    (refcount_key(target, start), v.buf)
+}
+
+/// Decodes a reference-count item: (target, first block, range).
+///
+/// # Errors
+/// `Corrupted` naming the key: wrong length, empty or overflowing range, a count below 2.
+pub fn decode_refcount(key: &Key, value: &[u8]) -> Result<(TargetId, u64, Shared), CoreError> {
+    let w = what(key);
+    let mut d = Dec::shown(value, &w);
+    let len = d.u64()?;
+    let count = d.u32()?;
+    let target = u32::try_from(key.object).map_err(|_| d.err("target out of range"))?;
+    if d.remaining() != 0 || len == 0 || key.a.checked_add(len).is_none() || key.b != 0 || count < 2
+    {
+        return Err(d.err(format!(
+            "shared range of {len} blocks at {} with count {count}",
+            key.a
+        )));
+    }
+    Ok((TargetId(target), key.a, Shared { len, count }))
+}
+
 /// The items of a symlink target: chunks of at most [`VALUE_MAX`] bytes.
 #[must_use]
 pub fn symlink_items(ino: Ino, target: &[u8]) -> Vec<(Key, Vec<u8>)> {
@@ -489,6 +525,15 @@ mod tests {
         assert_eq!(decode_free_space(&fk, &fv).unwrap(), (TargetId(3), 100, 20));
         assert!(decode_free_space(&fk, &0u64.to_le_bytes()).is_err());
         assert!(decode_free_space(&fk, &fv[..4]).is_err());
+        let sh = Shared { len: 5, count: 3 };
+        let (rk, rv) = refcount_item(TargetId(1), 70, sh);
+        assert_eq!(decode_refcount(&rk, &rv).unwrap(), (TargetId(1), 70, sh));
+        let (_, one) = refcount_item(TargetId(1), 70, Shared { len: 5, count: 1 });
+        assert!(
+            decode_refcount(&rk, &one).is_err(),
+            "count 1 is not an entry"
+        );
+        assert!(decode_refcount(&rk, &rv[..8]).is_err());
     }
 
     #[test]

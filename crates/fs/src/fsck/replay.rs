@@ -125,9 +125,25 @@ impl Txn<'_, '_, '_> {
             let from = s.max(lo);
             let to = (s + e.len).min(hi);
             if from < to {
+                // Shared blocks stay claimed (by the index's range) while owners remain.
+                for (p, l, c) in self.c.refs.pieces(target, e.phys + (from - s), to - from) {
+                    if c < 2 {
+                        self.c.blocks.release(target, p, l);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims the unshared blocks of `[phys, phys + len)` (shared ones are the index's).
+    fn claim(&mut self, t: stripefs_core::TargetId, phys: u64, len: u64) -> Broken {
+        for (p, l, c) in self.c.refs.pieces(t, phys, len) {
+            if c < 2 {
                 self.c
                     .blocks
-                    .release(target, e.phys + (from - s), to - from);
+                    .claim(t, p, l, Claimant::Extent)
+                    .map_err(|e| e.to_string())?;
             }
         }
         Ok(())
@@ -233,7 +249,7 @@ impl Txn<'_, '_, '_> {
                     .extents
                     .saturating_sub(self.window(&a, *object, *block, *len)?);
                 let target = a.layout.target_of(*object, self.c.geo.target_count());
-                if let Err(err) = self.c.blocks.claim(target, *phys, *len, Claimant::Extent) {
+                if let Err(err) = self.claim(target, *phys, *len) {
                     return Ok(Err(format!(
                         "inode {ino} object {object} block {block}: {err}"
                     )));
@@ -282,6 +298,22 @@ impl Txn<'_, '_, '_> {
                 self.t.inodes.insert(*ino);
             }
             Record::XattrSet { .. } | Record::XattrRemove { .. } => {}
+            Record::RefcountSet {
+                target,
+                phys,
+                len,
+                count,
+            } => {
+                let Some(g) = self.c.geo.targets.get(target.index()) else {
+                    return Ok(Err(format!("refcount of missing target {target}")));
+                };
+                if *phys < g.data_start || phys.saturating_add(*len) > g.blocks {
+                    return Ok(Err(format!(
+                        "refcount of target {target} blocks {phys}..+{len} outside the data area"
+                    )));
+                }
+                self.c.refs.set(*target, *phys, *len, *count);
+            }
         }
         Ok(Ok(()))
     }
@@ -346,7 +378,7 @@ impl Txn<'_, '_, '_> {
             self.release(&old, obj, None)?;
             let target = a.layout.target_of(obj, self.c.geo.target_count());
             for (s, e) in moved {
-                if let Err(err) = self.c.blocks.claim(target, e.phys, e.len, Claimant::Extent) {
+                if let Err(err) = self.claim(target, e.phys, e.len) {
                     return Ok(Err(format!(
                         "inode {} object {obj} block {s}: {err}",
                         a.ino

@@ -56,6 +56,11 @@ pub struct Checker<'a> {
     page_collisions: Vec<(TargetId, u64, u64, String)>,
     /// Largest tracked state seen (bytes), for the bound test.
     pub peak_bytes: usize,
+    /// The reference-count index (shared ranges only: memory follows what is shared),
+    /// loaded before the walk; its ranges are claimed once.
+    pub refs: stripefs_core::refcount::RefcountIndex,
+    /// Pieces of extents inside shared ranges, counted against the index after the walk.
+    pub shared_seen: Vec<stripefs_core::refcount::PhysPiece>,
 }
 
 /// One inode's items while they pass.
@@ -132,6 +137,36 @@ impl<'a> Checker<'a> {
             skip: None,
             page_collisions: Vec::new(),
             peak_bytes: 0,
+            refs: stripefs_core::refcount::RefcountIndex::new(),
+            shared_seen: Vec::new(),
+        }
+    }
+
+    /// Takes the reference-count index and claims its ranges (once each: the extents
+    /// over them are counted, not claimed).
+    pub fn set_refs(&mut self, refs: stripefs_core::refcount::RefcountIndex) {
+        for (t, s, e) in refs.iter() {
+            if t.index() >= self.geo.targets.len() {
+                self.problem(None, format!("refcount index names missing target {t}"));
+                continue;
+            }
+            if let Err(err) = self.blocks.claim(t, s, e.len, Claimant::Extent) {
+                let p = format!(
+                    "refcount index range {s}..{} of target {t}: {err}",
+                    s + e.len
+                );
+                self.problem(None, p);
+            }
+        }
+        self.refs = refs;
+    }
+
+    /// After the walk: every shared range is mapped by as many extents as its count.
+    pub fn check_refcounts(&mut self) {
+        let seen = std::mem::take(&mut self.shared_seen);
+        let derived = stripefs_core::refcount::RefcountIndex::derive(seen);
+        if let Some(p) = self.refs.first_difference(&derived) {
+            self.problem(None, p);
         }
     }
 
@@ -226,6 +261,13 @@ impl<'a> Checker<'a> {
             TreeId::Fs => self.fs_item(k, v),
             TreeId::Space => {
                 self.free_space_item(&k, v);
+                Ok(())
+            }
+            // Loaded whole before the walk (`Checker::set_refs`): checked to decode here.
+            TreeId::Refcount => {
+                if let Err(e) = stripefs_core::btree::schema::decode_refcount(&k, v) {
+                    self.item_problem(&k, e);
+                }
                 Ok(())
             }
             // Reserved trees: their pages were verified; no items are defined yet.
@@ -412,9 +454,14 @@ impl<'a> Checker<'a> {
         }
         self.group().ext_end[obj as usize] = block + e.len;
         let target = a.layout.target_of(obj, geo.target_count());
-        if let Err(err) = self.blocks.claim(target, e.phys, e.len, Claimant::Extent) {
-            let p = format!("inode {} object {obj} block {block}: {err}", a.ino);
-            self.problem(Some(a.ino), p);
+        for (p, l, c) in self.refs.pieces(target, e.phys, e.len) {
+            if c >= 2 {
+                // Claimed once by the index's range; counted here.
+                self.shared_seen.push((target, p, l));
+            } else if let Err(err) = self.blocks.claim(target, p, l, Claimant::Extent) {
+                let p = format!("inode {} object {obj} block {block}: {err}", a.ino);
+                self.problem(Some(a.ino), p);
+            }
         }
         // The extent holding the EOF block, if the size ends inside a block.
         let bs = geo.block_size;

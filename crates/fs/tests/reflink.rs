@@ -1,0 +1,331 @@
+//! Shared extents (issue 12, first half; `docs/design/reflink.md`): clones share blocks
+//! and take no space, copy on write keeps each copy's contents, the reference-count index
+//! stays exact, and a crash at every flush and FUA point of a workload of clones and
+//! copy-on-write writes leaves each block of each file with an old or a new content,
+//! counts exact after recovery, and fsck clean.
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use stripefs::{CreateParams, Fs, FsError, Ino, MkfsOptions, SyncScope};
+use stripefs_target::{Recorder, RecordingTarget, SimTarget, Target, UnflushedPolicy};
+
+fn file(fs: &Fs, name: &str) -> Ino {
+    fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
+        .expect("create")
+        .ino
+}
+
+fn read_all(fs: &Fs, ino: Ino) -> Vec<u8> {
+    let size = fs.getattr(ino).expect("getattr").size;
+    let mut buf = vec![0u8; size as usize];
+    let n = fs.read_at(ino, 0, &mut buf).expect("read");
+    assert_eq!(n as u64, size, "short read");
+    buf
+}
+
+fn free_blocks(fs: &Fs) -> u64 {
+    fs.statfs().expect("statfs").blocks_free
+}
+
+fn fsck_clean(sims: &[Arc<SimTarget>], what: &str) {
+    let r = stripefs::fsck::fsck(dyns(sims), &mut |_| {}).expect("fsck loads");
+    assert!(r.is_clean(), "{what}: fsck: {:?}", r.problems);
+}
+
+#[test]
+fn clone_shares_blocks_and_copy_on_write_keeps_each_copy() {
+    let s = sims(3, 32 << 20);
+    let fs = fresh(&s, 4096, 64 << 10);
+    let a = file(&fs, "a");
+    let data = pattern(1, 0, 1 << 20);
+    fs.write_at(a, 0, &data).unwrap();
+    fs.fsync(a, SyncScope::All).unwrap();
+    let before = free_blocks(&fs);
+    let b = file(&fs, "b");
+    assert_eq!(fs.clone_file(a, b).unwrap(), 1 << 20);
+    fs.sync().unwrap();
+    assert_eq!(free_blocks(&fs), before, "a clone takes no data blocks");
+    assert_eq!(fs.shared_blocks(), 256, "every block of the file is shared");
+    assert_eq!(read_all(&fs, b), data);
+    fs.check_refcounts().unwrap();
+
+    // Buffered into a, direct into b, both partial blocks and whole ones.
+    let wa = pattern(2, 5000, 10_000);
+    fs.write_at(a, 5000, &wa).unwrap();
+    let wb = pattern(3, 512 * 9, 4096 * 3);
+    fs.write_direct(b, 512 * 9, &wb).unwrap();
+    fs.sync().unwrap();
+    let mut want_a = data.clone();
+    want_a[5000..15_000].copy_from_slice(&wa);
+    let mut want_b = data.clone();
+    want_b[512 * 9..512 * 9 + 4096 * 3].copy_from_slice(&wb);
+    assert_eq!(read_all(&fs, a), want_a, "a keeps its write only");
+    assert_eq!(read_all(&fs, b), want_b, "b keeps its write only");
+    fs.check_refcounts().unwrap();
+    fs.check_space_accounting().unwrap();
+    // a's write copied blocks 1..=3 (5000..15000); b's (4608..16896) then wrote those
+    // in place (no longer shared) and copied block 4; the rest is still shared.
+    assert_eq!(fs.shared_blocks(), 256 - 4);
+
+    // Clone within one file at another offset, truncate inside a shared block, and
+    // unlink the original: counts follow, every block freed exactly once.
+    assert!(matches!(
+        fs.clone_range(b, 0, b, 4096, 8192),
+        Err(FsError::Invalid(_))
+    ));
+    assert!(matches!(
+        fs.clone_range(a, 100, b, 0, 4096),
+        Err(FsError::Invalid(_))
+    ));
+    fs.clone_range(b, 0, b, 1 << 20, 64 << 10).unwrap();
+    want_b.extend_from_within(..64 << 10);
+    fs.set_len(b, (1 << 20) + 1000).unwrap();
+    want_b.truncate((1 << 20) + 1000);
+    assert_eq!(read_all(&fs, b), want_b);
+    fs.unlink(Ino::ROOT, "a".as_ref()).unwrap();
+    fs.sync().unwrap();
+    fs.check_refcounts().unwrap();
+    fs.check_space_accounting().unwrap();
+    assert_eq!(read_all(&fs, b), want_b);
+    fs.unmount().unwrap();
+    fsck_clean(&s, "after clones");
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).unwrap();
+    let b = fs.lookup(Ino::ROOT, "b".as_ref()).unwrap().ino;
+    assert_eq!(read_all(&fs, b), want_b, "after remount");
+    fs.check_refcounts().unwrap();
+    fs.unlink(Ino::ROOT, "b".as_ref()).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.shared_blocks(), 0);
+    fs.check_space_accounting().unwrap();
+    fs.unmount().unwrap();
+    fsck_clean(&s, "after the last owner went");
+}
+
+#[test]
+fn copy_file_range_shares_the_aligned_middle_across_layouts() {
+    let s = sims(3, 32 << 20);
+    let fs = fresh(&s, 4096, 64 << 10);
+    let a = file(&fs, "a");
+    let data = pattern(7, 0, 700_001);
+    fs.write_at(a, 0, &data).unwrap();
+    fs.sync().unwrap();
+    // b has data already: it keeps its own layout (another first target), so only the
+    // pieces both files put on one target are shared; the rest is copied.
+    let b = file(&fs, "b");
+    fs.write_at(b, 0, &pattern(8, 0, 5000)).unwrap();
+    let n = fs.copy_file_range(a, 1000, b, 1000, 699_001).unwrap();
+    assert_eq!(n, 699_001);
+    let mut want = pattern(8, 0, 5000);
+    want.resize(1000, 0);
+    want.extend_from_slice(&data[1000..]);
+    fs.sync().unwrap();
+    assert_eq!(read_all(&fs, b), want);
+    fs.check_refcounts().unwrap();
+    fs.check_space_accounting().unwrap();
+    // Offsets that differ inside a block are copied.
+    let c = file(&fs, "c");
+    assert_eq!(fs.copy_file_range(a, 1, c, 0, 10_000).unwrap(), 10_000);
+    assert_eq!(read_all(&fs, c), data[1..10_001].to_vec());
+    // Past the source's end: nothing.
+    assert_eq!(fs.copy_file_range(a, 800_000, c, 0, 10).unwrap(), 0);
+    fs.unmount().unwrap();
+    fsck_clean(&s, "after copy_file_range");
+}
+
+/// One file's contents over time: (event index its change started at, content).
+struct History {
+    name: &'static str,
+    states: Vec<(usize, Vec<u8>)>,
+    /// Event count when each fsync of the file returned, with the state index then.
+    synced: Vec<(usize, usize)>,
+}
+
+impl History {
+    /// The states a crash at `(returned, started)` may show: from the last one an fsync
+    /// made durable to the last one begun.
+    fn allowed(&self, returned: usize, started: usize) -> &[(usize, Vec<u8>)] {
+        let lo = self
+            .synced
+            .iter()
+            .rev()
+            .find(|(at, _)| *at <= returned)
+            .map_or(0, |(_, k)| *k);
+        let hi = self
+            .states
+            .iter()
+            .rposition(|(at, _)| *at <= started)
+            .unwrap_or(0);
+        &self.states[lo..=hi.max(lo)]
+    }
+}
+
+/// Per block, the recovered content is that block in one of the allowed states (never a
+/// mix inside a block of data written by copy on write, never a byte never written).
+fn check_blocks(got: &[u8], allowed: &[(usize, Vec<u8>)], bs: usize, what: &str) {
+    assert!(
+        allowed.iter().any(|(_, c)| c.len() == got.len()),
+        "{what}: size {} is none of the allowed {:?}",
+        got.len(),
+        allowed.iter().map(|(_, c)| c.len()).collect::<Vec<_>>()
+    );
+    for (i, blk) in got.chunks(bs).enumerate() {
+        let ok = allowed.iter().any(|(_, c)| {
+            let lo = i * bs;
+            let mut want = c
+                .get(lo..(lo + blk.len()).min(c.len()))
+                .unwrap_or(&[])
+                .to_vec();
+            want.resize(blk.len(), 0);
+            want == blk
+        });
+        assert!(ok, "{what}: block {i} matches no allowed content");
+    }
+}
+
+#[test]
+fn crash_at_every_flush_point_with_clones_and_copy_on_write() {
+    let bs = 4096usize;
+    let s = sims(3, 8 << 20);
+    let opts = MkfsOptions {
+        block_size: bs as u32,
+        stripe_unit: 16 << 10,
+        journal_bytes: Some(64 << 10),
+        ..MkfsOptions::default()
+    };
+    Fs::mkfs(&dyns(&s), &opts).unwrap();
+    let initial: Vec<Vec<u8>> = s.iter().map(|t| t.durable_image()).collect();
+    let rec = Recorder::new();
+    let wrapped: Vec<Arc<dyn Target>> = s
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            Arc::new(RecordingTarget::new(
+                Arc::clone(t) as Arc<dyn Target>,
+                i as u32,
+                Arc::clone(&rec),
+            )) as Arc<dyn Target>
+        })
+        .collect();
+    let (fs, _) = Fs::mount(wrapped, quiet()).unwrap();
+    let now = || rec.events().len();
+    let a = file(&fs, "a");
+    let b = file(&fs, "b");
+    fs.sync().unwrap();
+    let mut ha = History {
+        name: "a",
+        states: vec![(0, Vec::new())],
+        synced: vec![(now(), 0)],
+    };
+    let mut hb = History {
+        name: "b",
+        states: vec![(0, Vec::new())],
+        synced: vec![(now(), 0)],
+    };
+    let mut ca = pattern(1, 0, 200_000);
+    ha.states.push((now(), ca.clone()));
+    fs.write_at(a, 0, &ca).unwrap();
+    fs.fsync(a, SyncScope::All).unwrap();
+    ha.synced.push((now(), ha.states.len() - 1));
+
+    let mut cb = ca.clone();
+    hb.states.push((now(), cb.clone()));
+    fs.clone_file(a, b).unwrap();
+    fs.fsync(b, SyncScope::All).unwrap();
+    hb.synced.push((now(), hb.states.len() - 1));
+
+    // Copy on write by writeback (buffered, partial blocks) and by direct writes.
+    for (k, (off, len)) in [(3000u64, 9000usize), (65_536, 4096), (150_001, 30_000)]
+        .into_iter()
+        .enumerate()
+    {
+        let w = pattern(10 + k as u64, off, len);
+        ca[off as usize..off as usize + len].copy_from_slice(&w);
+        ha.states.push((now(), ca.clone()));
+        fs.write_at(a, off, &w).unwrap();
+    }
+    fs.fsync(a, SyncScope::All).unwrap();
+    ha.synced.push((now(), ha.states.len() - 1));
+    for (k, (off, len)) in [(512u64, 4096usize), (8192, 8192), (100_352, 1024)]
+        .into_iter()
+        .enumerate()
+    {
+        let w = pattern(20 + k as u64, off, len);
+        cb[off as usize..off as usize + len].copy_from_slice(&w);
+        hb.states.push((now(), cb.clone()));
+        fs.write_direct(b, off, &w).unwrap();
+    }
+    fs.fsync(b, SyncScope::All).unwrap();
+    hb.synced.push((now(), hb.states.len() - 1));
+
+    // A range of a onto b over existing data, then truncate b inside a shared block.
+    let r = ca[0..65_536].to_vec();
+    cb[131_072..131_072 + 65_536].copy_from_slice(&r);
+    hb.states.push((now(), cb.clone()));
+    fs.clone_range(a, 0, b, 131_072, 65_536).unwrap();
+    fs.fsync(b, SyncScope::All).unwrap();
+    hb.synced.push((now(), hb.states.len() - 1));
+    cb.truncate(140_000);
+    hb.states.push((now(), cb.clone()));
+    fs.set_len(b, 140_000).unwrap();
+    let w = pattern(30, 133_000, 2000);
+    cb[133_000..135_000].copy_from_slice(&w);
+    hb.states.push((now(), cb.clone()));
+    fs.write_at(b, 133_000, &w).unwrap();
+    fs.fsync(b, SyncScope::All).unwrap();
+    hb.synced.push((now(), hb.states.len() - 1));
+    std::mem::forget(fs);
+
+    let verify = |fs: &Fs, returned: usize, started: usize, what: &str| {
+        fs.check_refcounts()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        fs.check_space_accounting()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        for h in [&ha, &hb] {
+            let ino = fs.lookup(Ino::ROOT, h.name.as_ref()).expect("name").ino;
+            let got = read_all(fs, ino);
+            check_blocks(
+                &got,
+                h.allowed(returned, started),
+                bs,
+                &format!("{what}: {}", h.name),
+            );
+        }
+    };
+    let mut covered = 0;
+    for p in rec.durability_points() {
+        for policy in [
+            UnflushedPolicy::Drop,
+            UnflushedPolicy::Tear { seed: p as u64 },
+        ] {
+            let images = rec.images_at(&initial, p + 1, policy, 512);
+            let what = format!("crash after event {p} ({policy:?})");
+            let sims: Vec<Arc<SimTarget>> = images
+                .iter()
+                .enumerate()
+                .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("c{i}"), img.clone(), 512)))
+                .collect();
+            let (fs2, _) = Fs::mount(dyns(&sims), quiet()).expect("recovery mount");
+            verify(&fs2, p + 1, p, &what);
+            fs2.unmount().unwrap();
+            fsck_clean(&sims, &what);
+            covered += 1;
+        }
+    }
+    for p in rec.fua_points() {
+        let images = rec.images_in_flight(&initial, p, (p as u64) << 1, 512);
+        let what = format!("crash during FUA write {p}");
+        let sims: Vec<Arc<SimTarget>> = images
+            .iter()
+            .enumerate()
+            .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("f{i}"), img.clone(), 512)))
+            .collect();
+        let (fs2, _) = Fs::mount(dyns(&sims), quiet()).expect("recovery mount");
+        verify(&fs2, p, p, &what);
+        fs2.unmount().unwrap();
+        fsck_clean(&sims, &what);
+        covered += 1;
+    }
+    assert!(covered > 20, "too few crash points: {covered}");
+}
