@@ -67,6 +67,8 @@ const COMMANDS_HELP: &str = "Commands:
   falloc [-k] OFF LEN        preallocate (-k keeps the size)
   fpunch OFF LEN             deallocate a range (reads as zeros)
   fzero [-k] OFF LEN         zero a range (-k keeps the size)
+  reflink SRC [SRC_OFF DST_OFF LEN]  share SRC's blocks into the open file (FICLONE, or
+                             FICLONERANGE for a range; LEN 0: to SRC's end)
   seek -d|-h OFF             next data (-d) or hole (-h) at or after OFF
   fsync | fdatasync          flush the current file
   sync                       commit the whole file system
@@ -163,6 +165,7 @@ impl Runner {
             "falloc" => self.falloc(args),
             "fpunch" => self.fpunch_fzero(args, "fpunch"),
             "fzero" => self.fpunch_fzero(args, "fzero"),
+            "reflink" => self.reflink(args),
             "seek" => self.seek(args),
             "fsync" => self.file()?.sync_all().map_err(e),
             "fdatasync" => self.file()?.sync_data().map_err(e),
@@ -227,6 +230,29 @@ impl Runner {
             path: path.to_string(),
             file,
         });
+        Ok(())
+    }
+
+    /// xfs_io's `reflink`: the whole of SRC (`FICLONE`) or a range (`FICLONERANGE`) onto
+    /// the open file, sharing blocks (`Fs::clone_file`, `Fs::clone_range`).
+    fn reflink(&mut self, args: &[&str]) -> Result<(), String> {
+        let (path, range) = match args {
+            [p] => (*p, None),
+            [p, so, d, l] => (*p, Some((parse_size(so)?, parse_size(d)?, parse_size(l)?))),
+            _ => return Err("usage: reflink SRC [SRC_OFF DST_OFF LEN]".into()),
+        };
+        let src = self
+            .fs
+            .resolve(Path::new(path), Follow::Yes)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let dst = self.file()?.ino();
+        let t = Instant::now();
+        let (n, at) = match range {
+            None => (self.fs.clone_file(src, dst), 0),
+            Some((so, d, l)) => (self.fs.clone_range(src, so, dst, d, l), d),
+        };
+        let n = n.map_err(|e| e.to_string())?;
+        report("linked", n, n, at, 1, t.elapsed().as_secs_f64());
         Ok(())
     }
 
