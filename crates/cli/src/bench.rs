@@ -94,6 +94,10 @@ pub struct BenchArgs {
     /// the committing thread when the journal is full: the synchronous design).
     #[arg(long, default_value = "background", value_parser = parse_checkpoints)]
     checkpoint: stripefs::Checkpoints,
+    /// meta: in-core decoded inode bound (`-o inode_cache=N`; default: the mount's, one
+    /// per 512 bytes of `meta_cache`).
+    #[arg(long, value_name = "N")]
+    inode_cache: Option<usize>,
 }
 
 fn parse_checkpoints(s: &str) -> Result<stripefs::Checkpoints, String> {
@@ -120,6 +124,7 @@ impl BenchArgs {
             plot: self.plot.clone(),
             plot_series: self.plot_series.clone(),
             checkpoints: self.checkpoint,
+            inode_cache: self.inode_cache,
         }
     }
 }

@@ -55,6 +55,8 @@ pub(crate) struct MetaParams {
     pub plot_series: Vec<(String, PathBuf)>,
     /// Where checkpoints run (`--checkpoint`).
     pub checkpoints: stripefs::Checkpoints,
+    /// In-core decoded inode bound (`--inode-cache`; the mount's default when `None`).
+    pub inode_cache: Option<usize>,
 }
 
 impl MetaParams {
@@ -329,6 +331,7 @@ fn timed_mount(
     paths: &[PathBuf],
     faults: Option<Arc<FaultInjector>>,
     checkpoints: stripefs::Checkpoints,
+    inode_cache: Option<usize>,
 ) -> Result<(Fs, MountTime), String> {
     let t = Instant::now();
     let targets: Vec<Arc<dyn Target>> = paths
@@ -338,6 +341,7 @@ fn timed_mount(
     let mut opts = quiet();
     opts.faults = faults;
     opts.checkpoints = checkpoints;
+    opts.inode_cache = inode_cache.map(stripefs::InodeBound);
     let (fs, report) = Fs::mount(targets, opts).map_err(err)?;
     Ok((
         fs,
@@ -673,7 +677,12 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
     };
     let faults = Arc::new(FaultInjector::new());
     PhaseMemory::start();
-    let (fs, _) = timed_mount(paths, Some(Arc::clone(&faults)), p.checkpoints)?;
+    let (fs, _) = timed_mount(
+        paths,
+        Some(Arc::clone(&faults)),
+        p.checkpoints,
+        p.inode_cache,
+    )?;
     let dirs: Vec<Ino> = (0..p.dirs)
         .map(|d| {
             fs.mkdir(
@@ -702,7 +711,12 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
     PhaseMemory::start();
     fs.unmount().map_err(err)?;
     drop(fs);
-    let (fs, clean) = timed_mount(paths, Some(Arc::clone(&faults)), p.checkpoints)?;
+    let (fs, clean) = timed_mount(
+        paths,
+        Some(Arc::clone(&faults)),
+        p.checkpoints,
+        p.inode_cache,
+    )?;
     r.mount_clean = clean;
     r.phases.push(PhaseMemory::end("unmount, mount", Some(&fs)));
     PhaseMemory::start();
@@ -718,11 +732,12 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
         paths,
         Some(Arc::clone(&faults)),
         stripefs::Checkpoints::Inline,
+        p.inode_cache,
     )?;
     let fill = crash(fs, &faults, &dirs, &files)?;
     r.phases.push(PhaseMemory::end("chmod, crash", None));
     PhaseMemory::start();
-    let (fs, mut crashed) = timed_mount(paths, None, p.checkpoints)?;
+    let (fs, mut crashed) = timed_mount(paths, None, p.checkpoints, p.inode_cache)?;
     crashed.journal_fill = fill;
     r.mount_crash = crashed;
     r.phases.push(PhaseMemory::end("crash mount", Some(&fs)));
