@@ -197,6 +197,14 @@ impl PhaseMemory {
     }
 }
 
+/// The first lookup of a name in a directory no operation has used since mount.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct FirstLookup {
+    pub entries: u64,
+    pub secs: f64,
+    pub pages: u64,
+}
+
 /// Everything `-w meta` measured.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct MetaReport {
@@ -216,6 +224,9 @@ pub(crate) struct MetaReport {
     pub readdir_entries_per_sec: f64,
     pub unlink_per_sec: f64,
     pub mount_clean: MountTime,
+    /// The first lookup in a directory after the clean mount: its entries, the lookup's
+    /// latency and the metadata pages it read (a directory loaded whole reads them all).
+    pub first_lookup: FirstLookup,
     pub mount_crash: MountTime,
     pub ckpt_bytes_per_file: f64,
     pub vm_hwm: u64,
@@ -458,6 +469,30 @@ fn stat_all(
         Ok(())
     })?;
     Ok(count as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Times the first lookup in the first directory (right after a mount: nothing of it in
+/// core), counting the metadata pages it reads.
+fn first_lookup(
+    fs: &Fs,
+    dirs: &[Ino],
+    files: impl Iterator<Item = u64> + Clone,
+) -> Result<FirstLookup, String> {
+    let d = dirs.len() as u64;
+    let entries = files.clone().filter(|n| n % d == 0).count() as u64;
+    let Some(n) = files.clone().find(|n| n % d == 0) else {
+        return Ok(FirstLookup::default());
+    };
+    let before = fs.status().meta_cache.misses;
+    let t = Instant::now();
+    fs.lookup(dirs[0], &name(n))
+        .map_err(|e| format!("lookup f{n}: {e}"))?;
+    let secs = t.elapsed().as_secs_f64();
+    Ok(FirstLookup {
+        entries,
+        secs,
+        pages: fs.status().meta_cache.misses - before,
+    })
 }
 
 /// Reads `dirs` on `threads` threads; returns entries per second.
@@ -719,6 +754,7 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
     )?;
     r.mount_clean = clean;
     r.phases.push(PhaseMemory::end("unmount, mount", Some(&fs)));
+    r.first_lookup = first_lookup(&fs, &dirs, files.iter())?;
     PhaseMemory::start();
     r.stat_per_sec = stat_all(&fs, &dirs, files.iter(), p.threads)?;
     r.readdir_entries_per_sec = readdir_all(&fs, &dirs, p.threads)?;
@@ -959,6 +995,13 @@ pub(crate) fn table(r: &MetaReport) -> String {
         .collect();
     let _ = writeln!(
         s,
+        "first lookup in a directory of {} entries after the clean mount: {:.3} ms, {} metadata pages read",
+        r.first_lookup.entries,
+        r.first_lookup.secs * 1e3,
+        r.first_lookup.pages
+    );
+    let _ = writeln!(
+        s,
         "tree root levels at {} files: {}; {} tree pages",
         r.files_created,
         levels.join(", "),
@@ -1148,6 +1191,7 @@ mod tests {
                 replayed_txns: 0,
                 journal_fill: 0.0,
             },
+            first_lookup: FirstLookup::default(),
             mount_crash: MountTime {
                 secs: 1.5,
                 replayed_txns: 6,
