@@ -708,6 +708,7 @@ impl Fs {
             meta_inode_loads: m.state.loads(),
             meta_inodes_evicted: m.state.evicted(),
             meta_inode_stale_reads: m.state.stale_reads(),
+            dir_overlay_names: m.state.overlay_names(),
         }
     }
 

@@ -255,6 +255,8 @@ impl std::ops::DerefMut for MetaGuard<'_> {
 
 impl Drop for MetaGuard<'_> {
     fn drop(&mut self) {
+        let applied = self.0.applied.load(Ordering::Acquire);
+        self.0.state.settle_overlay(applied);
         if self.0.state.sweep_due() {
             self.0.sweep_view();
         }
@@ -449,7 +451,7 @@ impl FsInner {
                 break;
             };
             drop(m);
-            let read = stripefs_meta::items::load_inode(&self.store, t.ino);
+            let read = stripefs_meta::items::load_inode_without_entries(&self.store, t.ino);
             m = self.meta.lock();
             match read {
                 Ok(read) => {

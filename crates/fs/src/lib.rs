@@ -72,8 +72,8 @@ pub use stripefs_iomap::cache::{CacheConfig, FolioSizing, ReadaheadMode, WbCopy,
 pub use stripefs_iomap::folio::DirtyTracking;
 pub use stripefs_iomap::ZeroMode;
 pub use types::{
-    Access, AccessSource, Attr, CreateParams, DirEntryInfo, FallocMode, Fh, FsStatus, OpenMode,
-    RenameMode, SetAttr, SgidDrop, SpaceAccount, StatFs, SyncScope, TargetStatus, TimeSet,
-    WriteOrigin,
+    Access, AccessSource, Attr, CreateParams, DirCookie, DirEntryInfo, FallocMode, Fh, FsStatus,
+    OpenMode, RenameMode, SetAttr, SgidDrop, SpaceAccount, StatFs, SyncScope, TargetStatus,
+    TimeSet, WriteOrigin,
 };
 pub use wbgroup::WbBatch;

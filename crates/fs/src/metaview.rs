@@ -1,7 +1,10 @@
 //! The decoded on-disk inodes the mount holds in core (issue 11 stage 2,
-//! `docs/design/metadata.md`): attributes, symlink target, xattrs, every stripe object's
-//! extent map and a directory's entries, read from the metadata trees the first time an
-//! inode is used and kept while it is used.
+//! `docs/design/metadata.md`): attributes, symlink target, xattrs and every stripe
+//! object's extent map, read from the metadata trees the first time an inode is used and
+//! kept while it is used. A directory's entries are not part of it: a name is looked up
+//! in the trees (one name hash's items) and only the entries changed by records not yet
+//! applied to the trees are held, per directory and name ([`DirOverlay`],
+//! "Directory entries" in metadata.md).
 //!
 //! Contract: for an inode it holds, the view is the authority (the trees may lag: records
 //! reach them when the checkpointer applies the journal); for one it does not hold, the
@@ -18,7 +21,7 @@
 //! Misses without the metadata lock (`docs/design/metadata.md`, "Inode misses"): the hot
 //! paths make their inodes resident first ([`crate::inner::FsInner::meta_with`]): under
 //! the lock, [`MetaView::miss`] takes a [`MissTicket`] (the inode and the view's removal
-//! epoch); the lock is dropped while `items::load_inode` reads the trees; under the lock
+//! epoch); the lock is dropped while `items::load_inode_without_entries` reads the trees; under the lock
 //! again, [`MetaView::fill`] inserts the read only if the ticket is still valid: the inode
 //! is still absent from core and no inode left core meanwhile (the epoch is unchanged).
 //! Invariant: an inode absent from core has every record about it in the trees, and a
@@ -33,13 +36,87 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use stripefs_core::inode::Inode;
+use stripefs_core::btree::schema::{DirEntryItem, COOKIE_FIRST};
+use stripefs_core::inode::{DirEntry, FileKind, Inode};
 use stripefs_core::meta::{apply_to, new_inode};
 use stripefs_core::record::Record;
 use stripefs_core::{CoreError, Ino};
 use stripefs_meta::{items, Store};
 
 use crate::error::{FsError, Result};
+use crate::types::DirCookie;
+
+/// A directory entry as readdir positions it: its target and its cookie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Placed {
+    pub entry: DirEntry,
+    pub cookie: DirCookie,
+}
+
+impl Placed {
+    fn of(e: &DirEntryItem) -> Self {
+        Placed {
+            entry: DirEntry {
+                ino: e.ino,
+                kind: e.kind,
+            },
+            cookie: DirCookie(e.cookie),
+        }
+    }
+}
+
+/// One name's change that the trees may not hold yet: what the name is now (`None`:
+/// removed) and the transaction of the record that made it so.
+#[derive(Debug, Clone, Copy)]
+struct NameChange {
+    now: Option<Placed>,
+    seq: u64,
+}
+
+/// The directory entries changed by records not yet applied to the trees, per directory
+/// and name. For a name it holds, the overlay is the authority; for any other, the trees
+/// are (no unapplied record touches it). A change leaves once its transaction is applied
+/// ([`MetaView::sweep`]), so the overlay holds at most one change per record the journal
+/// has not applied: its size does not depend on the size of any directory.
+#[derive(Debug, Default)]
+struct DirOverlay {
+    dirs: HashMap<Ino, HashMap<Vec<u8>, NameChange>>,
+    /// Names held, over every directory.
+    len: usize,
+    /// The newest transaction of a change held (0: none).
+    max_seq: u64,
+}
+
+impl DirOverlay {
+    fn names(&self, dir: Ino) -> Option<&HashMap<Vec<u8>, NameChange>> {
+        self.dirs.get(&dir)
+    }
+
+    fn set(&mut self, dir: Ino, name: &[u8], c: NameChange) {
+        let names = self.dirs.entry(dir).or_default();
+        if names.insert(name.to_vec(), c).is_none() {
+            self.len += 1;
+        }
+        self.max_seq = self.max_seq.max(c.seq);
+    }
+
+    /// Drops the changes of transactions at or below `applied`.
+    fn drop_applied(&mut self, applied: u64) {
+        if self.max_seq <= applied {
+            self.dirs.clear();
+            self.len = 0;
+            self.max_seq = 0;
+            return;
+        }
+        let mut len = 0;
+        self.dirs.retain(|_, names| {
+            names.retain(|_, c| c.seq > applied);
+            len += names.len();
+            !names.is_empty()
+        });
+        self.len = len;
+    }
+}
 
 /// One in-core inode: the decoded inode and the last transaction that changed it (0: as
 /// the trees hold it).
@@ -75,6 +152,10 @@ pub(crate) struct MetaView {
     epoch: u64,
     /// Reads made without the lock and discarded as possibly stale.
     stale_reads: u64,
+    /// Directory entries changed by records the trees do not hold yet.
+    overlay: DirOverlay,
+    /// Sweep when the overlay holds more names than this.
+    overlay_sweep_at: usize,
 }
 
 /// A miss to be read from the trees without the metadata lock: the inode and the view's
@@ -97,6 +178,9 @@ pub(crate) enum Filled {
     Stale,
 }
 
+/// Overlay names past which a sweep drops the applied ones, at least.
+const OVERLAY_SWEEP_MIN: usize = 4096;
+
 // SAFETY: the view owns every `Slot` its raw pointers name (nothing else points at them
 // once a shared borrow of the view ends), so moving it to another thread moves plain owned
 // data. It is not `Sync` (`UnsafeCell`, `Cell`): it lives under the metadata mutex.
@@ -109,6 +193,7 @@ impl std::fmt::Debug for MetaView {
             .field("gone", &self.gone.len())
             .field("next_ino", &self.next_ino)
             .field("count", &self.count)
+            .field("overlay_names", &self.overlay.len)
             .finish_non_exhaustive()
     }
 }
@@ -146,6 +231,8 @@ impl MetaView {
             evicted: 0,
             epoch: 0,
             stale_reads: 0,
+            overlay: DirOverlay::default(),
+            overlay_sweep_at: OVERLAY_SWEEP_MIN,
         }
     }
 
@@ -171,6 +258,10 @@ impl MetaView {
     }
 
     fn insert_shared(&self, ino: Ino, inode: Inode, seq: u64) -> &Slot {
+        debug_assert!(
+            inode.entries.is_empty(),
+            "directory entries live in the trees and the overlay, not in a decoded inode"
+        );
         let p = NonNull::from(Box::leak(Box::new(Slot {
             inode,
             seq,
@@ -204,7 +295,9 @@ impl MetaView {
         if ino.0 == 0 || ino.0 >= self.next_ino || self.gone.contains_key(&ino) {
             return Ok(None);
         }
-        let Some(inode) = items::load_inode(&self.store, ino).map_err(FsError::from)? else {
+        let Some(inode) =
+            items::load_inode_without_entries(&self.store, ino).map_err(FsError::from)?
+        else {
             return Ok(None);
         };
         self.loads.set(self.loads.get() + 1);
@@ -350,6 +443,13 @@ impl MetaView {
         };
         let exists = self.get(ino)?.is_some();
         match rec {
+            Record::DirAdd {
+                dir,
+                name,
+                ino: target,
+                kind,
+            } => return self.dir_add(rec, *dir, name, *target, *kind, seq),
+            Record::DirRemove { dir, name } => return self.dir_remove(rec, *dir, name, seq),
             Record::InodeFree(_) if exists => {
                 let p = self.slots.get_mut().remove(&ino).expect("just read");
                 // SAFETY: from `Box::into_raw`, removed from the map: dropped once.
@@ -380,10 +480,183 @@ impl MetaView {
         Ok(())
     }
 
+    fn dir_add(
+        &mut self,
+        rec: &Record,
+        dir: Ino,
+        name: &[u8],
+        ino: Ino,
+        kind: FileKind,
+        seq: u64,
+    ) -> Result<()> {
+        match self.get(dir)? {
+            Some(d) if d.attrs.kind == FileKind::Directory => {}
+            Some(_) => return Err(misfit(format!("entry added to non-directory {dir}"))),
+            None => return Err(missing(rec, dir)),
+        }
+        // A replaced entry keeps its cookie (as `items::apply_record` keeps it); a new one
+        // takes the cookie the trees will give it when the record is applied.
+        let cookie = match self.entry(dir, name)? {
+            Some(p) => p.cookie,
+            None => self.next_cookie(dir)?,
+        };
+        let now = Some(Placed {
+            entry: DirEntry { ino, kind },
+            cookie,
+        });
+        self.overlay.set(dir, name, NameChange { now, seq });
+        Ok(())
+    }
+
+    fn dir_remove(&mut self, rec: &Record, dir: Ino, name: &[u8], seq: u64) -> Result<()> {
+        if self.get(dir)?.is_none() {
+            return Err(missing(rec, dir));
+        }
+        if self.entry(dir, name)?.is_none() {
+            return Err(misfit(format!(
+                "directory {dir} has no entry {:?} to remove",
+                String::from_utf8_lossy(name)
+            )));
+        }
+        self.overlay.set(dir, name, NameChange { now: None, seq });
+        Ok(())
+    }
+
+    /// The entry `name` of directory `dir`: the overlay's change of it, or else the
+    /// trees' item (one name hash's items: O(log n) page reads in a directory of `n`).
+    ///
+    /// # Errors
+    /// The trees' read or decode error.
+    pub fn entry(&self, dir: Ino, name: &[u8]) -> Result<Option<Placed>> {
+        if let Some(c) = self.overlay.names(dir).and_then(|n| n.get(name)) {
+            return Ok(c.now);
+        }
+        let e = items::lookup_entry(&self.store, dir, name).map_err(FsError::from)?;
+        Ok(e.as_ref().map(Placed::of))
+    }
+
+    /// Whether directory `dir` has no entry: none added in the overlay, and none in the
+    /// trees that the overlay does not change (a scan of at most one item more than the
+    /// overlay holds for `dir`, however large the directory).
+    ///
+    /// # Errors
+    /// The trees' read or decode error.
+    pub fn dir_is_empty(&self, dir: Ino) -> Result<bool> {
+        let names = self.overlay.names(dir);
+        if names.is_some_and(|n| n.values().any(|c| c.now.is_some())) {
+            return Ok(false);
+        }
+        let changed = names.map_or(0, HashMap::len);
+        let tree = items::dir_cookies(&self.store, dir, 0, changed + 1).map_err(FsError::from)?;
+        Ok(tree
+            .iter()
+            .all(|e| names.is_some_and(|n| n.contains_key(&e.name))))
+    }
+
+    /// Up to `limit` entries of directory `dir` with cookies above `after`, in cookie
+    /// order: the trees' cookie items for names the overlay does not change, merged with
+    /// the overlay's present entries. An entry keeps its cookie for its whole life (a
+    /// replacement by rename keeps it too), so a listing resumed from the last cookie it
+    /// returned gives every entry present throughout exactly once.
+    ///
+    /// # Errors
+    /// The trees' read or decode error.
+    pub fn dir_page(
+        &self,
+        dir: Ino,
+        after: DirCookie,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Placed)>> {
+        let names = self.overlay.names(dir);
+        let changed = |n: &[u8]| names.is_some_and(|m| m.contains_key(n));
+        let mut out: Vec<(Vec<u8>, Placed)> = Vec::new();
+        let mut at = after.0;
+        while out.len() < limit {
+            let want = limit - out.len() + names.map_or(0, HashMap::len);
+            let batch = items::dir_cookies(&self.store, dir, at, want).map_err(FsError::from)?;
+            let Some(last) = batch.last() else {
+                break;
+            };
+            at = last.cookie;
+            let full = batch.len() < want;
+            for e in batch {
+                if !changed(&e.name) && out.len() < limit {
+                    out.push((e.name.clone(), Placed::of(&e)));
+                }
+            }
+            if full {
+                break;
+            }
+        }
+        if let Some(n) = names {
+            for (name, c) in n {
+                if let Some(p) = c.now.filter(|p| p.cookie > after) {
+                    out.push((name.clone(), p));
+                }
+            }
+        }
+        out.sort_by_key(|(_, p)| p.cookie);
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// The cookie the next new entry of `dir` takes: one above the highest cookie of the
+    /// directory's entries as the records so far leave them, at least [`COOKIE_FIRST`]
+    /// (the rule `items::apply_record` follows when it applies the `DirAdd`, so both give
+    /// the entry the same cookie). The trees' highest cookie items are skipped while the
+    /// overlay changes their names: at most as many `floor`s as it holds for `dir`.
+    fn next_cookie(&self, dir: Ino) -> Result<DirCookie> {
+        let names = self.overlay.names(dir);
+        let mut top = names
+            .into_iter()
+            .flat_map(HashMap::values)
+            .filter_map(|c| c.now.map(|p| p.cookie.0))
+            .max()
+            .unwrap_or(0);
+        let mut at = u64::MAX;
+        while let Some(e) =
+            items::cookie_at_or_below(&self.store, dir, at).map_err(FsError::from)?
+        {
+            if !names.is_some_and(|n| n.contains_key(&e.name)) {
+                top = top.max(e.cookie);
+                break;
+            }
+            let Some(below) = e.cookie.checked_sub(1) else {
+                break;
+            };
+            at = below;
+        }
+        let next = top.checked_add(1).ok_or_else(|| {
+            FsError::from(CoreError::Limit(format!(
+                "directory {dir} has used every readdir cookie"
+            )))
+        })?;
+        Ok(DirCookie(next.max(COOKIE_FIRST)))
+    }
+
+    /// Directory entries the overlay holds (changed by records the trees do not hold yet).
+    pub fn overlay_names(&self) -> usize {
+        self.overlay.len
+    }
+
     /// Whether the view holds more inodes than its bound (and than twice what the last
     /// sweep kept).
     pub fn sweep_due(&self) -> bool {
         self.resident_count() > self.sweep_at
+    }
+
+    /// Drops the overlay's changes that the trees hold (transaction at or below
+    /// `applied`): all of them at once when the newest is applied (constant time to
+    /// check, so it runs whenever the metadata lock is released), or, past a threshold
+    /// (twice what the last pass kept), those applied.
+    pub fn settle_overlay(&mut self, applied: u64) {
+        if self.overlay.len == 0 {
+            return;
+        }
+        if self.overlay.max_seq <= applied || self.overlay.len > self.overlay_sweep_at {
+            self.overlay.drop_applied(applied);
+            self.overlay_sweep_at = OVERLAY_SWEEP_MIN.max(2 * self.overlay.len);
+        }
     }
 
     /// Evicts inodes whose every change the trees hold (last change at or below
@@ -392,6 +665,7 @@ impl MetaView {
     /// others until half the bound is left. Tombstones of frees the trees hold go too.
     pub fn sweep(&mut self, applied: u64, pinned: impl Fn(Ino) -> bool) -> ViewSwept {
         self.gone.retain(|_, s| *s > applied);
+        self.overlay.drop_applied(applied);
         let before = self.resident_count();
         self.evict_where(|ino, s| {
             let recent = s.used.replace(false);
@@ -429,4 +703,12 @@ impl MetaView {
             false
         });
     }
+}
+
+fn misfit(detail: String) -> FsError {
+    CoreError::corrupted("metadata record", detail).into()
+}
+
+fn missing(rec: &Record, ino: Ino) -> FsError {
+    misfit(format!("{rec:?} refers to missing inode {ino}"))
 }

@@ -21,9 +21,12 @@ use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::MetaCore;
 use crate::types::{
-    Attr, CreateParams, DirEntryInfo, Fh, OpenMode, RenameMode, SetAttr, SgidDrop, SyncScope,
-    TimeSet,
+    Attr, CreateParams, DirCookie, DirEntryInfo, Fh, OpenMode, RenameMode, SetAttr, SgidDrop,
+    SyncScope, TimeSet,
 };
+
+/// Entries read per page by [`Fs::readdir`].
+const READDIR_PAGE: usize = 1024;
 
 /// Most hard links to one inode (and subdirectories of one directory).
 pub const LINK_MAX: u32 = 65000;
@@ -56,6 +59,13 @@ fn check_name(name: &OsStr) -> Result<&[u8]> {
 
 pub(crate) fn inode(m: &MetaCore, ino: Ino) -> Result<&Inode> {
     m.state.get(ino)?.ok_or(FsError::Stale(ino.0))
+}
+
+/// The entry `name` of directory `parent` (`NotFound` if it has none).
+fn entry(m: &MetaCore, parent: Ino, name: &[u8]) -> Result<stripefs_core::inode::DirEntry> {
+    dir(m, parent)?;
+    let e = m.state.entry(parent, name)?.ok_or(FsError::NotFound)?;
+    Ok(e.entry)
 }
 
 fn dir(m: &MetaCore, ino: Ino) -> Result<&Inode> {
@@ -242,7 +252,7 @@ impl Fs {
                 b"." => parent,
                 b".." => d.attrs.parent,
                 b if b.len() > NAME_MAX => return Err(FsError::NameTooLong),
-                b => d.entries.get(b).ok_or(FsError::NotFound)?.ino,
+                b => entry(&m, parent, b)?.ino,
             };
             if want.len() == 1 && m.state.miss(target).is_some() {
                 want.push(target);
@@ -336,11 +346,11 @@ impl Fs {
         self.admit_metadata_growth()?;
         let name = check_name(name)?;
         let mut m = self.inner.meta.lock();
-        let d = live_dir(&m, parent)?;
-        if d.entries.contains_key(name) {
+        live_dir(&m, parent)?;
+        if m.state.entry(parent, name)?.is_some() {
             return Err(FsError::Exists);
         }
-        if kind == FileKind::Directory && d.attrs.nlink >= LINK_MAX {
+        if kind == FileKind::Directory && live_dir(&m, parent)?.attrs.nlink >= LINK_MAX {
             return Err(FsError::TooManyLinks);
         }
         let layout = match kind {
@@ -453,10 +463,11 @@ impl Fs {
         if i.attrs.nlink == 0 {
             return Err(FsError::NotFound);
         }
-        let d = live_dir(&m, newparent)?;
-        if d.entries.contains_key(name) {
+        live_dir(&m, newparent)?;
+        if m.state.entry(newparent, name)?.is_some() {
             return Err(FsError::Exists);
         }
+        let d = live_dir(&m, newparent)?;
         let now = crate::clock::time_now();
         let mut a = i.attrs.clone();
         a.nlink += 1;
@@ -485,8 +496,7 @@ impl Fs {
         let _change = self.begin_change()?;
         let m = self.inner.meta.lock();
         let name = name.as_bytes();
-        let d = dir(&m, parent)?;
-        let e = *d.entries.get(name).ok_or(FsError::NotFound)?;
+        let e = entry(&m, parent, name)?;
         if e.kind == FileKind::Directory {
             return Err(FsError::IsDir);
         }
@@ -550,12 +560,12 @@ impl Fs {
         }
         let m = self.inner.meta.lock();
         let name = name.as_bytes();
-        let d = dir(&m, parent)?;
-        let e = *d.entries.get(name).ok_or(FsError::NotFound)?;
+        let e = entry(&m, parent, name)?;
         if e.kind != FileKind::Directory {
             return Err(FsError::NotDir);
         }
-        if !dir(&m, e.ino)?.entries.is_empty() {
+        dir(&m, e.ino)?;
+        if !m.state.dir_is_empty(e.ino)? {
             return Err(FsError::NotEmpty);
         }
         self.remove_entry(m, parent, name, e.ino, -1)
@@ -596,8 +606,9 @@ impl Fs {
             return Err(FsError::invalid("cannot rename '.' or '..'"));
         }
         let mut m = self.inner.meta.lock();
-        let src = *dir(&m, parent)?.entries.get(old).ok_or(FsError::NotFound)?;
-        let dst = live_dir(&m, newparent)?.entries.get(new).copied();
+        let src = entry(&m, parent, old)?;
+        live_dir(&m, newparent)?;
+        let dst = m.state.entry(newparent, new)?.map(|p| p.entry);
         if src.kind == FileKind::Directory && self.is_ancestor(&m, src.ino, newparent)? {
             return Err(FsError::invalid("cannot move a directory into itself"));
         }
@@ -636,7 +647,7 @@ impl Fs {
         ) {
             (true, false) => Err(FsError::NotDir),
             (false, true) => Err(FsError::IsDir),
-            (true, true) if !dir(m, d.ino)?.entries.is_empty() => Err(FsError::NotEmpty),
+            (true, true) if !m.state.dir_is_empty(d.ino)? => Err(FsError::NotEmpty),
             _ => Ok(()),
         }
     }
@@ -746,26 +757,61 @@ impl Fs {
         self.inner.log_all(m, recs)
     }
 
-    /// Entries of directory `ino` in name order (without `.` and `..`).
+    /// Entries of directory `ino` in name order (without `.` and `..`): every page of
+    /// [`Fs::readdir_from`], sorted. Memory grows with the directory: a front end lists
+    /// page by page instead.
     ///
     /// # Errors
     /// `NotDir`, `Stale`.
     pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntryInfo>> {
+        let mut all = Vec::new();
+        let mut at = DirCookie::START;
+        loop {
+            let page = self.readdir_page(ino, at, READDIR_PAGE)?;
+            let Some(last) = page.last() else {
+                break;
+            };
+            at = last.cookie;
+            all.extend(page);
+        }
+        self.touch_atime(ino);
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    /// Up to `limit` entries of directory `ino` after cookie `after`, in cookie order
+    /// (without `.` and `..`); resume with the last one's cookie. An entry present for
+    /// the whole listing is returned exactly once, whatever is created, removed or
+    /// renamed meanwhile (metadata.md, "Directory entries"). Reads the directory's
+    /// cookie items from `after` on, not the whole directory.
+    ///
+    /// # Errors
+    /// `NotDir`, `Stale`.
+    pub fn readdir_from(
+        &self,
+        ino: Ino,
+        after: DirCookie,
+        limit: usize,
+    ) -> Result<Vec<DirEntryInfo>> {
+        let page = self.readdir_page(ino, after, limit)?;
+        self.touch_atime(ino);
+        Ok(page)
+    }
+
+    fn readdir_page(&self, ino: Ino, after: DirCookie, limit: usize) -> Result<Vec<DirEntryInfo>> {
         self.inner.check()?;
         let m = self.inner.meta_with(&[ino])?;
-        let d = dir(&m, ino)?;
-        let entries = d
-            .entries
-            .iter()
-            .map(|(n, e)| DirEntryInfo {
-                name: n.clone(),
-                ino: e.ino,
-                kind: e.kind,
+        dir(&m, ino)?;
+        let page = m.state.dir_page(ino, after, limit)?;
+        Ok(page
+            .into_iter()
+            .map(|(name, p)| DirEntryInfo {
+                name,
+                ino: p.entry.ino,
+                kind: p.entry.kind,
+                cookie: p.cookie,
             })
-            .collect();
-        drop(m);
-        self.touch_atime(ino);
-        Ok(entries)
+            .collect())
     }
 
     /// Changes attributes. A size change truncates or extends (see [`Fs::set_len`]).

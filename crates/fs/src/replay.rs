@@ -4,9 +4,10 @@
 //! to the trees in memory with `items::apply_record`, the function the checkpointer uses
 //! (dirty pages in the store's cache; the mount's checkpoint writes them, and a crash
 //! before it replays again from the same mark, on the same durable trees). The checks see
-//! only what the replay touches: the inodes its records name, read from the trees as they
-//! stand before each record and kept, changed, in a partial `MetaState`; so mount reads
-//! what the journal names, not the file system.
+//! only what the replay touches: the inodes its records name (without their directory
+//! entries) and the entries its records add or remove, read from the trees as they stand
+//! before each record and kept, changed, in a partial `MetaState`; so mount reads what the
+//! journal names, not the file system, nor a whole directory.
 //!
 //! Rules checked per record (as `ReplayCheck` does): the record fits (`MetaState::apply`:
 //! existing inode, object in range, entry in a directory, no change of type), entry
@@ -73,13 +74,34 @@ impl<'a> Replayer<'a> {
         }
     }
 
-    /// Reads `ino` from the trees into the partial model on its first mention.
+    /// Reads `ino` from the trees into the partial model on its first mention, without
+    /// its directory entries (a directory of any size costs its attributes).
     fn touch(&mut self, ino: Ino) -> Result<()> {
         if self.seen.insert(ino) {
-            if let Some(i) = items::load_inode(self.store, ino)? {
+            if let Some(i) = items::load_inode_without_entries(self.store, ino)? {
                 self.partial.inodes.insert(ino, i);
                 self.existed.insert(ino);
             }
+        }
+        Ok(())
+    }
+
+    /// Reads the entry `name` of `dir` from the trees into the partial model, unless it
+    /// holds it already. The trees and the partial model agree on every name (each
+    /// replayed record is applied to both), so an entry the model lacks is the trees'.
+    fn touch_entry(&mut self, dir: Ino, name: &[u8]) -> Result<()> {
+        let Some(d) = self.partial.inodes.get_mut(&dir) else {
+            return Ok(());
+        };
+        if d.entries.contains_key(name) {
+            return Ok(());
+        }
+        if let Some(e) = items::lookup_entry(self.store, dir, name)? {
+            let e = stripefs_core::inode::DirEntry {
+                ino: e.ino,
+                kind: e.kind,
+            };
+            d.entries.insert(name.to_vec(), e);
         }
         Ok(())
     }
@@ -98,6 +120,9 @@ impl<'a> Replayer<'a> {
             }
             if let Record::DirAdd { ino, .. } = rec {
                 self.touch(*ino)?;
+            }
+            if let Record::DirAdd { dir, name, .. } | Record::DirRemove { dir, name } = rec {
+                self.touch_entry(*dir, name)?;
             }
             self.before(rec).map_err(named)?;
             self.unlinked(rec, &mut t);

@@ -182,6 +182,20 @@ pub struct DirEntryInfo {
     pub name: Vec<u8>,
     pub ino: Ino,
     pub kind: FileKind,
+    /// Its readdir position: [`crate::Fs::readdir_from`] resumes after it.
+    pub cookie: DirCookie,
+}
+
+/// A readdir position in a directory: an entry keeps its cookie for its whole life, new
+/// entries take cookies above every entry present, and a listing resumed after a cookie
+/// returns the entries with higher ones. `DirCookie::START` is the start of a listing; 1
+/// and 2 are left for "." and ".." (a front end's offsets), entries start at 3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DirCookie(pub u64);
+
+impl DirCookie {
+    /// Before every entry.
+    pub const START: DirCookie = DirCookie(0);
 }
 
 /// `statfs` of the file system.
@@ -311,6 +325,10 @@ pub struct FsStatus {
     /// Inode reads made without the metadata lock and discarded because an inode left
     /// core while they ran (`docs/design/metadata.md`, "Inode misses").
     pub meta_inode_stale_reads: u64,
+    /// Directory entries held in core: those changed by records not yet applied to the
+    /// trees (metadata.md, "Directory entries"); bounded by the journal, not by any
+    /// directory's size.
+    pub dir_overlay_names: usize,
 }
 
 /// One target's space.

@@ -56,7 +56,14 @@ struct Cfg {
     /// In-core inode bound (`-o inode_cache`), with half the syncs checkpoints that apply
     /// the journal to the trees: inodes leave core and are read back all the time.
     inodes: Option<usize>,
+    /// Both directories hold [`BIG_DIR`] more entries (FIFOs named `z...`, left out of
+    /// the comparison), under the smallest metadata cache: every name is looked up in the
+    /// trees through pages evicted and read back, beside the overlay of unapplied changes.
+    big_dirs: bool,
 }
+
+/// Filler entries per directory with `big_dirs`.
+const BIG_DIR: u64 = 3000;
 
 /// Carries out writes (not FUA writes) on one thread per target, in submission order,
 /// after a delay: the device reads a write's buffers only then, as an NBD client sends
@@ -161,6 +168,9 @@ impl Cfg {
         }
         if let Some(n) = self.inodes {
             o.inode_cache = Some(stripefs::InodeBound(n));
+        }
+        if self.big_dirs {
+            o.meta_cache = stripefs::MetaCacheBytes(stripefs::MetaCacheBytes::MIN_PAGES * 4096);
         }
         if self.late_writes {
             // The flusher writes back whenever a quarter of a MiB is dirty.
@@ -846,7 +856,7 @@ impl Run {
                 Ok(v) => v
                     .into_iter()
                     .map(|e| String::from_utf8_lossy(&e.name).into_owned())
-                    .filter(|n| !(d == 0 && n == "d"))
+                    .filter(|n| !(n.starts_with('z') || d == 0 && n == "d"))
                     .collect(),
                 Err(e) => self.fail(&format!("readdir: {e}")),
             };
@@ -909,6 +919,21 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
     let d = fs
         .mkdir(Ino::ROOT, "d".as_ref(), CreateParams::with_perm(0o755))
         .expect("mkdir");
+    if c.big_dirs {
+        for dir in [Ino::ROOT, d.ino] {
+            for n in 0..BIG_DIR {
+                let name = format!("z{n}");
+                fs.mknod(
+                    dir,
+                    name.as_ref(),
+                    stripefs::FileKind::Fifo,
+                    CreateParams::with_perm(0o644),
+                )
+                .expect("filler entry");
+            }
+        }
+        fs.checkpoint().expect("checkpoint");
+    }
     let mut run = Run {
         c,
         rng: Rng::new(seed),
@@ -942,6 +967,10 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
     assert!(
         !c.late_writes || run.lent_rewrites > 0,
         "({c:?}): no write met a folio lent to a write in flight: the configuration tests nothing"
+    );
+    assert!(
+        !c.big_dirs || run.sut.fs.status().meta_cache.evictions > 0,
+        "({c:?}): no metadata page was evicted: the configuration tests nothing"
     );
     assert!(
         c.inodes.is_none() || run.meta_inode_loads > 0,
@@ -995,6 +1024,7 @@ fn cfg(stripe_count: u32, block_size: u32, folio_bytes: u32) -> Cfg {
         group_sync: false,
         late_writes: false,
         inodes: None,
+        big_dirs: false,
     }
 }
 
@@ -1183,6 +1213,17 @@ model_case!(
         inodes: Some(2),
         force_zero: true,
         ..cfg(8, 1024, 4096)
+    }
+);
+
+// Large directories under the smallest metadata cache and a tiny inode bound: names are
+// looked up, created and removed among thousands of entries held only in the trees.
+model_case!(
+    big_dirs_tiny_cache_stripes3,
+    Cfg {
+        inodes: Some(2),
+        big_dirs: true,
+        ..cfg(3, 4096, 65536)
     }
 );
 

@@ -56,6 +56,9 @@ pub const MAX_WRITE: u32 = 16 << 20;
 /// I/O under `FUSE_ASYNC_DIO` counts here: at fuser's default (16) a program at queue
 /// depth 64 finds its `io_submit` sleeping in the kernel until earlier answers arrive.
 const MAX_BACKGROUND: u16 = 256;
+/// Entries read from the engine per `READDIR` request (a reply of 4 KiB holds about a
+/// hundred; the rest are read again by the next request, from its cookie).
+const READDIR_BATCH: usize = 128;
 
 /// What the kernel is asked for; see `docs/design/fuse.md`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -789,29 +792,29 @@ impl Filesystem for StripeFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.fs.readdir(ino(i)) {
+        // The offset is a cookie (`DirCookie`): "." is 1, ".." is 2, an entry its own
+        // cookie (3 and up), so a listing resumed across creates and unlinks returns
+        // every entry present throughout exactly once.
+        let after = stripefs::DirCookie(offset.max(2));
+        let entries = match self.fs.readdir_from(ino(i), after, READDIR_BATCH) {
             Ok(v) => v,
             Err(e) => return reply.error(err(&e)),
         };
-        // The offset is the index of the next entry: "." and ".." are 0 and 1.
         let parent = self
             .fs
             .lookup(ino(i), "..".as_ref())
             .map_or(i.0, |a| a.ino.0);
-        let dots = [(i.0, b".".to_vec()), (parent, b"..".to_vec())];
+        let dots = [(i.0, 1, b".".to_vec()), (parent, 2, b"..".to_vec())];
         let all = dots
             .into_iter()
-            .map(|(n, name)| (n, fuser::FileType::Directory, name))
+            .filter(|&(_, next, _)| next > offset)
+            .map(|(n, next, name)| (n, next, fuser::FileType::Directory, name))
             .chain(
                 entries
                     .into_iter()
-                    .map(|e| (e.ino.0, convert::file_type(e.kind), e.name)),
+                    .map(|e| (e.ino.0, e.cookie.0, convert::file_type(e.kind), e.name)),
             );
-        for (idx, (n, kind, name)) in all
-            .enumerate()
-            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
-        {
-            let next = idx as u64 + 1;
+        for (n, next, kind, name) in all {
             if reply.add(INodeNo(n), next, kind, OsStr::from_bytes(&name)) {
                 break;
             }

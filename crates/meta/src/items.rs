@@ -124,7 +124,92 @@ pub fn counter(store: &Store) -> Result<Counter, MetaError> {
     Items::new(store, name_hash).counter()
 }
 
+/// Reads inode `ino` without its directory entries (`Inode::entries` left empty): the
+/// inode's items before [`KeyKind::DirEntry`] and from [`KeyKind::Xattr`] on, so a
+/// directory of any size costs what its attributes and xattrs cost. The file system's
+/// in-core inodes load from here; their entries are looked up one name at a time
+/// ([`lookup_entry`]) and listed by cookie ([`dir_cookies`]).
+///
+/// # Errors
+/// As [`load_inode`], for the items read.
+pub fn load_inode_without_entries(store: &Store, ino: Ino) -> Result<Option<Inode>, MetaError> {
+    let head = Key::first_of(ino.0, KeyKind::DirEntry, 0);
+    let tail = Key::first_of(ino.0, KeyKind::Xattr, 0);
+    load_ranges(
+        store,
+        name_hash,
+        ino,
+        &[(None, Some(head)), (Some(tail), None)],
+    )
+}
+
+/// The entry `name` of directory `dir` as the trees hold it (the items of one name hash:
+/// a few leaves at most, whatever the directory's size).
+///
+/// # Errors
+/// A page read's error; `Corrupted` if an entry item does not decode.
+pub fn lookup_entry(
+    store: &Store,
+    dir: Ino,
+    name: &[u8],
+) -> Result<Option<DirEntryItem>, MetaError> {
+    let i = Items::new(store, name_hash);
+    Ok(i.find_entry(dir, i.hash(name), name)?.hit.map(|(_, e)| e))
+}
+
+/// Up to `limit` entries of directory `dir` with cookies above `after`, in cookie order
+/// (its [`KeyKind::DirCookie`] items: a readdir resumed from a cookie reads from there).
+///
+/// # Errors
+/// A page read's error; `Corrupted` if a cookie item does not decode.
+pub fn dir_cookies(
+    store: &Store,
+    dir: Ino,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<DirEntryItem>, MetaError> {
+    let Some(from) = after.checked_add(1) else {
+        return Ok(Vec::new());
+    };
+    let to = Key::first_of(dir.0, KeyKind::Xattr, 0);
+    let items = store.scan(TreeId::Fs, dir_cookie_key(dir, from), Some(to), limit)?;
+    items
+        .into_iter()
+        .map(|(k, v)| Ok(decode_dir_cookie(&k, &v)?.0))
+        .collect()
+}
+
+/// The entry of directory `dir` with the highest cookie at or below `cookie`, if any (one
+/// `floor`; the file system walks down from the top to find the highest cookie in use).
+///
+/// # Errors
+/// As [`dir_cookies`].
+pub fn cookie_at_or_below(
+    store: &Store,
+    dir: Ino,
+    cookie: u64,
+) -> Result<Option<DirEntryItem>, MetaError> {
+    let Some((k, v)) = store.floor(&dir_cookie_key(dir, cookie))? else {
+        return Ok(None);
+    };
+    if k.object != dir.0 || k.kind != KeyKind::DirCookie as u8 {
+        return Ok(None);
+    }
+    Ok(Some(decode_dir_cookie(&k, &v)?.0))
+}
+
 fn load_inode_with(store: &Store, hash: NameHash, ino: Ino) -> Result<Option<Inode>, MetaError> {
+    load_ranges(store, hash, ino, &[(None, None)])
+}
+
+/// Reads the items of `ino` in the given ranges of its key prefix (`None`: the prefix's
+/// start or end), in key order, into one inode.
+fn load_ranges(
+    store: &Store,
+    hash: NameHash,
+    ino: Ino,
+    ranges: &[(Option<Key>, Option<Key>)],
+) -> Result<Option<Inode>, MetaError> {
     if ino.0 == 0 {
         return Ok(None);
     }
@@ -133,27 +218,30 @@ fn load_inode_with(store: &Store, hash: NameHash, ino: Ino) -> Result<Option<Ino
     if store.get(&orphan_key(ino))?.is_some() {
         l.orphans.insert(ino.0);
     }
-    let from = Key {
+    let first = Key {
         object: ino.0,
         ..Key::MIN
     };
-    let to = Key {
+    let end = Key {
         object: ino.0,
         ..Key::MAX
     }
     .successor();
-    let mut at = from;
-    loop {
-        let items = store.scan(TreeId::Fs, at, to, BATCH)?;
-        let Some(&(last, _)) = items.last() else {
-            break;
-        };
-        for (k, v) in items {
-            l.item(k, &v)?;
-        }
-        match last.successor() {
-            Some(k) => at = k,
-            None => break,
+    for &(from, to) in ranges {
+        let mut at = from.unwrap_or(first);
+        let to = to.or(end);
+        loop {
+            let items = store.scan(TreeId::Fs, at, to, BATCH)?;
+            let Some(&(last, _)) = items.last() else {
+                break;
+            };
+            for (k, v) in items {
+                l.item(k, &v)?;
+            }
+            match last.successor() {
+                Some(k) => at = k,
+                None => break,
+            }
         }
     }
     l.finish()?;
