@@ -76,15 +76,17 @@ struct NameChange {
 /// The directory entries changed by records not yet applied to the trees, per directory
 /// and name. For a name it holds, the overlay is the authority; for any other, the trees
 /// are (no unapplied record touches it). A change leaves once its transaction is applied
-/// ([`MetaView::sweep`]), so the overlay holds at most one change per record the journal
-/// has not applied: its size does not depend on the size of any directory.
+/// ([`MetaView::settle_overlay`], whenever the metadata lock is released), so the overlay
+/// holds at most one change per record the journal has not applied: its size does not
+/// depend on the size of any directory.
 #[derive(Debug, Default)]
 struct DirOverlay {
     dirs: HashMap<Ino, HashMap<Vec<u8>, NameChange>>,
+    /// Every change made, in log order (transactions ascending): what to drop when the
+    /// trees have applied them (a name changed again is dropped by its last change).
+    order: std::collections::VecDeque<(u64, Ino, Vec<u8>)>,
     /// Names held, over every directory.
     len: usize,
-    /// The newest transaction of a change held (0: none).
-    max_seq: u64,
 }
 
 impl DirOverlay {
@@ -97,24 +99,28 @@ impl DirOverlay {
         if names.insert(name.to_vec(), c).is_none() {
             self.len += 1;
         }
-        self.max_seq = self.max_seq.max(c.seq);
+        self.order.push_back((c.seq, dir, name.to_vec()));
     }
 
-    /// Drops the changes of transactions at or below `applied`.
+    /// Drops the changes of transactions at or below `applied`: constant time when there
+    /// are none, one step per change dropped otherwise.
     fn drop_applied(&mut self, applied: u64) {
-        if self.max_seq <= applied {
-            self.dirs.clear();
-            self.len = 0;
-            self.max_seq = 0;
-            return;
+        while let Some((seq, dir, name)) = self.order.front() {
+            if *seq > applied {
+                return;
+            }
+            if let Some(names) = self.dirs.get_mut(dir) {
+                // Only if this was the name's last change (a later one keeps it).
+                if names.get(name).is_some_and(|c| c.seq <= applied) {
+                    names.remove(name);
+                    self.len -= 1;
+                    if names.is_empty() {
+                        self.dirs.remove(dir);
+                    }
+                }
+            }
+            self.order.pop_front();
         }
-        let mut len = 0;
-        self.dirs.retain(|_, names| {
-            names.retain(|_, c| c.seq > applied);
-            len += names.len();
-            !names.is_empty()
-        });
-        self.len = len;
     }
 }
 
@@ -154,8 +160,6 @@ pub(crate) struct MetaView {
     stale_reads: u64,
     /// Directory entries changed by records the trees do not hold yet.
     overlay: DirOverlay,
-    /// Sweep when the overlay holds more names than this.
-    overlay_sweep_at: usize,
 }
 
 /// A miss to be read from the trees without the metadata lock: the inode and the view's
@@ -177,9 +181,6 @@ pub(crate) enum Filled {
     /// An inode left core while the read ran: it may be stale, and was discarded.
     Stale,
 }
-
-/// Overlay names past which a sweep drops the applied ones, at least.
-const OVERLAY_SWEEP_MIN: usize = 4096;
 
 // SAFETY: the view owns every `Slot` its raw pointers name (nothing else points at them
 // once a shared borrow of the view ends), so moving it to another thread moves plain owned
@@ -232,7 +233,6 @@ impl MetaView {
             epoch: 0,
             stale_reads: 0,
             overlay: DirOverlay::default(),
-            overlay_sweep_at: OVERLAY_SWEEP_MIN,
         }
     }
 
@@ -572,19 +572,19 @@ impl MetaView {
         let mut out: Vec<(Vec<u8>, Placed)> = Vec::new();
         let mut at = after.0;
         while out.len() < limit {
-            let want = limit - out.len() + names.map_or(0, HashMap::len);
+            let want = (limit - out.len()).max(16);
             let batch = items::dir_cookies(&self.store, dir, at, want).map_err(FsError::from)?;
             let Some(last) = batch.last() else {
                 break;
             };
             at = last.cookie;
-            let full = batch.len() < want;
+            let exhausted = batch.len() < want;
             for e in batch {
                 if !changed(&e.name) && out.len() < limit {
                     out.push((e.name.clone(), Placed::of(&e)));
                 }
             }
-            if full {
+            if exhausted {
                 break;
             }
         }
@@ -603,8 +603,9 @@ impl MetaView {
     /// The cookie the next new entry of `dir` takes: one above the highest cookie of the
     /// directory's entries as the records so far leave them, at least [`COOKIE_FIRST`]
     /// (the rule `items::apply_record` follows when it applies the `DirAdd`, so both give
-    /// the entry the same cookie). The trees' highest cookie items are skipped while the
-    /// overlay changes their names: at most as many `floor`s as it holds for `dir`.
+    /// the entry the same cookie). The trees' highest cookie items are skipped while they
+    /// are above the overlay's highest present cookie and the overlay changes their
+    /// names (removed entries): one `floor`, plus one per such removal.
     fn next_cookie(&self, dir: Ino) -> Result<DirCookie> {
         let names = self.overlay.names(dir);
         let mut top = names
@@ -617,7 +618,8 @@ impl MetaView {
         while let Some(e) =
             items::cookie_at_or_below(&self.store, dir, at).map_err(FsError::from)?
         {
-            if !names.is_some_and(|n| n.contains_key(&e.name)) {
+            // Items at or below the overlay's highest cannot raise it.
+            if e.cookie <= top || !names.is_some_and(|n| n.contains_key(&e.name)) {
                 top = top.max(e.cookie);
                 break;
             }
@@ -646,17 +648,10 @@ impl MetaView {
     }
 
     /// Drops the overlay's changes that the trees hold (transaction at or below
-    /// `applied`): all of them at once when the newest is applied (constant time to
-    /// check, so it runs whenever the metadata lock is released), or, past a threshold
-    /// (twice what the last pass kept), those applied.
+    /// `applied`), oldest first: constant time when there are none, so it runs whenever
+    /// the metadata lock is released.
     pub fn settle_overlay(&mut self, applied: u64) {
-        if self.overlay.len == 0 {
-            return;
-        }
-        if self.overlay.max_seq <= applied || self.overlay.len > self.overlay_sweep_at {
-            self.overlay.drop_applied(applied);
-            self.overlay_sweep_at = OVERLAY_SWEEP_MIN.max(2 * self.overlay.len);
-        }
+        self.overlay.drop_applied(applied);
     }
 
     /// Evicts inodes whose every change the trees hold (last change at or below
