@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::*;
 use stripefs::{Checkpoints, CreateParams, Fs, Ino, MkfsOptions, MountOptions, RenameMode};
-use stripefs_target::{Recorder, RecordingTarget, Rng, SimTarget, Target, UnflushedPolicy};
+use stripefs_target::{Recorder, Rng, SimTarget, UnflushedPolicy};
 
 const NTARGETS: usize = 3;
 const TARGET_BYTES: u64 = 8 << 20;
@@ -407,17 +407,7 @@ fn crash_during_recovery(images: &[Vec<u8>], w: &Workload, cut: Cut) -> usize {
         .enumerate()
         .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("r{i}"), img.clone(), 512)))
         .collect();
-    let wrapped: Vec<Arc<dyn Target>> = sims
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            Arc::new(RecordingTarget::new(
-                Arc::clone(s) as Arc<dyn Target>,
-                i as u32,
-                Arc::clone(&rec),
-            )) as Arc<dyn Target>
-        })
-        .collect();
+    let wrapped = recorded(&sims, &rec);
     let (fs, _) = Fs::mount(wrapped, quiet()).expect("first recovery");
     std::mem::forget(fs);
     let pts = rec.durability_points();
@@ -449,17 +439,7 @@ fn crash_points_with(seed: u64, bs: u32, checkpoints: Checkpoints) -> (usize, u6
     Fs::mkfs(&dyns(&sims), &opts).unwrap();
     let initial: Vec<Vec<u8>> = sims.iter().map(|s| s.durable_image()).collect();
     let rec = Recorder::new();
-    let wrapped: Vec<Arc<dyn Target>> = sims
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            Arc::new(RecordingTarget::new(
-                Arc::clone(s) as Arc<dyn Target>,
-                i as u32,
-                Arc::clone(&rec),
-            )) as Arc<dyn Target>
-        })
-        .collect();
+    let wrapped = recorded(&sims, &rec);
     let opts = MountOptions {
         checkpoints,
         ..quiet()
@@ -574,17 +554,7 @@ fn every_flush_point_across_checkpoints_that_split_and_merge_tree_pages() {
     Fs::mkfs(&dyns(&sims), &opts).unwrap();
     let initial: Vec<Vec<u8>> = sims.iter().map(|s| s.durable_image()).collect();
     let rec = Recorder::new();
-    let wrapped: Vec<Arc<dyn Target>> = sims
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            Arc::new(RecordingTarget::new(
-                Arc::clone(s) as Arc<dyn Target>,
-                i as u32,
-                Arc::clone(&rec),
-            )) as Arc<dyn Target>
-        })
-        .collect();
+    let wrapped = recorded(&sims, &rec);
     let (fs, _) = Fs::mount(wrapped, quiet()).unwrap();
     let now = || rec.events().len();
     let mut names: Vec<Named> = Vec::new();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use stripefs::{CreateParams, Fs, FsError, Ino, MkfsOptions, SyncScope};
-use stripefs_target::{Recorder, RecordingTarget, SimTarget, Target, UnflushedPolicy};
+use stripefs_target::{Recorder, SimTarget, UnflushedPolicy};
 
 fn file(fs: &Fs, name: &str) -> Ino {
     fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
@@ -197,17 +197,7 @@ fn crash_at_every_flush_point_with_clones_and_copy_on_write() {
     Fs::mkfs(&dyns(&s), &opts).unwrap();
     let initial: Vec<Vec<u8>> = s.iter().map(|t| t.durable_image()).collect();
     let rec = Recorder::new();
-    let wrapped: Vec<Arc<dyn Target>> = s
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            Arc::new(RecordingTarget::new(
-                Arc::clone(t) as Arc<dyn Target>,
-                i as u32,
-                Arc::clone(&rec),
-            )) as Arc<dyn Target>
-        })
-        .collect();
+    let wrapped = recorded(&s, &rec);
     let (fs, _) = Fs::mount(wrapped, quiet()).unwrap();
     let now = || rec.events().len();
     let a = file(&fs, "a");

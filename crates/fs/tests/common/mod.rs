@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use stripefs::{Fs, MkfsOptions, MountOptions};
-use stripefs_target::{SimTarget, Target};
+use stripefs_target::{Recorder, RecordingTarget, SimTarget, Target};
 
 /// Byte that fills fresh simulated disks: `pattern` never produces it (its bytes are odd),
 /// so a never-written block that becomes visible shows up as a mismatch, not as zeros.
@@ -26,6 +26,21 @@ pub fn sims(n: usize, bytes: u64) -> Vec<Arc<SimTarget>> {
 /// The simulated targets as trait objects.
 pub fn dyns(s: &[Arc<SimTarget>]) -> Vec<Arc<dyn Target>> {
     s.iter().map(|t| Arc::clone(t) as Arc<dyn Target>).collect()
+}
+
+/// The simulated targets wrapped so that `rec` records every write and flush (for
+/// crash images at each durability point).
+pub fn recorded(s: &[Arc<SimTarget>], rec: &Arc<Recorder>) -> Vec<Arc<dyn Target>> {
+    s.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            Arc::new(RecordingTarget::new(
+                Arc::clone(t) as Arc<dyn Target>,
+                i as u32,
+                Arc::clone(rec),
+            )) as Arc<dyn Target>
+        })
+        .collect()
 }
 
 /// Mount options for deterministic tests: no background commit, writeback or checkpoint
