@@ -116,11 +116,31 @@ pub struct InodeAttrs {
     pub parent: Ino,
     /// Striping (regular files only; count 0 otherwise).
     pub layout: StripeLayout,
-    /// Reserved flag bits (0).
+    /// Inode flag bits: [`FLAG_PREALLOC`], [`FLAG_NOCOW`]; the others are reserved (0).
     pub flags: u32,
 }
 
+/// Inode flag: the file has explicit preallocation beyond EOF (`fallocate KEEP_SIZE`), so
+/// speculative preallocation is never trimmed from it (XFS's `PREALLOC` flag).
+pub const FLAG_PREALLOC: u32 = 1;
+
+/// Inode flag: no copy on write (btrfs's `NODATACOW`, `chattr +C`, `FS_NOCOW_FL`). On a
+/// regular file: its data is written in place and carries no checksums; set or cleared
+/// only while the file is empty. On a directory: new regular files and directories in it
+/// get the flag.
+pub const FLAG_NOCOW: u32 = 1 << 1;
+
+/// Every flag bit defined; the rest are reserved.
+pub const FLAGS_KNOWN: u32 = FLAG_PREALLOC | FLAG_NOCOW;
+
 impl InodeAttrs {
+    /// Whether the file's data is copy on write (and, once checksums exist, checksummed):
+    /// its [`FLAG_NOCOW`] is clear. The one question writeback and the checksum code ask.
+    #[must_use]
+    pub fn datacow(&self) -> bool {
+        self.flags & FLAG_NOCOW == 0
+    }
+
     /// `st_mode`: type bits plus permission bits.
     #[must_use]
     pub fn mode(&self) -> u32 {

@@ -145,7 +145,13 @@ pub(crate) fn dec_attrs(d: &mut Dec<'_>) -> Result<InodeAttrs, CoreError> {
             unit_bytes: d.u32()?,
             first_target: d.u32()?,
         },
-        flags: d.u32()?,
+        flags: {
+            let f = d.u32()?;
+            if f & !crate::inode::FLAGS_KNOWN != 0 {
+                return Err(d.err(format!("inode {ino}: unknown flag bits {f:#x}")));
+            }
+            f
+        },
     })
 }
 
@@ -448,10 +454,10 @@ mod tests {
                 unit_bytes: 65536,
                 first_target: 1,
             },
-            flags: 0,
+            flags: crate::inode::FLAG_NOCOW,
         };
         let recs = vec![
-            Record::InodeSet(attrs),
+            Record::InodeSet(attrs.clone()),
             Record::ExtentSet {
                 ino: Ino(9),
                 object: 1,
@@ -508,5 +514,34 @@ mod tests {
             // Any truncation is an error, never a panic.
             let _ = Record::decode_all(&e.buf[..cut], "t");
         }
+    }
+
+    #[test]
+    fn unknown_inode_flag_bits_are_corruption() {
+        let attrs = InodeAttrs {
+            ino: Ino(9),
+            kind: FileKind::Directory,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            nlink: 2,
+            size: 0,
+            atime: Timespec { sec: 1, nsec: 0 },
+            mtime: Timespec { sec: 1, nsec: 0 },
+            ctime: Timespec { sec: 1, nsec: 0 },
+            crtime: Timespec { sec: 1, nsec: 0 },
+            rdev: 0,
+            parent: Ino(1),
+            layout: StripeLayout {
+                count: 0,
+                unit_bytes: 0,
+                first_target: 0,
+            },
+            flags: 1 << 7,
+        };
+        let mut e = Enc::new();
+        Record::InodeSet(attrs).encode(&mut e);
+        let err = Record::decode_all(&e.buf, "t").unwrap_err().to_string();
+        assert!(err.contains("inode 9: unknown flag bits 0x80"), "{err}");
     }
 }

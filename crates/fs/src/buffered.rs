@@ -25,9 +25,7 @@ use crate::mapping::{DevAddr, FileMapper, Settle};
 use crate::namespace::{data_changed, inode};
 use crate::wbgroup::WbBatch;
 
-/// Inode flag: the file has explicit preallocation beyond EOF (`fallocate KEEP_SIZE`), so
-/// speculative preallocation is never trimmed from it (XFS's `PREALLOC` flag).
-pub(crate) const FLAG_PREALLOC: u32 = 1;
+pub(crate) use stripefs_core::inode::FLAG_PREALLOC;
 
 /// Files smaller than this get no speculative preallocation: likely written once and
 /// closed, they would allocate 16 times their size at 4 KiB and give it back at close

@@ -30,6 +30,7 @@ mod dirty;
 mod error;
 pub mod faults;
 mod file;
+mod fileflags;
 mod fs;
 pub mod fsck;
 mod icache;
@@ -54,12 +55,14 @@ pub use buffered::Whence;
 pub use clock::time_now;
 pub use error::{FsError, Result};
 pub use file::File;
+pub use fileflags::FileFlags;
 pub use fs::{Fs, MountReport};
 pub use io::{MappedRange, MAX_FILE_BYTES};
 pub use journal::JournalPosition;
 pub use namespace::{setid_dropped, XattrMode, LINK_MAX};
 pub use options::{
-    Checkpoints, DioSubmit, InodeBound, MetaCacheBytes, MkfsOptions, MountOptions, UnalignedPolicy,
+    Checkpoints, DataCow, DioSubmit, InodeBound, MetaCacheBytes, MkfsOptions, MountOptions,
+    UnalignedPolicy,
 };
 pub use path::Follow;
 pub use queue::{DioCompletion, DioQueue};

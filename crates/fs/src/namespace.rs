@@ -384,7 +384,11 @@ impl Fs {
             rdev: p.rdev,
             parent: if is_dir { parent } else { Ino(0) },
             layout,
-            flags: 0,
+            flags: crate::fileflags::new_inode_flags(
+                kind,
+                live_dir(&m, parent)?.attrs.flags,
+                self.inner.opts.datacow,
+            ),
         };
         let d = dir(&m, parent)?;
         let mut recs = vec![Record::InodeSet(attrs)];

@@ -146,6 +146,20 @@ pub enum Checkpoints {
     Inline,
 }
 
+/// The `datacow=on|off` mount option: whether new regular files are copy on write
+/// (`docs/design/reflink.md` "No copy on write"). A file's own flag
+/// ([`crate::FileFlags::NOCOW`], `chattr +C`) is set when it is created and kept; the
+/// option only picks it for files created under this mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DataCow {
+    /// New regular files are copy on write, unless their directory is NOCOW.
+    On,
+    /// Every new regular file is NOCOW (btrfs's `nodatacow`). The default until data
+    /// checksums exist: every file is written in place, as before the option.
+    #[default]
+    Off,
+}
+
 /// How a mounted file system behaves.
 #[derive(Debug, Clone)]
 pub struct MountOptions {
@@ -187,6 +201,8 @@ pub struct MountOptions {
     /// Which reads update access times and when that is written (`relatime` by default;
     /// see `atime.rs`).
     pub atime: crate::AtimePolicy,
+    /// Whether new regular files are copy on write (`datacow`).
+    pub datacow: DataCow,
     /// Fault injector for the runtime's named fault points (tests only).
     pub faults: Option<Arc<FaultInjector>>,
 }
@@ -207,6 +223,7 @@ impl Default for MountOptions {
             writeback_interval: Some(Duration::from_secs(5)),
             commit_interval: Some(Duration::from_secs(5)),
             atime: crate::AtimePolicy::default(),
+            datacow: DataCow::Off,
             faults: None,
         }
     }

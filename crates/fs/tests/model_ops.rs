@@ -10,7 +10,10 @@
 //! (asynchronous readahead in flight), and writes reaching the device late while the
 //! background flusher runs (writes into folios whose memory a write in flight holds).
 //! After every operation the space books of every target must balance
-//! (`Fs::check_space_accounting`; with the flusher running, after every remount). On a
+//! (`Fs::check_space_accounting`; with the flusher running, after every remount). Attribute
+//! flags (`FS_NOCOW_FL`) are set and cleared on files and both directories, mounts
+//! alternate `datacow=off` and `on`, and every file's flag is compared with the model's
+//! (btrfs's rules: inherited from the directory, changed only on empty files). On a
 //! mismatch the seed and the tail of the operation log are printed.
 mod common;
 #[path = "nbdkit/mod.rs"]
@@ -20,7 +23,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use common::*;
 use stripefs::{
-    CreateParams, FallocMode, File, Fs, FsError, Ino, MkfsOptions, MountOptions, RenameMode, Whence,
+    CreateParams, DataCow, FallocMode, File, FileFlags, Fs, FsError, Ino, MkfsOptions,
+    MountOptions, RenameMode, Whence,
 };
 use stripefs_target::{Rng, Target};
 
@@ -187,6 +191,12 @@ struct Model {
     names: BTreeMap<(usize, String), u32>,
     data: HashMap<u32, Vec<u8>>,
     next_id: u32,
+    /// File id -> its NOCOW flag.
+    nocow: HashMap<u32, bool>,
+    /// The two directories' NOCOW flags.
+    dir_nocow: [bool; 2],
+    /// The current mount's `datacow` (alternates at each remount).
+    datacow: DataCow,
 }
 
 struct Sut {
@@ -258,6 +268,7 @@ impl Run {
             52..=57 => self.op_rename(),
             58..=61 => self.op_unlink(),
             62..=63 => self.op_link(),
+            98 => self.op_flags(),
             64..=67 => self.op_falloc(),
             68..=71 => self.op_punch_or_zero(),
             72..=75 => self.op_seek(),
@@ -265,7 +276,7 @@ impl Run {
             79..=80 => self.op_close_handle(),
             81..=82 => self.op_remount(),
             83..=96 => self.op_direct(),
-            97..=98 => self.op_clone(),
+            97 => self.op_clone(),
             _ => self.verify_all(),
         }
         self.check_sizes();
@@ -417,7 +428,10 @@ impl Run {
                 self.model.next_id += 1;
                 self.model.names.insert((d, n), id);
                 self.model.data.insert(id, Vec::new());
+                let nocow = self.model.datacow == DataCow::Off || self.model.dir_nocow[d];
+                self.model.nocow.insert(id, nocow);
                 self.sut.inos.insert(id, a.ino);
+                self.check_flags(id);
             }
             (e, r) => self.fail(&format!("create: model exists={e}, fs said {r:?}")),
         }
@@ -829,8 +843,61 @@ impl Run {
         self.forget_if_unreferenced(id);
     }
 
+    /// `chattr +C`/`-C` on a directory (new files in it inherit) or a file (changes only
+    /// while it is empty, silently kept otherwise).
+    fn op_flags(&mut self) {
+        let on = self.rng.one_in(2);
+        let flags = if on {
+            FileFlags::NOCOW
+        } else {
+            FileFlags::NONE
+        };
+        if self.rng.one_in(3) {
+            let d = self.rng.below(2) as usize;
+            self.log.push(format!("set_file_flags dir {d} nocow={on}"));
+            if let Err(e) = self.sut.fs.set_file_flags(self.sut.dirs[d], flags) {
+                self.fail(&format!("set_file_flags dir {d}: {e}"));
+            }
+            self.model.dir_nocow[d] = on;
+            match self.sut.fs.file_flags(self.sut.dirs[d]) {
+                Ok(f) if f == flags => {}
+                r => self.fail(&format!("dir {d} flags {r:?}, model nocow={on}")),
+            }
+            return;
+        }
+        let Some((name, id)) = self.existing() else {
+            return;
+        };
+        self.log
+            .push(format!("set_file_flags {}/{} nocow={on}", name.0, name.1));
+        if let Err(e) = self.sut.fs.set_file_flags(self.sut.inos[&id], flags) {
+            self.fail(&format!("set_file_flags: {e}"));
+        }
+        if self.model.data[&id].is_empty() {
+            self.model.nocow.insert(id, on);
+        }
+        self.check_flags(id);
+    }
+
+    fn check_flags(&mut self, id: u32) {
+        let want = if self.model.nocow[&id] {
+            FileFlags::NOCOW
+        } else {
+            FileFlags::NONE
+        };
+        match self.sut.fs.file_flags(self.sut.inos[&id]) {
+            Ok(f) if f == want => {}
+            r => self.fail(&format!("file {id}: flags {r:?}, model {want:?}")),
+        }
+    }
+
     fn op_remount(&mut self) {
-        self.log.push("remount".into());
+        self.model.datacow = match self.model.datacow {
+            DataCow::Off => DataCow::On,
+            DataCow::On => DataCow::Off,
+        };
+        self.log
+            .push(format!("remount datacow={:?}", self.model.datacow));
         let ids: Vec<u32> = self.sut.handles.drain(..).map(|(id, _)| id).collect();
         for id in ids {
             self.forget_if_unreferenced(id);
@@ -839,7 +906,9 @@ impl Run {
         if let Err(e) = self.sut.fs.unmount() {
             self.fail(&format!("unmount failed: {e}"));
         }
-        let fs = match Fs::mount(self.targets.clone(), self.c.mount_options()) {
+        let mut opts = self.c.mount_options();
+        opts.datacow = self.model.datacow;
+        let fs = match Fs::mount(self.targets.clone(), opts) {
             Ok((fs, _)) => fs,
             Err(e) => self.fail(&format!("mount failed: {e}")),
         };
@@ -890,6 +959,7 @@ impl Run {
                 ));
             }
             self.check_range(id, 0, a.size.max(1));
+            self.check_flags(id);
         }
     }
 }
@@ -946,6 +1016,9 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
             names: BTreeMap::new(),
             data: HashMap::new(),
             next_id: 0,
+            nocow: HashMap::new(),
+            dir_nocow: [false; 2],
+            datacow: DataCow::Off,
         },
         sut: Sut {
             fs,
