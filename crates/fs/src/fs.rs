@@ -472,7 +472,6 @@ impl Fs {
     fn metadata_room(&self) -> Result<()> {
         let inner = &self.inner;
         let page_blocks = inner.pages.page_blocks();
-        let page_bytes = inner.geo.page_size().bytes() as u64;
         let waiting = inner.journal.queued_records() as u64;
         let (room, reserve, running) = {
             let m = inner.meta.lock();
@@ -488,8 +487,10 @@ impl Fs {
             let reserve: u64 = targets.map(|t| m.alloc.meta_reserve(t)).sum();
             (room, reserve, m.txn.records.len() as u64)
         };
-        let dirty = (inner.store.dirty_bytes() as u64).div_ceil(page_bytes);
-        let need = (dirty + 2 * (waiting + running + 1)) * page_blocks + reserve / 2;
+        // Two pages per record not in the trees yet, and the page log's pages as the
+        // checkpoint sizes them (one per about 250 pages it changes).
+        let more = usize::try_from(2 * (waiting + running + 1)).unwrap_or(usize::MAX / 4);
+        let need = inner.store.checkpoint_pages(more) as u64 * page_blocks + reserve / 2;
         if room < need {
             return Err(FsError::NoSpace(format!(
                 "no room for more metadata: {room} blocks free for metadata pages, the next \

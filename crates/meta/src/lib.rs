@@ -224,6 +224,20 @@ impl Store {
         self.pinned()
     }
 
+    /// Pages the next checkpoint allocates if `more` pages are dirtied before it: the
+    /// pinned pages (dirty, and a running checkpoint's frozen ones, already allocated:
+    /// counted to stay on the safe side), the `more`, two per entry of a page log not yet
+    /// folded into the space tree (the fold dirties space-tree pages: the same coarse
+    /// bound as the file system's per record), and the page log's pages as the
+    /// checkpoint sizes them. What metadata admission must find free (metadata.md,
+    /// "Space").
+    #[must_use]
+    pub fn checkpoint_pages(&self, more: usize) -> usize {
+        let fold = 2 * self.pending_len();
+        let more = more.saturating_add(fold);
+        self.pinned() / self.cfg.page_size.bytes() + more + self.log_pages(more)
+    }
+
     /// The journal position the durable root record covers (zero for trees created and
     /// not yet checkpointed): where recovery starts replaying.
     #[must_use]

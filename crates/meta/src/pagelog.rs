@@ -93,8 +93,14 @@ impl Store {
     /// Addresses for the next checkpoint's log, counted before the freeze (the
     /// checkpoint gives back the surplus or tops up after it).
     pub(crate) fn alloc_log(&self) -> Result<Vec<PageAddr>, MetaError> {
+        self.alloc.alloc(self.log_pages(0))
+    }
+
+    /// Pages the next checkpoint's log takes as [`Store::alloc_log`] sizes it, if `more`
+    /// pages are dirtied before it, each superseding a clean one (two log entries each).
+    pub(crate) fn log_pages(&self, more: usize) -> usize {
         if self.cfg.space == SpaceBooks::Off {
-            return Ok(Vec::new());
+            return 0;
         }
         let changes: usize = self
             .trees
@@ -104,9 +110,8 @@ impl Store {
                 t.dirty_count() + t.superseded_count()
             })
             .sum();
-        let entries = changes + self.log.lock().blocks.len();
-        let k = codec::blocks_for(self.cfg.page_size, self.targets.len(), entries);
-        self.alloc.alloc(k)
+        let entries = changes + 2 * more + self.log.lock().blocks.len();
+        codec::blocks_for(self.cfg.page_size, self.targets.len(), entries)
     }
 
     /// The log of the frozen generation whose pages go to `addrs`, in `log_addrs` (made
@@ -186,6 +191,11 @@ impl Store {
             self.poisoned
                 .store(true, std::sync::atomic::Ordering::Release);
         })
+    }
+
+    /// How many of the durable generation's page log entries are not yet folded.
+    pub(crate) fn pending_len(&self) -> usize {
+        self.log.lock().pending.len()
     }
 
     /// The durable generation's page log entries not yet folded into the space tree.
