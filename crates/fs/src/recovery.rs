@@ -189,8 +189,11 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
     // free space").
     let mark = store.journal_mark();
     let t0 = targets[0].as_ref();
-    let mut r = Replayer::new(&store, &geo);
-    let end = read_journal(t0, &geo, mark, &mut |at, recs| r.apply_txn(at, &recs))?;
+    let mut r = Replayer::new(&store, &geo, replay_window_keys(&geo, cache));
+    let end = read_journal(t0, &geo, mark, &mut |at, recs| r.push(at, recs));
+    // The window's transactions come before whatever ended the read: their errors first.
+    r.finish()?;
+    let end = end?;
     let replayed_records = r.records;
     Ok(Loaded {
         geo,
@@ -203,6 +206,14 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         replayed_txns: end.txns,
         replayed_records,
     })
+}
+
+/// Distinct keys replay reads ahead at a time: a quarter of the metadata cache's pages
+/// (at least 256), so a window's pages, held beyond the cache's budget while the window
+/// is applied, add at most that much memory for the moment (decisions.md, 79).
+fn replay_window_keys(geo: &Geometry, cache: MetaCacheBytes) -> usize {
+    let pages = cache.0 / geo.page_size().bytes() as u64;
+    usize::try_from(pages / 4).unwrap_or(usize::MAX).max(256)
 }
 
 /// Where a journal transaction is: its sequence number and first journal unit.

@@ -27,6 +27,8 @@ struct Inner {
     hits: u64,
     misses: u64,
     evictions: u64,
+    reads: u64,
+    read_ahead: u64,
 }
 
 /// Counters of the cache.
@@ -37,6 +39,10 @@ pub struct CacheStats {
     pub hits: u64,
     pub misses: u64,
     pub evictions: u64,
+    /// Pages read from disk one at a time, by an operation that missed (`Store::fill`).
+    pub reads: u64,
+    /// Pages read ahead, many in flight at once (`Store::prefetch`).
+    pub read_ahead: u64,
 }
 
 /// Clean pages under a byte budget.
@@ -100,6 +106,13 @@ impl PageCache {
         }
     }
 
+    /// Counts pages read from disk: `one` by a missing operation, `ahead` by read-ahead.
+    pub fn note_reads(&self, one: u64, ahead: u64) {
+        let mut c = self.inner.lock();
+        c.reads += one;
+        c.read_ahead += ahead;
+    }
+
     /// Counters.
     #[must_use]
     pub fn stats(&self) -> CacheStats {
@@ -110,6 +123,8 @@ impl PageCache {
             hits: c.hits,
             misses: c.misses,
             evictions: c.evictions,
+            reads: c.reads,
+            read_ahead: c.read_ahead,
         }
     }
 }

@@ -70,6 +70,53 @@ pub fn apply_records(store: &Store, recs: &[Record]) -> Result<(), MetaError> {
     items.write_counter().and(res)
 }
 
+/// The keys whose leaves applying `rec` ([`apply_records`]) and reading the inodes it
+/// names ([`load_inode_without_entries`], [`lookup_entry`]) start from: the counter item,
+/// each named inode's first item and orphan item, the entry's name hash and the
+/// directory's highest cookie, the extent window, the xattr's name hash, the symlink, the
+/// refcount. A read-ahead list for [`Store::prefetch`] (replay gathers them for many
+/// records, then reads their pages together), not a promise: an item a record finds only
+/// through another (the cookie of a removed entry, the free-space runs around an
+/// extent's blocks, the later leaves of a long scan) is read when the record is applied.
+#[must_use]
+pub fn record_keys(uuid: Uuid, rec: &Record) -> Vec<Key> {
+    let inode = |ino: Ino| [inode_key(ino), orphan_key(ino)];
+    let mut keys = vec![counter_key()];
+    if let Some(ino) = rec.subject() {
+        keys.extend(inode(ino));
+    }
+    match rec {
+        Record::DirAdd { dir, name, ino, .. } => {
+            keys.extend(inode(*ino));
+            keys.push(dir_entry_key(*dir, name_hash(uuid, name), 0));
+            keys.push(dir_cookie_key(*dir, u64::MAX));
+            keys.push(Key::first_of(dir.0, KeyKind::Xattr, 0));
+        }
+        Record::DirRemove { dir, name } => {
+            keys.push(dir_entry_key(*dir, name_hash(uuid, name), 0));
+            keys.push(Key::first_of(dir.0, KeyKind::Xattr, 0));
+        }
+        Record::ExtentSet {
+            ino, object, block, ..
+        }
+        | Record::ExtentClear {
+            ino, object, block, ..
+        } => {
+            keys.push(extent_key(*ino, *object, block.saturating_sub(1)));
+            keys.push(extent_key(*ino, *object, *block));
+        }
+        Record::XattrSet { ino, name, .. } | Record::XattrRemove { ino, name } => {
+            keys.push(Key::new(ino.0, KeyKind::Xattr, name_hash(uuid, name), 0));
+        }
+        Record::SymlinkSet { ino, .. } => keys.push(Key::new(ino.0, KeyKind::Symlink, 0, 0)),
+        Record::RefcountSet { target, phys, .. } => {
+            keys.push(stripefs_core::btree::schema::refcount_key(*target, *phys));
+        }
+        Record::InodeSet(_) | Record::InodeFree(_) => {}
+    }
+    keys
+}
+
 /// Reads the whole fs tree into a `MetaState` (stage 1: the file system keeps a full
 /// in-memory copy).
 ///

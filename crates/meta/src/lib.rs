@@ -18,12 +18,13 @@ pub mod refcount;
 pub mod region;
 pub mod space;
 
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
-use stripefs_core::btree::page::{decode, Generation, PageAddr, PageRef, PageSize};
+use stripefs_core::btree::page::{decode, Expect, Generation, PageAddr, PageRef, PageSize};
 use stripefs_core::btree::root::{RootRecord, ROOT_RECORD_BYTES};
 use stripefs_core::btree::tree::{Miss, Node, PageSource, Tree, WritePlan, WrittenPage};
 use stripefs_core::btree::{Key, TreeId};
@@ -114,7 +115,26 @@ pub struct Store {
     mark: Mutex<JournalMark>,
     /// The durable generation's page log (with [`SpaceBooks::Kept`]).
     log: Mutex<pagelog::Durable>,
+    /// Pages read ahead by [`Store::prefetch`], held while its [`Prefetched`] lives: an
+    /// operation that misses one takes it from here instead of reading it again.
+    ahead: Mutex<HashMap<PageAddr, (Generation, Arc<Node>)>>,
     poisoned: AtomicBool,
+}
+
+/// Pages [`Store::prefetch`] read, held until this is dropped (the cache alone could
+/// evict them before they are used when pinned pages fill its budget).
+#[derive(Debug)]
+#[must_use = "the pages read ahead are held only while this lives"]
+pub struct Prefetched<'a> {
+    store: &'a Store,
+    /// Pages read from disk (those already in memory are not counted).
+    pub pages_read: usize,
+}
+
+impl Drop for Prefetched<'_> {
+    fn drop(&mut self) {
+        self.store.ahead.lock().clear();
+    }
 }
 
 /// Counters and shapes, for `inspect` and tests.
@@ -198,6 +218,7 @@ impl Store {
             checkpoint: Mutex::new(()),
             mark: Mutex::new(mark),
             log: Mutex::new(log),
+            ahead: Mutex::new(HashMap::new()),
             poisoned: AtomicBool::new(false),
         }
     }
@@ -269,14 +290,93 @@ impl Store {
     /// Returns the page for the operation's [`Held`] set.
     fn fill(&self, m: Miss) -> Result<(PageRef, Arc<Node>), MetaError> {
         let e = m.0;
-        let target = self.page_target(e.tree, e.at.addr)?;
-        let offset = self.cfg.block_size.to_bytes(e.at.addr.block.0);
-        let buf = target.read_sync(offset, self.cfg.page_size.bytes())?;
-        let page = decode(self.cfg.page_size, self.cfg.uuid, &e, &buf).map_err(CoreError::from)?;
+        let ahead = self.ahead.lock().get(&e.at.addr).cloned();
+        let node = match ahead {
+            // Read ahead and verified against the same expectations: a page address is
+            // written once per generation, so the generation identifies the content.
+            Some((g, node)) if g == e.at.generation => node,
+            _ => {
+                let target = self.page_target(e.tree, e.at.addr)?;
+                let offset = self.cfg.block_size.to_bytes(e.at.addr.block.0);
+                let buf = target.read_sync(offset, self.cfg.page_size.bytes())?;
+                self.cache.note_reads(1, 0);
+                let page =
+                    decode(self.cfg.page_size, self.cfg.uuid, &e, &buf).map_err(CoreError::from)?;
+                Arc::new(Node::from_page(page))
+            }
+        };
         let pinned = self.pinned();
-        let node = Arc::new(Node::from_page(page));
         self.cache.insert(e.at, Arc::clone(&node), pinned);
         Ok((e.at, node))
+    }
+
+    /// Reads the pages that lookups of `keys` need and memory lacks, many in flight at
+    /// once: the keys are sorted and descended together, a level at a time, and each
+    /// level's missing pages (each once, in address order) are read in one batch
+    /// through `Target`, verified as every read is, and cached. The pages are also held
+    /// until the returned [`Prefetched`] is dropped, and an operation that misses one
+    /// takes it from there, so later operations on these keys read nothing while it
+    /// lives (a key whose path changes meanwhile may still miss: it reads as usual).
+    /// Memory: the pages read, beyond the cache's budget, until the drop.
+    ///
+    /// A hint: a page that fails to read or verify is skipped, and the operation that
+    /// needs it reads it and reports the error as usual.
+    ///
+    /// # Errors
+    /// `Poisoned`.
+    pub fn prefetch(&self, keys: &[Key]) -> Result<Prefetched<'_>, MetaError> {
+        self.live()?;
+        let mut by_tree: BTreeMap<usize, Vec<Key>> = BTreeMap::new();
+        for k in keys {
+            let t = tree_of(k);
+            let i = TreeId::ALL
+                .iter()
+                .position(|x| *x == t)
+                .expect("every tree");
+            by_tree.entry(i).or_default().push(*k);
+        }
+        let mut out = Prefetched {
+            store: self,
+            pages_read: 0,
+        };
+        for (i, mut pending) in by_tree {
+            pending.sort_unstable();
+            pending.dedup();
+            while !pending.is_empty() {
+                let mut want: BTreeMap<PageAddr, Expect> = BTreeMap::new();
+                let mut next = Vec::new();
+                {
+                    let ahead = self.ahead.lock();
+                    let src = Ahead {
+                        cache: &self.cache,
+                        ahead: &ahead,
+                    };
+                    let tree = self.trees[i].read();
+                    for k in &pending {
+                        if let Err(Miss(e)) = tree.get(&src, k) {
+                            want.entry(e.at.addr).or_insert(e);
+                            next.push(*k);
+                        }
+                    }
+                }
+                let want: Vec<Expect> = want.into_values().collect();
+                let mut progress = false;
+                for (e, node) in want.iter().zip(self.read_each(&want)) {
+                    let Ok((node, read)) = node else { continue };
+                    progress = true;
+                    out.pages_read += usize::from(read);
+                    let pinned = self.pinned();
+                    self.cache.insert(e.at, Arc::clone(&node), pinned);
+                    self.ahead.lock().insert(e.at.addr, (e.at.generation, node));
+                }
+                if !progress {
+                    break; // every read failed: the operations report it
+                }
+                pending = next;
+            }
+        }
+        self.cache.note_reads(0, out.pages_read as u64);
+        Ok(out)
     }
 
     /// Runs `op` on tree `t` under its read lock, filling misses without any lock.
@@ -674,36 +774,53 @@ impl Store {
 
     /// The pages `want` names, from the cache or read and verified in one batch, in
     /// order.
-    fn read_pages(
-        &self,
-        want: &[stripefs_core::btree::Expect],
-    ) -> Result<Vec<Arc<Node>>, MetaError> {
-        let mut out: Vec<Option<Arc<Node>>> = want.iter().map(|e| self.cache.page(&e.at)).collect();
-        let missing: Vec<usize> = (0..want.len()).filter(|&i| out[i].is_none()).collect();
-        if missing.is_empty() {
-            return Ok(out.into_iter().flatten().collect());
-        }
+    fn read_pages(&self, want: &[Expect]) -> Result<Vec<Arc<Node>>, MetaError> {
+        self.read_each(want)
+            .into_iter()
+            .map(|r| r.map(|(node, _)| node))
+            .collect()
+    }
+
+    /// Each page `want` names, from the cache or read and verified (all reads in one
+    /// batch, submitted before any is waited for), with whether it was read; or its own
+    /// error.
+    fn read_each(&self, want: &[Expect]) -> Vec<PageRead> {
+        let mut out: Vec<Option<PageRead>> = want
+            .iter()
+            .map(|e| self.cache.page(&e.at).map(|n| Ok((n, false))))
+            .collect();
         let batch = Batch::new();
-        for &i in &missing {
-            let addr = want[i].at.addr;
-            let target = self.page_target(want[i].tree, addr)?;
-            let offset = self.cfg.block_size.to_bytes(addr.block.0);
-            let bufs = vec![IoBuf::zeroed(self.cfg.page_size.bytes())];
-            batch.submit(&**target, IoOp::Read { offset, bufs });
+        let mut missing = Vec::new();
+        for (i, e) in want.iter().enumerate() {
+            if out[i].is_some() {
+                continue;
+            }
+            match self.page_target(e.tree, e.at.addr) {
+                Ok(target) => {
+                    let offset = self.cfg.block_size.to_bytes(e.at.addr.block.0);
+                    let bufs = vec![IoBuf::zeroed(self.cfg.page_size.bytes())];
+                    batch.submit(&**target, IoOp::Read { offset, bufs });
+                    missing.push(i);
+                }
+                Err(err) => out[i] = Some(Err(err)),
+            }
         }
-        let done = batch.wait();
-        for (&i, d) in missing.iter().zip(done) {
-            d.result?;
-            let buf = d
-                .bufs
-                .into_iter()
-                .next()
-                .expect("a read returns its buffer");
-            let page = decode(self.cfg.page_size, self.cfg.uuid, &want[i], &buf)
-                .map_err(CoreError::from)?;
-            out[i] = Some(Arc::new(Node::from_page(page)));
+        for (&i, d) in missing.iter().zip(batch.wait()) {
+            let node = d.result.map_err(MetaError::from).and_then(|()| {
+                let buf = d
+                    .bufs
+                    .into_iter()
+                    .next()
+                    .expect("a read returns its buffer");
+                let page = decode(self.cfg.page_size, self.cfg.uuid, &want[i], &buf)
+                    .map_err(CoreError::from)?;
+                Ok((Arc::new(Node::from_page(page)), true))
+            });
+            out[i] = Some(node);
         }
-        Ok(out.into_iter().flatten().collect())
+        out.into_iter()
+            .map(|r| r.expect("every page found, read or failed"))
+            .collect()
     }
 }
 
@@ -750,6 +867,24 @@ impl PageSource for Held<'_> {
         let held = self.pages.iter().find(|(at, _)| at == r);
         held.map(|(_, n)| Arc::clone(n))
             .or_else(|| self.cache.page(r))
+    }
+}
+
+/// A page from [`Store::read_each`]: the node and whether it was read from disk.
+type PageRead = Result<(Arc<Node>, bool), MetaError>;
+
+/// The cache, then the pages a running [`Store::prefetch`] has read.
+struct Ahead<'a> {
+    cache: &'a PageCache,
+    ahead: &'a HashMap<PageAddr, (Generation, Arc<Node>)>,
+}
+
+impl PageSource for Ahead<'_> {
+    fn page(&self, r: &PageRef) -> Option<Arc<Node>> {
+        match self.ahead.get(&r.addr) {
+            Some((g, n)) if *g == r.generation => Some(Arc::clone(n)),
+            _ => self.cache.page(r),
+        }
     }
 }
 
