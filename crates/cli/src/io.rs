@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use stripefs::{
-    Attr, CreateParams, FallocMode, File, FileKind, Follow, Fs, OpenMode, RenameMode, Whence,
+    Attr, CreateParams, FallocMode, File, FileFlags, FileKind, Follow, Fs, OpenMode, RenameMode,
+    Whence,
 };
 
 use crate::size::{human, parse_size};
@@ -47,7 +48,7 @@ pub struct IoArgs {
     /// dirty_limit, readahead, readahead_mode=async|sync, writeback_depth,
     /// writeback_copy=lend|stage, wb_batch=files|single,
     /// dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off,
-    /// commit_interval, writeback_interval; for NBD targets nbd_timeout=SECS|NNms,
+    /// datacow=on|off, commit_interval, writeback_interval; for NBD targets nbd_timeout=SECS|NNms,
     /// nbd_conns=N.
     #[arg(short = 'o', long = "options")]
     options: Vec<String>,
@@ -70,6 +71,9 @@ const COMMANDS_HELP: &str = "Commands:
   reflink SRC [SRC_OFF DST_OFF LEN]  share SRC's blocks into the open file (FICLONE, or
                              FICLONERANGE for a range; LEN 0: to SRC's end)
   seek -d|-h OFF             next data (-d) or hole (-h) at or after OFF
+  chattr +C|-C|=C|= [PATH]   set or clear No_COW (e2fsprogs' letter C; changes only an
+                             empty file or a directory) of PATH or the open file
+  lsattr [PATH]              attribute letters of PATH or the open file, as lsattr
   fsync | fdatasync          flush the current file
   sync                       commit the whole file system
   stat                       attributes of the current file
@@ -167,6 +171,8 @@ impl Runner {
             "fzero" => self.fpunch_fzero(args, "fzero"),
             "reflink" => self.reflink(args),
             "seek" => self.seek(args),
+            "chattr" => self.chattr(args),
+            "lsattr" => self.lsattr(args),
             "fsync" => self.file()?.sync_all().map_err(e),
             "fdatasync" => self.file()?.sync_data().map_err(e),
             "sync" => self.fs.sync().map_err(e),
@@ -253,6 +259,78 @@ impl Runner {
         };
         let n = n.map_err(|e| e.to_string())?;
         report("linked", n, n, at, 1, t.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// PATH's inode and how to name it, or the open file's.
+    fn target(&self, path: Option<&str>) -> Result<(stripefs::Ino, String), String> {
+        match path {
+            Some(p) => self
+                .fs
+                .resolve(Path::new(p), Follow::Yes)
+                .map(|i| (i, p.to_string()))
+                .map_err(|e| format!("{p}: {e}")),
+            None => {
+                let c = self
+                    .cur
+                    .as_ref()
+                    .ok_or("no file is open (use 'open PATH')")?;
+                Ok((c.file.ino(), c.path.clone()))
+            }
+        }
+    }
+
+    /// e2fsprogs' `chattr` for the one letter kept, `C` (`FS_NOCOW_FL`): `+C`, `-C`, `=C`
+    /// or `=` (no flags). Other letters are refused here; the library refuses their bits.
+    fn chattr(&mut self, args: &[&str]) -> Result<(), String> {
+        let usage = "usage: chattr +C|-C|=C|= [PATH]";
+        let (mode, path) = match args {
+            [m] => (*m, None),
+            [m, p] => (*m, Some(*p)),
+            _ => return Err(usage.into()),
+        };
+        let (op, letters) = mode.split_at_checked(1).ok_or(usage)?;
+        if let Some(c) = letters.chars().find(|&c| c != 'C') {
+            return Err(format!(
+                "attribute '{c}' is not supported (only C, No_COW, is kept)"
+            ));
+        }
+        let (ino, name) = self.target(path)?;
+        let old = self
+            .fs
+            .file_flags(ino)
+            .map_err(|e| format!("{name}: {e}"))?;
+        let want = match (op, letters.is_empty()) {
+            ("+", false) => old.with(FileFlags::NOCOW),
+            ("-", false) => old.without(FileFlags::NOCOW),
+            ("=", true) => FileFlags::NONE,
+            ("=", false) => FileFlags::NOCOW,
+            _ => return Err(usage.into()),
+        };
+        self.fs
+            .set_file_flags(ino, want)
+            .map_err(|e| format!("{name}: {e}"))
+    }
+
+    /// e2fsprogs' `lsattr` line: its 22 letters in order, `-` for each flag not set (only
+    /// `C`, the 16th, can be), then the name.
+    fn lsattr(&self, args: &[&str]) -> Result<(), String> {
+        let path = match args {
+            [] => None,
+            [p] => Some(*p),
+            _ => return Err("usage: lsattr [PATH]".into()),
+        };
+        let (ino, name) = self.target(path)?;
+        let f = self
+            .fs
+            .file_flags(ino)
+            .map_err(|e| format!("{name}: {e}"))?;
+        let c = if f.contains(FileFlags::NOCOW) {
+            'C'
+        } else {
+            '-'
+        };
+        println!("{}{c}{} {name}", "-".repeat(15), "-".repeat(6));
         Ok(())
     }
 

@@ -14,6 +14,7 @@ pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed
 writeback_copy=lend|stage (stage: copy written bytes into staging buffers), \
 wb_batch=files|single (single: write dirty files back one at a time), \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
+datacow=on|off (new files copy on write; default off), \
 commit_interval=SECS (0: off), writeback_interval=SECS (0: off), \
 relatime (default), strictatime, noatime, nodiratime, lazytime and their opposites";
 
@@ -140,6 +141,13 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
                     "on" => true,
                     "off" => false,
                     _ => return Err(format!("prealloc must be on or off, not {v:?}")),
+                }
+            }
+            "datacow" => {
+                o.datacow = match v {
+                    "on" => stripefs::DataCow::On,
+                    "off" => stripefs::DataCow::Off,
+                    _ => return Err(format!("datacow must be on or off, not {v:?}")),
                 }
             }
             "dio_unaligned" => {
@@ -280,6 +288,14 @@ mod tests {
         assert!(parse(&["meta_cache=lots".into()])
             .unwrap_err()
             .contains("bad size"));
+        assert_eq!(parse(&[]).unwrap().datacow, stripefs::DataCow::Off);
+        assert_eq!(
+            parse(&["datacow=on".into()]).unwrap().datacow,
+            stripefs::DataCow::On
+        );
+        assert!(parse(&["datacow=yes".into()])
+            .unwrap_err()
+            .contains("on or off"));
         assert!(parse(&["novalue".into()])
             .unwrap_err()
             .contains("key=value"));

@@ -374,3 +374,69 @@ fn bench_meta_runs_and_reports_enospc() {
     assert!(json_field(&out, "enospc").contains("is full"), "{out}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn chattr_and_lsattr_in_io() {
+    let d = dir("chattr");
+    let t = targets(&d, 2);
+    let (code, out, err) = run(bin().args(["mkfs", "--size", "32m"]).args(&t));
+    assert_eq!(code, 0, "{out}{err}");
+    // datacow=off (default): a new file is NOCOW; -C takes while it is empty.
+    let (code, out, err) = run(bin().arg("io").args(&t).args([
+        "-c",
+        "open -f /a",
+        "-c",
+        "lsattr",
+        "-c",
+        "chattr -C",
+        "-c",
+        "lsattr /a",
+        "-c",
+        "pwrite 0 4k",
+        "-c",
+        "chattr +C",
+        "-c",
+        "lsattr",
+        "-c",
+        "mkdir /d",
+        "-c",
+        "chattr +C /d",
+        "-c",
+        "lsattr /d",
+        "-c",
+        "chattr +i /d",
+    ]));
+    assert_eq!(code, 1, "chattr +i fails: {out}{err}");
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.ends_with("/a") || l.ends_with("/d"))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "---------------C------ /a",
+            "---------------------- /a",
+            "---------------------- /a",
+            "---------------C------ /d",
+        ],
+        "{out}"
+    );
+    assert!(err.contains("attribute 'i' is not supported"), "{err}");
+    // datacow=on: a new file in the NOCOW directory inherits it, one in / does not.
+    let (code, out, err) = run(bin().arg("io").args(&t).args([
+        "-o",
+        "datacow=on",
+        "-c",
+        "open -f /d/f",
+        "-c",
+        "lsattr",
+        "-c",
+        "open -f /g",
+        "-c",
+        "lsattr",
+    ]));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("---------------C------ /d/f"), "{out}");
+    assert!(out.contains("---------------------- /g"), "{out}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -132,3 +132,33 @@ mod tests {
         assert_eq!(perm(libc::S_IFREG | 0o4755), 0o4755);
     }
 }
+
+/// The attribute-flag ioctl a command number is, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FlagsIoctl {
+    /// `FS_IOC_GETFLAGS`.
+    Get,
+    /// `FS_IOC_SETFLAGS`.
+    Set,
+    /// `FS_IOC_FSGETXATTR` (`struct fsxattr` out).
+    FsxGet,
+    /// `FS_IOC_FSSETXATTR` (`struct fsxattr` in).
+    FsxSet,
+}
+
+/// `sizeof(struct fsxattr)`: five `u32` and 8 bytes of padding.
+pub(crate) const FSXATTR_BYTES: u32 = 28;
+
+/// `FS_IOC_GETFLAGS`/`SETFLAGS` as `_IOR`/`_IOW('f', 1|2, long)` on 64-bit, and their
+/// 32-bit forms (`FS_IOC32_*`, `int`): the kernel sends the former; the size in the
+/// command is not the size of the value (always an `int`). `FS_IOC_FSGETXATTR` and
+/// `FSSETXATTR` are `_IOR`/`_IOW('X', 31|32, struct fsxattr)`.
+pub(crate) fn flags_ioctl(cmd: u32) -> Option<FlagsIoctl> {
+    match cmd {
+        0x8008_6601 | 0x8004_6601 => Some(FlagsIoctl::Get),
+        0x4008_6602 | 0x4004_6602 => Some(FlagsIoctl::Set),
+        0x801c_581f => Some(FlagsIoctl::FsxGet),
+        0x401c_5820 => Some(FlagsIoctl::FsxSet),
+        _ => None,
+    }
+}

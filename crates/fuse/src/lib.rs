@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use fuser::{
     CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use stripefs::{
     CreateParams, Fh, FileKind, Fs, FsError, Ino, OpenMode, RenameMode, SetAttr, SgidDrop,
@@ -942,6 +942,70 @@ impl Filesystem for StripeFuse {
             .fs
             .copy_file_range(ino(ino_in), offset_in, ino(ino_out), offset_out, len);
         written(reply, r.map(|n| usize::try_from(n).unwrap_or(usize::MAX)));
+    }
+
+    /// The attribute-flag ioctls (`chattr`, `lsattr`). The kernel never passes the
+    /// user's `FS_IOC_GETFLAGS`/`SETFLAGS` through: its `fileattr_get`/`fileattr_set`
+    /// (after checking that the caller owns the file) send their own restricted ioctl on
+    /// a handle it opens for the purpose, with a 4-byte `int` in (`SETFLAGS`) or out
+    /// (`GETFLAGS`), whatever the size encoded in the command. A `SETFLAGS` is preceded
+    /// by an `FS_IOC_FSGETXATTR` (the kernel reads the old attributes in the XFS form
+    /// first), so that one is answered too: no XFS flag applies (NOCOW has none), so all
+    /// fields are 0, `fsx_nextents` included (not counted). `FS_IOC_FSSETXATTR` succeeds
+    /// only when it asks for nothing (all fields 0), else `EOPNOTSUPP`. Everything else
+    /// is `ENOTTY` (not an ioctl of this file system).
+    fn ioctl(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        match convert::flags_ioctl(cmd) {
+            Some(convert::FlagsIoctl::Get) if out_size >= 4 => match self.fs.file_flags(ino(i)) {
+                Ok(f) => reply.ioctl(0, &f.0.to_ne_bytes()),
+                Err(e) => reply.error(err(&e)),
+            },
+            Some(convert::FlagsIoctl::Set) => {
+                let Some(v) = in_data.first_chunk::<4>() else {
+                    return reply.error(Errno::EINVAL);
+                };
+                let f = stripefs::FileFlags(u32::from_ne_bytes(*v));
+                match self.fs.set_file_flags(ino(i), f) {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(err(&e)),
+                }
+            }
+            Some(convert::FlagsIoctl::FsxGet) if out_size >= convert::FSXATTR_BYTES => {
+                match self.fs.file_flags(ino(i)) {
+                    Ok(_) => reply.ioctl(0, &[0u8; convert::FSXATTR_BYTES as usize]),
+                    Err(e) => reply.error(err(&e)),
+                }
+            }
+            Some(convert::FlagsIoctl::FsxSet) => {
+                if in_data.len() < convert::FSXATTR_BYTES as usize {
+                    return reply.error(Errno::EINVAL);
+                }
+                // xflags, extent size, (nextents: read-only), project, cow extent size.
+                let asks = [0..4, 4..8, 12..16, 16..20]
+                    .into_iter()
+                    .any(|r| in_data[r].iter().any(|&b| b != 0));
+                match self.fs.file_flags(ino(i)) {
+                    Ok(_) if asks => reply.error(Errno::EOPNOTSUPP),
+                    Ok(_) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(err(&e)),
+                }
+            }
+            Some(_) => reply.error(Errno::EINVAL),
+            None => {
+                tracing::debug!(cmd = format_args!("{cmd:#x}"), "ioctl not supported");
+                reply.error(Errno::ENOTTY);
+            }
+        }
     }
 
     fn lseek(
