@@ -38,6 +38,10 @@ pub use space::SpaceBooks;
 /// limit of buffers per vectored write).
 const PAGES_PER_WRITE: usize = 256;
 
+/// Pages a checkpoint has in flight at most (encoded in write buffers): 4 MiB of 4 KiB
+/// pages, four full writes.
+const WRITE_WINDOW_PAGES: usize = 4 * PAGES_PER_WRITE;
+
 /// An error of the metadata store.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum MetaError {
@@ -634,16 +638,36 @@ impl Store {
         let generation = frozen[0].generation;
         let mut plans = Vec::with_capacity(frozen.len());
         for ((f, tree), a) in frozen.iter().zip(TreeId::ALL).zip(addrs) {
-            plans.push(f.plan(tree, self.cfg.page_size, self.cfg.uuid, a));
+            plans.push(f.plan(tree, a));
         }
-        let batch = Batch::new();
+        // Each page is encoded from its node straight into its write buffer, and at most
+        // `WRITE_WINDOW_PAGES` are in flight: a checkpoint holds its pages decoded once
+        // (the frozen nodes) and encoded at most a window's worth, whatever its size.
+        let page_bytes = self.cfg.page_size.bytes();
+        let mut batch = Batch::new();
+        let mut in_flight = 0;
         let mut touched = vec![false; self.targets.len()];
         for run in self.page_runs(&plans) {
+            if in_flight + run.len() > WRITE_WINDOW_PAGES {
+                std::mem::replace(&mut batch, Batch::new())
+                    .wait()
+                    .into_iter()
+                    .try_for_each(|d| d.result)?;
+                in_flight = 0;
+            }
             let t = run[0].at.addr.target.index();
             touched[t] = true;
             let offset = self.cfg.block_size.to_bytes(run[0].at.addr.block.0);
-            let bufs = run.iter().map(|p| IoBuf::from_slice(&p.bytes)).collect();
+            let bufs = run
+                .iter()
+                .map(|p| {
+                    let mut b = IoBuf::zeroed(page_bytes);
+                    p.encode_into(self.cfg.page_size, self.cfg.uuid, &mut b);
+                    b
+                })
+                .collect();
             batch.submit(&*self.targets[t], IoOp::Write { offset, bufs });
+            in_flight += run.len();
         }
         for (at, bytes) in log.iter().flat_map(|l| l.blocks()) {
             let t = at.target.index();
@@ -683,7 +707,7 @@ impl Store {
     /// The pages of `plans` in address order, cut into runs of adjacent pages on one
     /// target (at most [`PAGES_PER_WRITE`] each): each run goes out as one vectored
     /// write, so a checkpoint issues about as many writes as the allocator handed out
-    /// extents, not one per page.
+    /// extents, not one per page. The runs of different targets alternate.
     fn page_runs<'p>(&self, plans: &'p [WritePlan]) -> Vec<Vec<&'p WrittenPage>> {
         let mut pages: Vec<&WrittenPage> = plans.iter().flat_map(|p| &p.pages).collect();
         pages.sort_unstable_by_key(|p| (p.at.addr.target, p.at.addr.block));
@@ -703,7 +727,20 @@ impl Store {
                 _ => runs.push(vec![p]),
             }
         }
-        runs
+        // Interleaved across targets (the first run of each, then the second...), so the
+        // writes in flight at once reach every target.
+        let mut nth = vec![0usize; self.targets.len()];
+        let mut order: Vec<(usize, usize)> = runs
+            .iter()
+            .map(|r| {
+                let t = r[0].at.addr.target.index();
+                nth[t] += 1;
+                (nth[t], t)
+            })
+            .collect();
+        let mut keyed: Vec<_> = order.drain(..).zip(runs).collect();
+        keyed.sort_by_key(|(k, _)| *k);
+        keyed.into_iter().map(|(_, r)| r).collect()
     }
 
     /// Visits every page of tree `tree` reachable from its last durable root, depth

@@ -241,35 +241,108 @@ fn key_at(b: &[u8], at: usize) -> Key {
     Key::from_bytes(b[at..at + KEY_BYTES].try_into().expect("key bytes"))
 }
 
+/// What a page's header says of it besides its address, for [`encode_into`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageHead {
+    pub tree: TreeId,
+    pub level: u8,
+    pub generation: Generation,
+}
+
+/// A page's content, borrowed, for [`encode_into`].
+#[derive(Debug, Clone, Copy)]
+pub enum BodyRef<'a> {
+    /// Items in ascending key order.
+    Leaf(&'a [(Key, Vec<u8>)]),
+    /// Children in ascending key order.
+    Branch(&'a [(Key, PageRef)]),
+}
+
+impl BodyRef<'_> {
+    fn len(self) -> usize {
+        match self {
+            BodyRef::Leaf(v) => v.len(),
+            BodyRef::Branch(v) => v.len(),
+        }
+    }
+
+    fn encoded_len(self) -> usize {
+        match self {
+            BodyRef::Leaf(v) => v.iter().map(|(_, val)| ITEM_OVERHEAD + val.len()).sum(),
+            BodyRef::Branch(v) => v.len() * BRANCH_ENTRY_BYTES,
+        }
+    }
+}
+
 /// Encodes `page` for address `addr` of a file system `uuid`.
 ///
 /// # Panics
-/// Panics if the content does not fit the page, a value exceeds [`VALUE_MAX`], or the
-/// level does not match the body: the tree never builds such a page.
+/// As [`encode_into`].
 #[must_use]
 pub fn encode(size: PageSize, uuid: Uuid, addr: PageAddr, page: &Page) -> Vec<u8> {
-    let used = page.body.encoded_len();
+    let body = match &page.body {
+        PageBody::Leaf(v) => BodyRef::Leaf(v),
+        PageBody::Branch(v) => BodyRef::Branch(v),
+    };
+    let mut b = vec![0u8; size.bytes()];
+    encode_into(
+        size,
+        uuid,
+        addr,
+        PageHead {
+            tree: page.tree,
+            level: page.level,
+            generation: page.generation,
+        },
+        body,
+        &mut b,
+    );
+    b
+}
+
+/// Encodes the page `head` describes, holding `body`, for address `addr` of a file system `uuid` into `out` (exactly one page; every byte
+/// is written), so a checkpoint encodes straight into its write buffers.
+///
+/// # Panics
+/// Panics if `out` is not one page, the content does not fit the page, a value exceeds
+/// [`VALUE_MAX`], or the level does not match the body: the tree never builds such a page.
+pub fn encode_into(
+    size: PageSize,
+    uuid: Uuid,
+    addr: PageAddr,
+    head: PageHead,
+    body: BodyRef<'_>,
+    out: &mut [u8],
+) {
+    let PageHead {
+        tree,
+        level,
+        generation,
+    } = head;
+    assert_eq!(out.len(), size.bytes(), "one page");
+    let used = body.encoded_len();
     assert!(used <= size.body(), "page content {used} exceeds the page");
     assert_eq!(
-        page.level == 0,
-        matches!(page.body, PageBody::Leaf(_)),
+        level == 0,
+        matches!(body, BodyRef::Leaf(_)),
         "level matches body"
     );
-    let mut b = vec![0u8; size.bytes()];
-    put64(&mut b, 0, MAGIC);
-    b[12] = page.tree as u8;
-    b[13] = page.level;
-    let count = u16::try_from(page.body.len()).expect("count fits u16");
+    let b = out;
+    b.fill(0);
+    put64(b, 0, MAGIC);
+    b[12] = tree as u8;
+    b[13] = level;
+    let count = u16::try_from(body.len()).expect("count fits u16");
     b[14..16].copy_from_slice(&count.to_le_bytes());
     b[16..32].copy_from_slice(&uuid.0);
-    put32(&mut b, 32, addr.target.0);
-    put32(&mut b, 36, u32::try_from(used).expect("body fits u32"));
-    put64(&mut b, 40, addr.block.0);
-    put64(&mut b, 48, page.generation.0);
+    put32(b, 32, addr.target.0);
+    put32(b, 36, u32::try_from(used).expect("body fits u32"));
+    put64(b, 40, addr.block.0);
+    put64(b, 48, generation.0);
     b[56] = size.0.trailing_zeros() as u8;
     let mut at = HEADER_BYTES;
-    match &page.body {
-        PageBody::Leaf(items) => {
+    match body {
+        BodyRef::Leaf(items) => {
             for (k, v) in items {
                 assert!(v.len() <= VALUE_MAX, "value of {} bytes", v.len());
                 b[at..at + KEY_BYTES].copy_from_slice(&k.to_bytes());
@@ -279,19 +352,18 @@ pub fn encode(size: PageSize, uuid: Uuid, addr: PageAddr, page: &Page) -> Vec<u8
                 at += ITEM_OVERHEAD + v.len();
             }
         }
-        PageBody::Branch(children) => {
+        BodyRef::Branch(children) => {
             for (k, r) in children {
                 b[at..at + KEY_BYTES].copy_from_slice(&k.to_bytes());
-                put32(&mut b, at + KEY_BYTES, r.addr.target.0);
-                put64(&mut b, at + KEY_BYTES + 4, r.addr.block.0);
-                put64(&mut b, at + KEY_BYTES + 12, r.generation.0);
+                put32(b, at + KEY_BYTES, r.addr.target.0);
+                put64(b, at + KEY_BYTES + 4, r.addr.block.0);
+                put64(b, at + KEY_BYTES + 12, r.generation.0);
                 at += BRANCH_ENTRY_BYTES;
             }
         }
     }
     let crc = crc32c(&b[12..]);
-    put32(&mut b, 8, crc);
-    b
+    put32(b, 8, crc);
 }
 
 /// Decodes and verifies the page read at `want.at`.

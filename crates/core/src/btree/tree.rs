@@ -202,12 +202,53 @@ impl Frozen {
     }
 }
 
-/// One page a checkpoint writes, and what the cache holds for it afterwards.
+/// One page a checkpoint writes, and what the cache holds for it afterwards: a leaf's
+/// frozen node itself (shared, not copied), a branch's copy with its children as the
+/// pages they are written to. The page's bytes are encoded from it by
+/// [`WrittenPage::encode_into`] into the write buffer, so a checkpoint holds its pages
+/// once decoded (the frozen nodes, which the cache keeps afterwards) and at most once
+/// encoded (the buffers of the writes in flight).
 #[derive(Debug)]
 pub struct WrittenPage {
     pub at: PageRef,
-    pub bytes: Vec<u8>,
     pub node: Arc<Node>,
+    tree: TreeId,
+}
+
+impl WrittenPage {
+    /// Encodes the page into `out` (one page) for a file system `uuid`.
+    ///
+    /// # Panics
+    /// As [`page::encode_into`].
+    pub fn encode_into(&self, size: PageSize, uuid: Uuid, out: &mut [u8]) {
+        let head = page::PageHead {
+            tree: self.tree,
+            level: self.node.level,
+            generation: self.at.generation,
+        };
+        match &self.node.items {
+            Items::Leaf(v) => {
+                page::encode_into(size, uuid, self.at.addr, head, page::BodyRef::Leaf(v), out)
+            }
+            Items::Branch(v) => {
+                let children: Vec<(Key, PageRef)> = v
+                    .iter()
+                    .map(|(k, c)| match c {
+                        Child::Page(r) => (*k, *r),
+                        Child::Mem(_) => unreachable!("a planned branch points at pages"),
+                    })
+                    .collect();
+                page::encode_into(
+                    size,
+                    uuid,
+                    self.at.addr,
+                    head,
+                    page::BodyRef::Branch(&children),
+                    out,
+                );
+            }
+        }
+    }
 }
 
 /// The encoded pages of a frozen generation at their new addresses, children first.
@@ -917,14 +958,15 @@ impl Node {
 }
 
 impl Frozen {
-    /// Encodes the frozen nodes at the addresses `addrs` (one per node, in the order
-    /// children-first of the walk from the root), for the checkpoint to write. Pure: the
-    /// caller allocated the addresses and writes the bytes.
+    /// Places the frozen nodes of tree `tree` at the addresses `addrs` (one per node, in
+    /// the order children-first of the walk from the root), for the checkpoint to encode
+    /// and write ([`WrittenPage::encode_into`]). Pure: the caller allocated the addresses
+    /// and writes the pages. Copies only the branches (their children become pages).
     ///
     /// # Panics
     /// Panics unless `addrs.len() == self.page_count()`.
     #[must_use]
-    pub fn plan(&self, tree: TreeId, size: PageSize, uuid: Uuid, addrs: &[PageAddr]) -> WritePlan {
+    pub fn plan(&self, tree: TreeId, addrs: &[PageAddr]) -> WritePlan {
         assert_eq!(addrs.len(), self.nodes.len(), "one address per frozen node");
         let mut plan = WritePlan {
             generation: self.generation,
@@ -939,7 +981,7 @@ impl Frozen {
         let mut next = addrs.iter();
         plan.root = match self.root {
             Child::Page(r) => r,
-            Child::Mem(id) => self.place(id, tree, size, uuid, &mut next, &mut plan),
+            Child::Mem(id) => self.place(id, tree, &mut next, &mut plan),
         };
         debug_assert_eq!(
             plan.pages.len(),
@@ -953,42 +995,39 @@ impl Frozen {
         &self,
         id: NodeId,
         tree: TreeId,
-        size: PageSize,
-        uuid: Uuid,
         addrs: &mut std::slice::Iter<'_, PageAddr>,
         plan: &mut WritePlan,
     ) -> PageRef {
         let node = &self.nodes[&id];
-        let body = match &node.items {
-            Items::Leaf(v) => PageBody::Leaf(v.clone()),
-            Items::Branch(v) => PageBody::Branch(
-                v.iter()
+        let written = match &node.items {
+            // A leaf is written as it is: the cache keeps the frozen node itself.
+            Items::Leaf(_) => Arc::clone(node),
+            Items::Branch(v) => {
+                let children = v
+                    .iter()
                     .map(|(k, c)| {
                         let r = match *c {
                             Child::Page(r) => r,
-                            Child::Mem(cid) => self.place(cid, tree, size, uuid, addrs, plan),
+                            Child::Mem(cid) => self.place(cid, tree, addrs, plan),
                         };
-                        (*k, r)
+                        (*k, Child::Page(r))
                     })
-                    .collect(),
-            ),
+                    .collect();
+                Arc::new(Node {
+                    level: node.level,
+                    items: Items::Branch(children),
+                })
+            }
         };
         let at = PageRef {
             addr: *addrs.next().expect("an address per node"),
             generation: self.generation,
         };
-        let page = Page {
-            tree,
-            level: node.level,
-            generation: self.generation,
-            body,
-        };
-        let bytes = page::encode(size, uuid, at.addr, &page);
         plan.placed.insert(id, at);
         plan.pages.push(WrittenPage {
             at,
-            bytes,
-            node: Arc::new(Node::from_page(page)),
+            node: written,
+            tree,
         });
         at
     }

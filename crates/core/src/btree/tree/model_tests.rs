@@ -118,7 +118,9 @@ impl Harness {
 
     fn write(&mut self, plan: &WritePlan) {
         for p in &plan.pages {
-            self.disk.insert(p.at.addr, p.bytes.clone());
+            let mut bytes = vec![0u8; SIZE.bytes()];
+            p.encode_into(SIZE, U, &mut bytes);
+            self.disk.insert(p.at.addr, bytes);
         }
     }
 
@@ -324,7 +326,7 @@ fn run(seed: u64, steps: usize, cache_pages: usize) -> (usize, u64, u8) {
             (Some(_), 0) => {
                 let (f, snap) = frozen.take().expect("frozen");
                 let addrs = h.alloc(f.page_count());
-                let plan = f.plan(TreeId::Fs, SIZE, U, &addrs);
+                let plan = f.plan(TreeId::Fs, &addrs);
                 h.write(&plan);
                 h.publish(&mut t, &plan);
                 published += 1;
@@ -378,7 +380,7 @@ fn a_miss_changes_nothing() {
         retry(&h, &mut rng, || t.insert(&h, k, vec![1; 100]));
     }
     let f = t.freeze();
-    let plan = f.plan(TreeId::Fs, SIZE, U, &h.alloc(f.page_count()));
+    let plan = f.plan(TreeId::Fs, &h.alloc(f.page_count()));
     h.write(&plan);
     h.publish(&mut t, &plan);
     h.cache.borrow_mut().clear();
@@ -438,7 +440,7 @@ fn inserts_in_key_order_fill_leaves_three_quarters() {
     // A full leaf holds 27 such items; halves would make n / 13.5 leaves.
     assert!(leaves < n / 19, "{leaves} leaves for {n} items");
     let f = t.freeze();
-    let plan = f.plan(TreeId::Fs, SIZE, U, &h.alloc(f.page_count()));
+    let plan = f.plan(TreeId::Fs, &h.alloc(f.page_count()));
     h.write(&plan);
     h.publish(&mut t, &plan);
     for _ in 0..15_000 {
