@@ -227,6 +227,9 @@ struct Submitted<O: CacheIo> {
     ends: Vec<WbEnd<O::Addr>>,
     busy: Vec<Arc<FolioCell>>,
     map_err: Option<O::Error>,
+    /// The runs taken (file position, length), mapped or not: on failure their blocks
+    /// are forgotten.
+    taken: Vec<(u64, u64)>,
 }
 
 /// Collects the dirty runs of `folios`, maps and submits them; `None` if nothing was
@@ -258,8 +261,10 @@ fn submit_into<O: CacheIo>(
     }
     let mut ends: Vec<WbEnd<O::Addr>> = Vec::new();
     let mut map_err = None;
+    let mut taken = Vec::with_capacity(runs.len());
     for run in runs {
         let (pos, len) = (run.pos, run.len);
+        taken.push((pos, len));
         let mut rest = RunBytes {
             at: pos,
             segs: run.segs.into(),
@@ -285,6 +290,7 @@ fn submit_into<O: CacheIo>(
         ends,
         busy,
         map_err,
+        taken,
     })
 }
 
@@ -364,6 +370,9 @@ fn settle<O: CacheIo>(
     stats.bytes += b.ends.iter().map(|e| e.len).sum::<u64>();
     let completed = ops.writeback_done(&b.ends, outcome);
     for cell in b.busy {
+        if outcome == WbOutcome::Failed {
+            forget_failed(cache, &cell, &b.taken);
+        }
         cache.end_writeback(&cell);
     }
     let err = b
@@ -375,6 +384,31 @@ fn settle<O: CacheIo>(
         return Err(e);
     }
     Ok(())
+}
+
+/// After a failed writeback, forgets the blocks of `cell` the failed runs took (those
+/// not dirtied again since): the file system recorded nothing for them, so the next read
+/// reads what the device holds under the file's mapping, its last durable contents (for
+/// copy on write and new allocations, the old blocks or a hole), rather than bytes that
+/// never reached it (issue 12: a failed copy on write leaves both files reading what was
+/// durable). Linux keeps such pages uptodate until evicted; a cache that showed data the
+/// disk never got would change its answer at an eviction or a remount.
+fn forget_failed(cache: &PageCache, cell: &FolioCell, taken: &[(u64, u64)]) {
+    let bs = u64::from(cache.block_size());
+    let (start, end) = (cell.pos(), cell.pos() + cell.len());
+    let mut g = cell.lock();
+    for &(pos, len) in taken {
+        let (from, to) = (pos.max(start), (pos + len).min(end));
+        if from >= to {
+            continue;
+        }
+        let (first, last) = ((from - start) / bs, (to - start).div_ceil(bs));
+        for blk in first as u32..last as u32 {
+            if !g.state.is_dirty(blk) {
+                cache.invalidate_blocks(&mut g, blk, blk + 1);
+            }
+        }
+    }
 }
 
 /// Largest run in one device write; runs never cross a multiple of it, so with stripe

@@ -1,0 +1,226 @@
+//! Faults during copy on write (issue 12: "ENOSPC and EIO during copy-on-write writeback
+//! leave both files intact and the accounting exact"). A file and its clone are both
+//! written; a data write fails (EIO) or an allocation does (ENOSPC) while one of them is
+//! written back or written directly. The failure is reported (fsync or the direct write
+//! fails), the failed file reads its last durable contents, the other its new ones, the
+//! reference counts and the space books are exact, the blocks taken for the failed copy
+//! are free again, and after a remount both read the same and fsck is clean.
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use stripefs::{faults, CreateParams, File, Fs, Ino, MkfsOptions, MountOptions, StripeLayout};
+use stripefs_target::fault::{Persistence, PointMatch};
+use stripefs_target::{FaultInjector, FaultKind, FaultPoint, SimTarget};
+
+const FILE: usize = 1 << 20;
+const BS: u64 = 4096;
+
+/// Files live on targets 1 and 2 only: target 0 holds the journal, and a fault there
+/// would shut the file system down, which is not what is tested here.
+fn params() -> CreateParams {
+    CreateParams {
+        layout: Some(StripeLayout {
+            count: 2,
+            unit_bytes: 64 << 10,
+            first_target: 1,
+        }),
+        ..CreateParams::with_perm(0o644)
+    }
+}
+
+struct Setup {
+    sims: Vec<Arc<SimTarget>>,
+    faults: Arc<FaultInjector>,
+    fs: Fs,
+    a: Ino,
+    b: Ino,
+    orig: Vec<u8>,
+}
+
+/// `a` written and synced, `b` its clone (every block shared), synced.
+fn setup() -> Setup {
+    let faults = Arc::new(FaultInjector::new());
+    let sims: Vec<Arc<SimTarget>> = (0..3)
+        .map(|i| {
+            Arc::new(
+                SimTarget::from_image(&format!("sim{i}"), vec![GARBAGE; 16 << 20], 512)
+                    .with_faults(i, Arc::clone(&faults)),
+            )
+        })
+        .collect();
+    Fs::mkfs(&dyns(&sims), &MkfsOptions::default()).unwrap();
+    let opts = MountOptions {
+        faults: Some(Arc::clone(&faults)),
+        ..quiet()
+    };
+    let (fs, _) = Fs::mount(dyns(&sims), opts).unwrap();
+    let a = fs.create(Ino::ROOT, "a".as_ref(), params()).unwrap().ino;
+    let orig = pattern(1, 0, FILE);
+    fs.write_at(a, 0, &orig).unwrap();
+    fs.fsync(a, stripefs::SyncScope::All).unwrap();
+    let b = fs.create(Ino::ROOT, "b".as_ref(), params()).unwrap().ino;
+    assert_eq!(fs.clone_file(a, b).unwrap(), FILE as u64);
+    fs.sync().unwrap();
+    assert_eq!(fs.shared_blocks(), FILE as u64 / BS, "all shared");
+    Setup {
+        sims,
+        faults,
+        fs,
+        a,
+        b,
+        orig,
+    }
+}
+
+fn read_all(fs: &Fs, ino: Ino) -> Vec<u8> {
+    let mut buf = vec![0u8; FILE];
+    assert_eq!(fs.read_at(ino, 0, &mut buf).unwrap(), FILE);
+    buf
+}
+
+fn free(fs: &Fs) -> u64 {
+    fs.statfs().unwrap().blocks_free
+}
+
+fn books(fs: &Fs, what: &str) {
+    fs.check_refcounts()
+        .unwrap_or_else(|e| panic!("{what}: refcounts: {e}"));
+    fs.check_space_accounting()
+        .unwrap_or_else(|e| panic!("{what}: space: {e}"));
+}
+
+/// Unmount, fsck, remount: both files read `want_a`/`want_b`, books exact.
+fn remount_and_check(s: Setup, want_a: &[u8], want_b: &[u8], what: &str) {
+    s.faults.disarm();
+    s.fs.unmount().unwrap();
+    let r = stripefs::fsck::fsck(dyns(&s.sims), &mut |_| {}).unwrap();
+    assert!(r.is_clean(), "{what}: fsck: {:?}", r.problems);
+    let (fs, _) = Fs::mount(dyns(&s.sims), quiet()).unwrap();
+    assert!(read_all(&fs, s.a) == want_a, "{what}: a after remount");
+    assert!(read_all(&fs, s.b) == want_b, "{what}: b after remount");
+    books(&fs, &format!("{what}, after remount"));
+    fs.unmount().unwrap();
+}
+
+fn with(mut base: Vec<u8>, off: usize, data: &[u8]) -> Vec<u8> {
+    base[off..off + data.len()].copy_from_slice(data);
+    base
+}
+
+/// Buffered writes to both files over shared blocks; `a`'s writeback fails with `kind`
+/// injected at `point` (every hit until disarmed), `b`'s succeeds afterwards.
+fn writeback_fault(point: PointMatch, kind: FaultKind, errno: i32) {
+    let s = setup();
+    let (fs, a, b) = (&s.fs, s.a, s.b);
+    let free0 = free(fs);
+    let ha: File = fs.open_file(a).unwrap();
+    let hb: File = fs.open_file(b).unwrap();
+    // Partial blocks at both ends, crossing a stripe unit; b's range overlaps a's.
+    let (oa, wa) = (5000usize, pattern(2, 5000, 70_000));
+    let (ob, wb) = (40_000usize, pattern(3, 40_000, 100_000));
+    fs.write_at(a, oa as u64, &wa).unwrap();
+    fs.write_at(b, ob as u64, &wb).unwrap();
+    s.faults.arm(point, 1, kind, Persistence::Sticky);
+    let e = ha.sync_all().expect_err("a's writeback failed: fsync must say so");
+    assert_eq!(e.errno(), errno, "{e}");
+    assert!(!s.faults.fired().is_empty());
+    assert!(!fs.is_poisoned(), "a data error does not shut the file system down");
+    // a's writes are lost: it reads what was durable, the shared blocks.
+    let got = read_all(fs, a);
+    let new_a = with(s.orig.clone(), oa, &wa);
+    let diff: Vec<(usize, &str)> = (0..FILE / BS as usize)
+        .filter_map(|k| {
+            let r = k * BS as usize..(k + 1) * BS as usize;
+            if got[r.clone()] == s.orig[r.clone()] {
+                None
+            } else if got[r.clone()] == new_a[r.clone()] {
+                Some((k, "new"))
+            } else {
+                Some((k, "other"))
+            }
+        })
+        .collect();
+    assert!(diff.is_empty(), "a reads its last durable contents: blocks {diff:?}");
+    s.faults.disarm();
+    let e = ha.sync_data().err();
+    assert!(e.is_none(), "reported once per handle: {e:?}");
+    hb.sync_all().expect("b's writeback, after the fault");
+    let want_b = with(s.orig.clone(), ob, &wb);
+    assert!(read_all(fs, b) == want_b, "b reads its own write");
+    books(fs, "after the failed writeback");
+    // Only b's copied blocks are in use: a's failed copy gave its blocks back.
+    let b_blocks = (ob as u64 + wb.len() as u64).div_ceil(BS) - ob as u64 / BS;
+    fs.sync().unwrap();
+    assert_eq!(free(fs), free0 - b_blocks, "space taken only by b's copy");
+    // a is writable again, and this time it sticks.
+    fs.write_at(a, oa as u64, &wa).unwrap();
+    ha.sync_all().unwrap();
+    let want_a = with(s.orig.clone(), oa, &wa);
+    assert!(read_all(fs, a) == want_a);
+    books(fs, "after a's second write");
+    drop((ha, hb));
+    remount_and_check(s, &want_a, &want_b, "writeback fault");
+}
+
+#[test]
+fn eio_on_data_write_during_cow_writeback() {
+    for t in [1, 2] {
+        writeback_fault(
+            PointMatch::Exact(FaultPoint::TargetWrite(t)),
+            FaultKind::Eio,
+            libc::EIO,
+        );
+    }
+}
+
+#[test]
+fn enospc_at_allocation_during_cow_writeback() {
+    writeback_fault(
+        PointMatch::Exact(faults::ALLOC),
+        FaultKind::Enospc,
+        libc::ENOSPC,
+    );
+}
+
+/// A direct write over shared blocks allocates new ones; when their write fails or
+/// their allocation does, the write fails, the file keeps the shared blocks, and the
+/// new blocks are free again.
+#[test]
+fn direct_cow_write_faults() {
+    for (point, kind, errno) in [
+        (
+            PointMatch::Exact(FaultPoint::TargetWrite(1)),
+            FaultKind::Eio,
+            libc::EIO,
+        ),
+        (
+            PointMatch::Exact(faults::ALLOC),
+            FaultKind::Enospc,
+            libc::ENOSPC,
+        ),
+    ] {
+        let s = setup();
+        let (fs, a, b) = (&s.fs, s.a, s.b);
+        let free0 = free(fs);
+        // First stripe unit of a's layout: object 0, target 1. Aligned and partial.
+        for (off, len) in [(8192usize, 16_384usize), (512 * 3, 4096)] {
+            let w = pattern(4, off as u64, len);
+            s.faults.arm(point, 1, kind, Persistence::Sticky);
+            let e = fs
+                .write_direct(b, off as u64, &w)
+                .expect_err("the direct write must fail");
+            assert_eq!(e.errno(), errno, "{e}");
+            s.faults.disarm();
+            assert!(read_all(fs, b) == s.orig, "b keeps its old contents");
+            assert!(read_all(fs, a) == s.orig, "a untouched");
+            books(fs, "after a failed direct write");
+        }
+        fs.sync().unwrap();
+        assert_eq!(free(fs), free0, "the failed copies took no space");
+        assert_eq!(fs.shared_blocks(), FILE as u64 / BS, "still all shared");
+        let orig = s.orig.clone();
+        remount_and_check(s, &orig, &orig, "direct write fault");
+    }
+}
