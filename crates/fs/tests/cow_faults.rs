@@ -123,10 +123,15 @@ fn writeback_fault(point: PointMatch, kind: FaultKind, errno: i32) {
     fs.write_at(a, oa as u64, &wa).unwrap();
     fs.write_at(b, ob as u64, &wb).unwrap();
     s.faults.arm(point, 1, kind, Persistence::Sticky);
-    let e = ha.sync_all().expect_err("a's writeback failed: fsync must say so");
+    let e = ha
+        .sync_all()
+        .expect_err("a's writeback failed: fsync must say so");
     assert_eq!(e.errno(), errno, "{e}");
     assert!(!s.faults.fired().is_empty());
-    assert!(!fs.is_poisoned(), "a data error does not shut the file system down");
+    assert!(
+        !fs.is_poisoned(),
+        "a data error does not shut the file system down"
+    );
     // a's writes are lost: it reads what was durable, the shared blocks.
     let got = read_all(fs, a);
     let new_a = with(s.orig.clone(), oa, &wa);
@@ -142,7 +147,10 @@ fn writeback_fault(point: PointMatch, kind: FaultKind, errno: i32) {
             }
         })
         .collect();
-    assert!(diff.is_empty(), "a reads its last durable contents: blocks {diff:?}");
+    assert!(
+        diff.is_empty(),
+        "a reads its last durable contents: blocks {diff:?}"
+    );
     s.faults.disarm();
     let e = ha.sync_data().err();
     assert!(e.is_none(), "reported once per handle: {e:?}");
