@@ -161,7 +161,10 @@ impl Fs {
                     let bs = self.inner.geo.block_size;
                     let (a, b) = (bs.round_up(off), bs.round_down(end));
                     if a < b {
-                        self.check_hole_space(&mapper, a, b)?;
+                        // Shared blocks in the range are let go and replaced by blocks
+                        // of the file's own: they need space too, checked before
+                        // anything changes.
+                        self.check_hole_space(&mapper, a, b, SharedBlocks::Replaced)?;
                     }
                     self.zero_partial_blocks(&mapper, off, end, size)?;
                     if a < b {
@@ -189,7 +192,12 @@ impl Fs {
     /// waiting for a commit, commits and tries once more.
     fn allocate_unwritten(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
         let bs = self.inner.geo.block_size;
-        self.check_hole_space(mapper, bs.round_down(off), bs.round_up(off + len))?;
+        self.check_hole_space(
+            mapper,
+            bs.round_down(off),
+            bs.round_up(off + len),
+            SharedBlocks::Kept,
+        )?;
         match self.try_allocate_unwritten(mapper, off, len) {
             Err(FsError::NoSpace(e)) => {
                 if self.commit_for_space()? {
@@ -205,10 +213,18 @@ impl Fs {
     /// `ENOSPC` at once, before anything changes, if giving every hole of whole blocks
     /// `[a, b)` a block would need more than some target has free (busy blocks included:
     /// a commit frees them). Delayed allocations count as filled: `fallocate` leaves them,
-    /// and zero range returns their reservation before allocating in their place. Cost:
-    /// objects x extents in the range, so a huge sparse range fails fast instead of
-    /// allocating everything and giving it back.
-    fn check_hole_space(&self, mapper: &FileMapper<'_>, a: u64, b: u64) -> Result<()> {
+    /// and zero range returns their reservation before allocating in their place. With
+    /// [`SharedBlocks::Replaced`] (zero range) written blocks other files share count as
+    /// holes: they are let go and given blocks of the file's own. Cost: objects x extents
+    /// in the range, so a huge sparse range fails fast instead of allocating everything
+    /// and giving it back.
+    fn check_hole_space(
+        &self,
+        mapper: &FileMapper<'_>,
+        a: u64,
+        b: u64,
+        shared: SharedBlocks,
+    ) -> Result<()> {
         let bs = self.inner.geo.block_size;
         let l = mapper.layout;
         let n = self.inner.geo.target_count();
@@ -221,16 +237,30 @@ impl Fs {
             if b0 >= b1 {
                 continue;
             }
+            let t = l.target_of(object, n);
             let mapped: u64 = i.objects[object as usize]
                 .range(b0, b1 - b0)
-                .map(|(s, e)| (s + e.len).min(b1) - s.max(b0))
+                .map(|(s, e)| {
+                    let (from, to) = (s.max(b0), (s + e.len).min(b1));
+                    let replaced = match shared {
+                        SharedBlocks::Replaced if e.state == ExtentState::Written => m
+                            .refs
+                            .pieces(t, e.phys + (from - s), to - from)
+                            .into_iter()
+                            .filter(|&(_, _, c)| c >= 2)
+                            .map(|(_, len, _)| len)
+                            .sum(),
+                        _ => 0,
+                    };
+                    to - from - replaced
+                })
                 .sum();
             let delayed = m
                 .delalloc_of(mapper.ino, object as usize)
                 .map_or(0, |d| d.overlap(b0, b1 - b0));
             // Copy-on-write reservations are delayed allocations over mapped blocks:
             // counted in both, so the holes are at least this many.
-            need[l.target_of(object, n).index()] += (b1 - b0).saturating_sub(mapped + delayed);
+            need[t.index()] += (b1 - b0).saturating_sub(mapped + delayed);
         }
         for (t, &want) in need.iter().enumerate() {
             let id = stripefs_core::TargetId(t as u32);
@@ -477,6 +507,15 @@ enum FallocSize {
     Keep,
     /// The size grows to the end of the range.
     Extend,
+}
+
+/// What a space check counts shared blocks in the range as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SharedBlocks {
+    /// Allocated: they stay (preallocation leaves them).
+    Kept,
+    /// Holes: they are let go and replaced by blocks of the file's own (zero range).
+    Replaced,
 }
 
 /// What happens to whole blocks dropped from a range.

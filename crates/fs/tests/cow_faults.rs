@@ -232,3 +232,81 @@ fn direct_cow_write_faults() {
         remount_and_check(s, &orig, &orig, "direct write fault");
     }
 }
+
+/// Zero range over shared blocks gives the range unwritten blocks of its own, as Linux
+/// keeps a zeroed range allocated: they are taken at the `fallocate` (so a later write
+/// there never meets `ENOSPC`), the other owner keeps its data, and when the space is not
+/// there the call fails before changing anything.
+#[test]
+fn zero_range_over_shared_blocks_keeps_the_range_allocated() {
+    let s = setup();
+    let (fs, a, b) = (&s.fs, s.a, s.b);
+    let free0 = free(fs);
+    // Partial blocks at both ends; whole blocks 2..=19 (18 blocks) in between.
+    let (off, len) = (4096u64 + 100, 18 * BS + 4096 - 100 + 50);
+    fs.fallocate(
+        b,
+        stripefs::FallocMode::ZeroRange { keep_size: true },
+        off,
+        len,
+    )
+    .unwrap();
+    let mut want_b = s.orig.clone();
+    want_b[off as usize..(off + len) as usize].fill(0);
+    assert!(read_all(fs, b) == want_b, "b reads zeros in the range");
+    assert!(read_all(fs, a) == s.orig, "a keeps its data");
+    books(fs, "after zero range");
+    fs.sync().unwrap();
+    // 18 whole blocks unwritten of b's own, and the two partial edge blocks copied.
+    let whole = 18;
+    assert_eq!(
+        free(fs),
+        free0 - whole - 2,
+        "the range took blocks of its own"
+    );
+    let unwritten: u64 = fs
+        .extents(b)
+        .unwrap()
+        .iter()
+        .filter(|r| !r.written)
+        .map(|r| r.len)
+        .sum();
+    assert_eq!(
+        unwritten,
+        whole * BS,
+        "the whole blocks are unwritten extents"
+    );
+    // Fill the file system; a write into the zeroed range still succeeds.
+    let filler = fs
+        .create(Ino::ROOT, "filler".as_ref(), params())
+        .unwrap()
+        .ino;
+    let chunk = vec![7u8; 256 << 10];
+    let mut at = 0u64;
+    while fs.write_at(filler, at, &chunk).is_ok() {
+        at += chunk.len() as u64;
+        assert!(at < 64 << 20, "never filled");
+    }
+    let w = pattern(9, 3 * BS, 4 * BS as usize);
+    fs.write_at(b, 3 * BS, &w)
+        .expect("no ENOSPC writing into a zeroed range");
+    fs.fsync(b, stripefs::SyncScope::All)
+        .expect("its writeback needs no new space");
+    want_b[3 * BS as usize..7 * BS as usize].copy_from_slice(&w);
+    assert!(read_all(fs, b) == want_b);
+    // With no space left, zeroing shared blocks fails before changing anything.
+    let e = fs
+        .fallocate(
+            b,
+            stripefs::FallocMode::ZeroRange { keep_size: true },
+            100 * BS,
+            64 * BS,
+        )
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    assert!(read_all(fs, b) == want_b, "unchanged after ENOSPC");
+    books(fs, "after zero range ENOSPC");
+    fs.unlink(Ino::ROOT, "filler".as_ref()).unwrap();
+    let orig = s.orig.clone();
+    remount_and_check(s, &orig, &want_b, "zero range");
+}
