@@ -535,11 +535,11 @@ impl Fs {
     }
 
     /// Commits the running transaction if it is past [`Fs::txn_limit`], or if it holds
-    /// a bound's worth of records while the decoded inodes in core are past twice their
-    /// bound: an inode the running transaction changed cannot leave core before the
+    /// half a bound's worth of records while the decoded inodes in core are past their
+    /// bound (decision 84; it was a bound's worth past twice the bound): an inode the running transaction changed cannot leave core before the
     /// transaction is committed and its records applied to the trees, so a transaction
     /// of many creates kept every new inode in core (49,033 against a bound of 8,192 in
-    /// `tests/scale.rs`). At most one such commit per bound's worth of records; the
+    /// `tests/scale.rs`). At most one such commit per half a bound's worth of records; the
     /// apply queue's own bound ([`Journal::throttle_apply`]) then gets the records into
     /// the trees and the next sweep evicts (`docs/design/metadata.md`, "Stage 2").
     ///
@@ -549,7 +549,7 @@ impl Fs {
             let m = self.inner.meta.lock();
             let bound = m.state.bound();
             let pins_too_many =
-                m.state.resident_count() > 2 * bound && m.txn.records.len() >= bound;
+                m.state.resident_count() > bound && m.txn.records.len() >= bound / 2;
             if m.txn.bytes <= self.txn_limit() && !pins_too_many {
                 return Ok(());
             }
