@@ -36,7 +36,23 @@ enum Cmd {
     Remount(remount::RemountArgs),
 }
 
+/// One malloc arena for the whole process (glibc; decisions.md, 83). glibc gives each
+/// thread that meets contention an arena of its own and keeps what is freed in each, so
+/// memory freed by the checkpointer, the committers and the FUSE workers stayed
+/// resident: `stripefs bench -w meta --files 300000` peaked at 478 MiB with the default
+/// and 280 MiB with one arena, at the same create rate (BENCHMARKS.md, "Resident memory
+/// at scale"). Set before any thread starts. Other C libraries have no such option.
+fn one_malloc_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` takes two integers and changes only the allocator's tuning;
+    // called on the main thread before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 fn main() {
+    one_malloc_arena();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("STRIPEFS_LOG")
