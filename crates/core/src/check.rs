@@ -78,7 +78,50 @@ pub fn check(meta: &MetaState, geo: &Geometry) -> CheckReport {
     check_reachable(meta, &mut r.problems);
     r.problems
         .extend(meta.refs.first_difference(&derived_refs(meta, geo)));
+    r.problems.extend(csum_problem(meta, geo));
     r
+}
+
+/// The checksum rule (`crate::csum`): checksums exist exactly for the written blocks of
+/// copy-on-write files' extents: none for a free, unwritten or NOCOW block, none missing
+/// for a written block of a datacow file. The first violation, described.
+#[must_use]
+pub fn csum_problem(meta: &MetaState, geo: &Geometry) -> Option<String> {
+    let mut want = BTreeSet::new();
+    for i in meta.inodes.values() {
+        if !crate::csum::datacow(&i.attrs) {
+            continue;
+        }
+        let l = i.attrs.layout;
+        for (obj, map) in i.objects.iter().enumerate() {
+            let t = l.target_of(obj as u32, geo.target_count());
+            for (_, e) in map.iter() {
+                if e.state == crate::extent::ExtentState::Written {
+                    want.extend((e.phys..e.phys.saturating_add(e.len)).map(|b| (t, b)));
+                }
+            }
+        }
+    }
+    for (t, b, c) in meta.csums.iter() {
+        if !want.remove(&(t, b)) {
+            return Some(format!(
+                "checksum {c} of target {t} block {b}, which no written extent of a \
+                 copy-on-write file maps"
+            ));
+        }
+    }
+    want.first().map(|(t, b)| {
+        format!("target {t} block {b}: written block of a copy-on-write file without a checksum")
+    })
+}
+
+/// Whether `[phys, phys + len)` of `t` leaves its target's data area (or the target
+/// does not exist).
+fn outside_data(geo: &Geometry, t: crate::TargetId, phys: u64, len: u64) -> bool {
+    t.index() >= geo.targets.len()
+        || phys.checked_add(len).is_none()
+        || geo.targets[t.index()].data_start > phys
+        || phys + len > geo.targets[t.index()].blocks
 }
 
 fn directories(meta: &MetaState) -> impl Iterator<Item = &Inode> {
@@ -539,14 +582,27 @@ impl ReplayCheck {
             }
             Record::RefcountSet {
                 target, phys, len, ..
-            } => {
-                if target.index() >= geo.targets.len()
-                    || phys.checked_add(*len).is_none()
-                    || geo.targets[target.index()].data_start > *phys
-                    || phys + len > geo.targets[target.index()].blocks
-                {
+            }
+            | Record::CsumClear { target, phys, len } => {
+                if outside_data(geo, *target, *phys, *len) {
+                    let what = match rec {
+                        Record::RefcountSet { .. } => "refcount",
+                        _ => "checksum clear",
+                    };
                     return Err(format!(
-                        "refcount of target {target} blocks {phys}..+{len} outside the data area"
+                        "{what} of target {target} blocks {phys}..+{len} outside the data area"
+                    ));
+                }
+            }
+            Record::CsumSet {
+                target,
+                phys,
+                csums,
+            } => {
+                let len = csums.len() as u64;
+                if outside_data(geo, *target, *phys, len) {
+                    return Err(format!(
+                        "checksums of target {target} blocks {phys}..+{len} outside the data area"
                     ));
                 }
             }
@@ -754,7 +810,13 @@ mod tests {
             rdev: 0,
             parent: Ino(parent),
             layout,
-            flags: 0,
+            // Regular files are NOCOW here (no checksums): the checksum rule has its
+            // own test (`checksums_exist_exactly_for_written_datacow_blocks`).
+            flags: if kind == FileKind::Regular {
+                crate::inode::FLAG_NOCOW
+            } else {
+                0
+            },
         }
     }
 
@@ -1120,6 +1182,72 @@ mod tests {
         })
         .unwrap();
         assert!(!check(&m, &g).is_clean(), "the clone gone, the count left");
+    }
+
+    #[test]
+    fn checksums_exist_exactly_for_written_datacow_blocks() {
+        use crate::csum::BlockCsum;
+        use crate::extent::ExtentState;
+        let g = geo();
+        let mut m = base(&g);
+        let (ino, obj) = m
+            .inodes
+            .values()
+            .find_map(|i| {
+                i.objects
+                    .iter()
+                    .position(|o| !o.is_empty())
+                    .map(|o| (i.attrs.ino, o as u32))
+            })
+            .expect("a file with extents");
+        let mut a = m.get(ino).unwrap().attrs.clone();
+        let t = a.layout.target_of(obj, g.target_count());
+        let e = *m.get(ino).unwrap().objects[obj as usize]
+            .iter()
+            .next()
+            .unwrap()
+            .1;
+        // NOCOW: no checksum allowed.
+        m.apply(&Record::CsumSet {
+            target: t,
+            phys: e.phys,
+            csums: vec![BlockCsum(1)],
+        })
+        .unwrap();
+        assert!(csum_problem(&m, &g).is_some_and(|p| p.contains("no written extent")));
+        // Datacow: every written block needs one.
+        a.flags = 0;
+        m.apply(&Record::InodeSet(a)).unwrap();
+        let written: u64 = m
+            .get(ino)
+            .unwrap()
+            .objects
+            .iter()
+            .flat_map(|map| map.iter())
+            .filter(|(_, e)| e.state == ExtentState::Written)
+            .map(|(_, e)| e.len)
+            .sum();
+        if written > 1 {
+            assert!(csum_problem(&m, &g).is_some_and(|p| p.contains("without a checksum")));
+        }
+        let i = m.get(ino).unwrap().clone();
+        for (o, map) in i.objects.iter().enumerate() {
+            let t = i.attrs.layout.target_of(o as u32, g.target_count());
+            for (_, e) in map.iter() {
+                if e.state == ExtentState::Written {
+                    let csums = vec![BlockCsum(7); e.len as usize];
+                    m.csums.set(t, e.phys, &csums);
+                } else {
+                    m.csums.clear(t, e.phys, e.len);
+                }
+            }
+        }
+        assert_eq!(csum_problem(&m, &g), None);
+        assert!(check(&m, &g).is_clean(), "{:?}", check(&m, &g).problems);
+        // A checksum on a free block.
+        m.csums
+            .set(t, g.targets[t.index()].blocks - 1, &[BlockCsum(3)]);
+        assert!(csum_problem(&m, &g).is_some());
     }
 
     #[test]

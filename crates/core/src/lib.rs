@@ -9,6 +9,7 @@ pub mod alloc;
 pub mod btree;
 pub mod check;
 pub mod codec;
+pub mod csum;
 pub mod error;
 pub mod extent;
 pub mod geometry;

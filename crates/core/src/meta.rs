@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::csum::CsumMap;
 use crate::extent::Extent;
 use crate::inode::{FileKind, Inode};
 use crate::record::Record;
@@ -23,6 +24,8 @@ pub struct MetaState {
     pub next_ino: u64,
     /// The reference-count index: blocks two or more extents map (`crate::refcount`).
     pub refs: RefcountIndex,
+    /// The data checksums, per physical block (`crate::csum`).
+    pub csums: CsumMap,
 }
 
 impl MetaState {
@@ -33,6 +36,7 @@ impl MetaState {
             inodes: BTreeMap::new(),
             next_ino: Ino::ROOT.0,
             refs: RefcountIndex::new(),
+            csums: CsumMap::new(),
         }
     }
 
@@ -82,6 +86,12 @@ impl MetaState {
                 len,
                 count,
             } => self.refs.set(*target, *phys, *len, *count),
+            Record::CsumSet {
+                target,
+                phys,
+                csums,
+            } => self.csums.set(*target, *phys, csums),
+            Record::CsumClear { target, phys, len } => self.csums.clear(*target, *phys, *len),
             _ => {
                 let ino = rec.subject().expect("every other record names an inode");
                 apply_to(self.get_mut(ino, rec)?, rec)?;
@@ -212,7 +222,7 @@ pub fn apply_to(i: &mut Inode, rec: &Record) -> Result<(), CoreError> {
             }
         }
         Record::SymlinkSet { target, .. } => i.symlink.clone_from(target),
-        Record::RefcountSet { .. } => {
+        Record::RefcountSet { .. } | Record::CsumSet { .. } | Record::CsumClear { .. } => {
             return Err(misfit(format!("{rec:?} applied to inode {}", i.attrs.ino)));
         }
     }

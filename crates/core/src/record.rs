@@ -7,6 +7,7 @@
 //! Encoding: `tag u8 | body_len u32 | body`, little-endian.
 
 use crate::codec::{Dec, Enc};
+use crate::csum::{BlockCsum, CSUM_RUN_MAX};
 use crate::extent::ExtentState;
 use crate::inode::{
     FileKind, InodeAttrs, Timespec, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX,
@@ -67,6 +68,21 @@ pub enum Record {
         len: u64,
         count: u32,
     },
+    /// Physical blocks `[phys, phys + csums.len())` of `target` hold data whose crc32c are
+    /// `csums`, one per block (`crate::csum`): logged with the `ExtentSet` that makes the
+    /// data visible; at most [`CSUM_RUN_MAX`] blocks.
+    CsumSet {
+        target: TargetId,
+        phys: u64,
+        csums: Vec<BlockCsum>,
+    },
+    /// Physical blocks `[phys, phys + len)` of `target` have no checksum: logged with the
+    /// release that frees them.
+    CsumClear {
+        target: TargetId,
+        phys: u64,
+        len: u64,
+    },
 }
 
 const T_INODE_SET: u8 = 1;
@@ -79,6 +95,8 @@ const T_XATTR_SET: u8 = 7;
 const T_XATTR_REMOVE: u8 = 8;
 const T_SYMLINK_SET: u8 = 9;
 const T_REFCOUNT_SET: u8 = 10;
+const T_CSUM_SET: u8 = 11;
+const T_CSUM_CLEAR: u8 = 12;
 
 fn enc_time(e: &mut Enc, t: Timespec) {
     e.i64(t.sec);
@@ -276,6 +294,25 @@ impl Record {
                 b.u32(*count);
                 T_REFCOUNT_SET
             }
+            Record::CsumSet {
+                target,
+                phys,
+                csums,
+            } => {
+                b.u32(target.0);
+                b.u64(*phys);
+                b.u32(u32::try_from(csums.len()).expect("a run of at most CSUM_RUN_MAX"));
+                for c in csums {
+                    b.u32(c.0);
+                }
+                T_CSUM_SET
+            }
+            Record::CsumClear { target, phys, len } => {
+                b.u32(target.0);
+                b.u64(*phys);
+                b.u64(*len);
+                T_CSUM_CLEAR
+            }
         };
         e.u8(tag);
         e.u32(u32::try_from(b.len()).expect("record body below 4 GiB"));
@@ -387,6 +424,31 @@ impl Record {
                     count,
                 }
             }
+            T_CSUM_SET => {
+                let (target, phys, n) = (TargetId(b.u32()?), b.u64()?, b.u32()? as usize);
+                if n == 0 || n > CSUM_RUN_MAX || phys.checked_add(n as u64).is_none() {
+                    return Err(b.err(format!(
+                        "checksums of {n} blocks at target {target} block {phys}"
+                    )));
+                }
+                let csums = (0..n)
+                    .map(|_| b.u32().map(BlockCsum))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Record::CsumSet {
+                    target,
+                    phys,
+                    csums,
+                }
+            }
+            T_CSUM_CLEAR => {
+                let (target, phys, len) = (TargetId(b.u32()?), b.u64()?, b.u64()?);
+                if len == 0 || phys.checked_add(len).is_none() {
+                    return Err(b.err(format!(
+                        "checksum clear of {len} blocks at target {target} block {phys}"
+                    )));
+                }
+                Record::CsumClear { target, phys, len }
+            }
             other => return Err(d.err(format!("unknown record type {other}"))),
         };
         if b.remaining() != 0 {
@@ -412,7 +474,7 @@ impl Record {
     }
 
     /// The inode this record is about (the directory for entry records); `None` for
-    /// reference counts, which are about physical blocks.
+    /// reference counts and checksums, which are about physical blocks.
     #[must_use]
     pub fn subject(&self) -> Option<Ino> {
         match self {
@@ -424,7 +486,7 @@ impl Record {
             | Record::XattrRemove { ino, .. }
             | Record::SymlinkSet { ino, .. } => Some(*ino),
             Record::DirAdd { dir, .. } | Record::DirRemove { dir, .. } => Some(*dir),
-            Record::RefcountSet { .. } => None,
+            Record::RefcountSet { .. } | Record::CsumSet { .. } | Record::CsumClear { .. } => None,
         }
     }
 }
@@ -501,6 +563,16 @@ mod tests {
                 phys: 77,
                 len: 3,
                 count: 2,
+            },
+            Record::CsumSet {
+                target: TargetId(1),
+                phys: 5,
+                csums: vec![BlockCsum(7), BlockCsum(u32::MAX)],
+            },
+            Record::CsumClear {
+                target: TargetId(0),
+                phys: 4,
+                len: 9,
             },
             Record::InodeFree(Ino(9)),
         ];

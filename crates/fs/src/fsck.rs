@@ -151,6 +151,9 @@ fn check(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) -> 
     // The space tree last: its free runs are checked against every claim.
     for tree in [TreeId::Fs, TreeId::Refcount, TreeId::Csum, TreeId::Space] {
         pages.push((tree, walk_tree(&mut c, store, tree, progress)?));
+        if tree == TreeId::Csum {
+            c.check_csums_complete();
+        }
         if tree == TreeId::Fs {
             c.finish_group()?;
             c.check_refcounts();

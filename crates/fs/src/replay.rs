@@ -190,7 +190,12 @@ impl<'a> Replayer<'a> {
             }
             self.before(rec).map_err(named)?;
             self.unlinked(rec, &mut t);
-            self.partial.apply(rec).map_err(|e| named(e.to_string()))?;
+            // Checksums are about blocks, not the inodes this partial model checks: the
+            // trees get them, the model does not keep them (it would hold every block a
+            // replayed journal wrote).
+            if !matches!(rec, Record::CsumSet { .. } | Record::CsumClear { .. }) {
+                self.partial.apply(rec).map_err(|e| named(e.to_string()))?;
+            }
             self.after(rec, &mut t);
             items::apply_record(self.store, rec).map_err(|e| named(e.to_string()))?;
             self.records += 1;

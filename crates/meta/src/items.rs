@@ -74,7 +74,7 @@ pub fn apply_records(store: &Store, recs: &[Record]) -> Result<(), MetaError> {
 /// names ([`load_inode_without_entries`], [`lookup_entry`]) start from: the counter item,
 /// each named inode's first item and orphan item, the entry's name hash and the
 /// directory's highest cookie, the extent window, the xattr's name hash, the symlink, the
-/// refcount. A read-ahead list for [`Store::prefetch`] (replay gathers them for many
+/// refcount, the checksum runs. A read-ahead list for [`Store::prefetch`] (replay gathers them for many
 /// records, then reads their pages together), not a promise: an item a record finds only
 /// through another (the cookie of a removed entry, the free-space runs around an
 /// extent's blocks, the later leaves of a long scan) is read when the record is applied.
@@ -111,6 +111,11 @@ pub fn record_keys(uuid: Uuid, rec: &Record) -> Vec<Key> {
         Record::SymlinkSet { ino, .. } => keys.push(Key::new(ino.0, KeyKind::Symlink, 0, 0)),
         Record::RefcountSet { target, phys, .. } => {
             keys.push(stripefs_core::btree::schema::refcount_key(*target, *phys));
+        }
+        Record::CsumSet { target, phys, .. } | Record::CsumClear { target, phys, .. } => {
+            let k = stripefs_core::btree::schema::csum_key;
+            keys.push(k(*target, phys.saturating_sub(1)));
+            keys.push(k(*target, *phys));
         }
         Record::InodeSet(_) | Record::InodeFree(_) => {}
     }
@@ -383,6 +388,14 @@ impl<'a> Items<'a> {
                 len,
                 count,
             } => crate::refcount::set(self.store, *target, *phys, *len, *count),
+            Record::CsumSet {
+                target,
+                phys,
+                csums,
+            } => crate::csum::set(self.store, *target, *phys, csums),
+            Record::CsumClear { target, phys, len } => {
+                crate::csum::clear(self.store, *target, *phys, *len)
+            }
         }
     }
 
@@ -820,6 +833,7 @@ fn load_with(store: &Store, hash: NameHash) -> Result<MetaState, MetaError> {
         inodes,
         next_ino,
         refs: crate::refcount::load(store)?,
+        csums: crate::csum::load(store)?,
     })
 }
 

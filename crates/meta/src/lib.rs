@@ -12,6 +12,7 @@
 //! the tree locks only to freeze and to publish.
 
 mod cache;
+pub mod csum;
 pub mod items;
 mod pagelog;
 pub mod refcount;

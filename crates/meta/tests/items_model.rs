@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use common::{config, SECTOR};
 use stripefs_core::btree::{Key, KeyKind, TreeId};
+use stripefs_core::csum::BlockCsum;
 use stripefs_core::extent::ExtentState;
 use stripefs_core::inode::{FileKind, InodeAttrs, Timespec, SYMLINK_MAX, XATTR_VALUE_MAX};
 use stripefs_core::layout::StripeLayout;
@@ -350,6 +351,28 @@ impl Run {
                 phys: self.rng.below(200),
                 len: 1 + self.rng.below(20),
                 count: 1 + self.rng.below(4) as u32,
+            };
+            self.apply(rec);
+            return;
+        }
+        if self.rng.one_in(4) {
+            // Data checksums over a small window, runs longer than an item, so that sets
+            // and clears split, trim and replace runs (the model compares per block).
+            let target = TargetId(self.rng.below(2) as u32);
+            let phys = self.rng.below(400);
+            let long = self.rng.one_in(4);
+            let len = 1 + self.rng.below(if long { 128 } else { 20 });
+            let rec = if self.rng.one_in(3) {
+                Record::CsumClear { target, phys, len }
+            } else {
+                let seed = self.rng.below(1 << 32) as u32;
+                Record::CsumSet {
+                    target,
+                    phys,
+                    csums: (0..len as u32)
+                        .map(|i| BlockCsum(seed.wrapping_add(i)))
+                        .collect(),
+                }
             };
             self.apply(rec);
             return;

@@ -365,6 +365,54 @@ pub fn decode_refcount(key: &Key, value: &[u8]) -> Result<(TargetId, u64, Shared
     Ok((TargetId(target), key.a, Shared { len, count }))
 }
 
+/// The key of the checksum item of `target`'s run starting at physical block `start`.
+#[must_use]
+pub fn csum_key(target: TargetId, start: u64) -> Key {
+    Key::new(u64::from(target.0), KeyKind::DataCsum, start, 0)
+}
+
+/// A checksum item: `(target, DataCsum, first block, 0)` -> crc32c u32 per block of the
+/// run (1 to [`crate::csum::CSUM_RUN_MAX`] blocks).
+#[must_use]
+pub fn csum_item(target: TargetId, start: u64, csums: &[crate::csum::BlockCsum]) -> (Key, Vec<u8>) {
+    let mut v = Enc::new();
+    for c in csums {
+        v.u32(c.0);
+    }
+    (csum_key(target, start), v.buf)
+}
+
+/// Decodes a checksum item: (target, first block, checksums).
+///
+/// # Errors
+/// `Corrupted` naming the key: an empty run, a length not a multiple of 4, more than
+/// `CSUM_RUN_MAX` blocks, a run past the block numbers.
+pub fn decode_csum(
+    key: &Key,
+    value: &[u8],
+) -> Result<(TargetId, u64, Vec<crate::csum::BlockCsum>), CoreError> {
+    let w = what(key);
+    let mut d = Dec::shown(value, &w);
+    let n = value.len() / 4;
+    let target = u32::try_from(key.object).map_err(|_| d.err("target out of range"))?;
+    if value.is_empty()
+        || !value.len().is_multiple_of(4)
+        || n > crate::csum::CSUM_RUN_MAX
+        || key.b != 0
+        || key.a.checked_add(n as u64).is_none()
+    {
+        return Err(d.err(format!(
+            "checksum run of {} bytes at block {}",
+            value.len(),
+            key.a
+        )));
+    }
+    let csums = (0..n)
+        .map(|_| d.u32().map(crate::csum::BlockCsum))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((TargetId(target), key.a, csums))
+}
+
 /// The items of a symlink target: chunks of at most [`VALUE_MAX`] bytes.
 #[must_use]
 pub fn symlink_items(ino: Ino, target: &[u8]) -> Vec<(Key, Vec<u8>)> {

@@ -314,6 +314,21 @@ impl Txn<'_, '_, '_> {
                 }
                 self.c.refs.set(*target, *phys, *len, *count);
             }
+            Record::CsumSet { target, phys, .. } | Record::CsumClear { target, phys, .. } => {
+                let len = match rec {
+                    Record::CsumSet { csums, .. } => csums.len() as u64,
+                    Record::CsumClear { len, .. } => *len,
+                    _ => unreachable!("matched above"),
+                };
+                let Some(g) = self.c.geo.targets.get(target.index()) else {
+                    return Ok(Err(format!("checksums of missing target {target}")));
+                };
+                if *phys < g.data_start || phys.saturating_add(len) > g.blocks {
+                    return Ok(Err(format!(
+                        "checksums of target {target} blocks {phys}..+{len} outside the data area"
+                    )));
+                }
+            }
         }
         Ok(Ok(()))
     }

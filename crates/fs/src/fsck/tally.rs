@@ -7,9 +7,10 @@
 //!   table's spare capacity), as `xfs_repair` keeps per-inode state;
 //! - per directory, a [`DirTally`] (its parent pointer, the directory whose entry names
 //!   it, its subdirectories: 24 bytes and its key);
-//! - per target, two bitmaps over the data area (blocks in use, and blocks that are
-//!   metadata pages): 2 bits per block, bounded by the device size, not the file count
-//!   (64 MiB per TiB of 4 KiB blocks).
+//! - per target, three bitmaps over the data area (blocks in use, blocks that are
+//!   metadata pages, written blocks of copy-on-write files whose checksum item is still
+//!   to be seen): 3 bits per block, bounded by the device size, not the file count
+//!   (96 MiB per TiB of 4 KiB blocks).
 //!
 //! Nothing else grows with the number of files: one inode's items are checked as they
 //! pass and dropped.
@@ -158,6 +159,9 @@ struct TargetBits {
     blocks: u64,
     used: Vec<u64>,
     pages: Vec<u64>,
+    /// Written blocks of datacow files whose checksum the walk of the `csum` tree has
+    /// not met yet.
+    want_csum: Vec<u64>,
     used_count: u64,
 }
 
@@ -189,6 +193,7 @@ impl BlockMap {
                     blocks: t.blocks,
                     used: vec![0; words],
                     pages: vec![0; words],
+                    want_csum: vec![0; words],
                     used_count: 0,
                 }
             })
@@ -201,7 +206,7 @@ impl BlockMap {
     pub fn bytes(&self) -> usize {
         self.targets
             .iter()
-            .map(|t| (t.used.len() + t.pages.len()) * 8)
+            .map(|t| (t.used.len() + t.pages.len() + t.want_csum.len()) * 8)
             .sum()
     }
 
@@ -262,6 +267,53 @@ impl BlockMap {
         }
         bits.used_count += b - a;
         Ok(())
+    }
+
+    /// Marks `start..start + len` of `target` as written blocks of a datacow file: each
+    /// needs a checksum item. Blocks outside the data area are ignored (claiming them
+    /// reported them).
+    pub fn want_csum(&mut self, target: TargetId, start: u64, len: u64) {
+        let Ok((t, a, b)) = self.range(target, start, len) else {
+            return;
+        };
+        let bits = &mut self.targets[t];
+        for i in a..b {
+            TargetBits::set(&mut bits.want_csum, i, true);
+        }
+    }
+
+    /// A checksum item covers block `b` of `target`: true (and the block's mark cleared)
+    /// if it was a written block of a datacow file still wanting it.
+    pub fn csum_seen(&mut self, target: TargetId, b: u64) -> bool {
+        let Ok((t, i, _)) = self.range(target, b, 1) else {
+            return false;
+        };
+        let bits = &mut self.targets[t];
+        let was = TargetBits::get(&bits.want_csum, i);
+        TargetBits::set(&mut bits.want_csum, i, false);
+        was
+    }
+
+    /// The blocks still wanting a checksum (after the walk of the `csum` tree): the
+    /// first few as (target, block), and how many in all.
+    #[must_use]
+    pub fn csums_missing(&self, first: usize) -> (Vec<(TargetId, u64)>, u64) {
+        let mut out = Vec::new();
+        let mut n = 0u64;
+        for (ti, t) in self.targets.iter().enumerate() {
+            for (w, word) in t.want_csum.iter().enumerate() {
+                if *word == 0 {
+                    continue;
+                }
+                n += u64::from(word.count_ones());
+                for bit in 0..64 {
+                    if word & (1 << bit) != 0 && out.len() < first {
+                        out.push((TargetId(ti as u32), t.data_start + w as u64 * 64 + bit));
+                    }
+                }
+            }
+        }
+        (out, n)
     }
 
     /// Unmarks blocks of an extent (a journal record moved or freed them). Blocks out of

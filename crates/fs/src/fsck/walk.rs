@@ -61,6 +61,11 @@ pub struct Checker<'a> {
     pub refs: stripefs_core::refcount::RefcountIndex,
     /// Pieces of extents inside shared ranges, counted against the index after the walk.
     pub shared_seen: Vec<stripefs_core::refcount::PhysPiece>,
+    /// The end of the last checksum run read: (target, block past it).
+    csum_end: Option<(TargetId, u64)>,
+    /// Checksum items read and blocks they cover.
+    pub csum_items: u64,
+    pub csum_blocks: u64,
 }
 
 /// One inode's items while they pass.
@@ -139,6 +144,9 @@ impl<'a> Checker<'a> {
             peak_bytes: 0,
             refs: stripefs_core::refcount::RefcountIndex::new(),
             shared_seen: Vec::new(),
+            csum_end: None,
+            csum_items: 0,
+            csum_blocks: 0,
         }
     }
 
@@ -270,12 +278,69 @@ impl<'a> Checker<'a> {
                 }
                 Ok(())
             }
-            // Reserved trees: their pages were verified; no items are defined yet.
-            _ => {
-                self.item_problem(&k, format!("an item in the reserved tree {tree}"));
+            TreeId::Csum => {
+                self.csum_item(&k, v);
                 Ok(())
             }
         }
+    }
+
+    /// A checksum item (after the fs tree's walk marked every written block of a datacow
+    /// file): it decodes, follows the previous run without overlap, and each block it
+    /// covers is such a block.
+    fn csum_item(&mut self, k: &Key, v: &[u8]) {
+        let (t, s, c) = match stripefs_core::btree::schema::decode_csum(k, v) {
+            Ok(x) => x,
+            Err(e) => return self.item_problem(k, e),
+        };
+        if let Some((pt, pe)) = self.csum_end {
+            if pt == t && s < pe {
+                return self.item_problem(
+                    k,
+                    format!(
+                        "checksum run at block {s} overlaps the previous run, which ends at {pe}"
+                    ),
+                );
+            }
+        }
+        self.csum_end = Some((t, s + c.len() as u64));
+        self.csum_items += 1;
+        self.csum_blocks += c.len() as u64;
+        let mut stray = None;
+        for b in s..s + c.len() as u64 {
+            if !self.blocks.csum_seen(t, b) && stray.is_none() {
+                stray = Some(b);
+            }
+        }
+        if let Some(b) = stray {
+            self.item_problem(
+                k,
+                format!(
+                    "checksum of target {t} block {b}, which no written extent of a \
+                     copy-on-write file maps"
+                ),
+            );
+        }
+    }
+
+    /// After the walk of the `csum` tree: every written block of a datacow file had its
+    /// checksum.
+    pub fn check_csums_complete(&mut self) {
+        let (first, n) = self.blocks.csums_missing(4);
+        if n == 0 {
+            return;
+        }
+        let shown: Vec<String> = first
+            .iter()
+            .map(|(t, b)| format!("target {t} block {b}"))
+            .collect();
+        self.problem(
+            None,
+            format!(
+                "{n} written blocks of copy-on-write files have no checksum (first: {})",
+                shown.join(", ")
+            ),
+        );
     }
 
     fn fs_item(&mut self, k: Key, v: &[u8]) -> Result<()> {
@@ -454,6 +519,9 @@ impl<'a> Checker<'a> {
         }
         self.group().ext_end[obj as usize] = block + e.len;
         let target = a.layout.target_of(obj, geo.target_count());
+        if e.state == ExtentState::Written && stripefs_core::csum::datacow(&a) {
+            self.blocks.want_csum(target, e.phys, e.len);
+        }
         for (p, l, c) in self.refs.pieces(target, e.phys, e.len) {
             if c >= 2 {
                 // Claimed once by the index's range; counted here.
