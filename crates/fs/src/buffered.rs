@@ -65,6 +65,17 @@ impl FileIo for FileMapper<'_> {
         };
         let bytes: usize = bufs.iter().map(|b| b.len()).sum();
         counter.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        let first = map.addr.phys + bs.block_of(pos - map.offset);
+        if self.datacow && dir == IoDir::Write {
+            // From the bytes submitted, for the completion's `CsumSet` (`csum.rs`).
+            self.fs
+                .inner
+                .write_csums
+                .compute(map.addr.target, first, &bufs, bs.bytes() as usize);
+        }
+        if self.datacow && dir == IoDir::Read && map.is_written() {
+            return self.submit_verified(batch, map, pos, offset, bufs);
+        }
         if let (Some(plug), IoDir::Write) = (self.plug(), dir) {
             // A multi-file writeback group: queued, merged and submitted with the group's.
             plug.push(map.addr.target, offset, bufs);
@@ -97,6 +108,18 @@ impl CacheIo for FileMapper<'_> {
 
     fn writeback_done(&self, ends: &[WbEnd<DevAddr>], outcome: WbOutcome) -> Result<()> {
         if outcome == WbOutcome::Failed {
+            if self.datacow {
+                // Their checksums will never be logged.
+                let bs = self.fs.inner.geo.block_size;
+                for e in ends {
+                    let first = e.map.addr.phys + bs.block_of(e.pos - e.map.offset);
+                    self.fs.inner.write_csums.forget(
+                        e.map.addr.target,
+                        first,
+                        bs.blocks_for(e.len),
+                    );
+                }
+            }
             self.allocated.settle_batch(Settle::Free);
             self.fs.reconcile_delalloc(self.ino);
             return Ok(());

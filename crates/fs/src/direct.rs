@@ -303,7 +303,10 @@ impl Fs {
         if !exclusive_anyway {
             let shared = io.read();
             let mapper = FileMapper::new(self, ino)?.with_dio_lock(DioLock::Shared);
-            if end <= mapper.size() && self.overwrites_only(&mapper, off, len)? {
+            // A datacow file's direct writes always allocate (or convert unwritten blocks
+            // whose dirty cache the engine's coherence may write back first, copying them
+            // on write): never under the shared lock.
+            if end <= mapper.size() && !mapper.datacow && self.overwrites_only(&mapper, off, len)? {
                 return Ok(DioGuard::Shared(shared, mapper));
             }
         }
@@ -351,9 +354,22 @@ impl Fs {
             // size change can expose the gap.
             self.writeback_file(ino, stripefs_iomap::WbWait::Busy)?;
         }
-        self.cow_partial_edges(&mapper, off, data.len() as u64)?;
         self.touch_mtime(ino)?;
-        let r = dio_write_wait(&mapper, off, data);
+        let r = if mapper.datacow {
+            // Partial blocks over written data: merged into copies (`datacow_edges`);
+            // the rest goes through the engine in whole new blocks.
+            let (lo, hi) = self.datacow_edges(&mapper, off, data)?;
+            if lo < hi {
+                let at = usize::try_from(lo - off).expect("inside the write");
+                let to = usize::try_from(hi - off).expect("inside the write");
+                dio_write_wait(&mapper, lo, &data[at..to]).map(|_| data.len())
+            } else {
+                Ok(data.len())
+            }
+        } else {
+            self.cow_partial_edges(&mapper, off, data.len() as u64)?;
+            dio_write_wait(&mapper, off, data)
+        };
         if r.is_ok() {
             // Recorded at completion; otherwise dropping the mapper frees them, and what
             // is left of the reservation goes back with it.
@@ -385,6 +401,69 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// A datacow file's direct write covering part of a written block: the block is
+    /// read (verified), the write's bytes merged in, and the result written to a new
+    /// block remapped in one transaction with its checksum (and the size, if the write
+    /// passes it there): a written block is never written in place, and the engine's
+    /// whole-block writes of new blocks would lose the rest of the block. Returns the
+    /// part of the write left for the engine, `[lo, hi)` (empty when the edges were all).
+    fn datacow_edges(&self, mapper: &FileMapper<'_>, off: u64, data: &[u8]) -> Result<(u64, u64)> {
+        let bs = self.inner.geo.block_size;
+        let end = off + data.len() as u64;
+        let first = bs.round_down(off);
+        let last = bs.round_down(end - 1);
+        let (mut lo, mut hi) = (off, end);
+        let partial_first = off != first || end < first + bs.bytes_u64();
+        let partial_last = last != first && bs.offset_in_block(end) != 0;
+        if !partial_first && !partial_last {
+            return Ok((lo, hi));
+        }
+        // Coherence first, as the engine's: the merge reads the blocks from the device.
+        if let Some(fc) = self.inner.cache.existing(mapper.ino.0) {
+            let fb = u64::from(self.inner.cache.config().folio_bytes);
+            let (a, b) = (off / fb * fb, end.div_ceil(fb) * fb);
+            stripefs_iomap::writeback(
+                &self.inner.cache,
+                mapper,
+                &fc,
+                a,
+                b,
+                stripefs_iomap::WbWait::Busy,
+            )?;
+            stripefs_iomap::invalidate_range(&self.inner.cache, &fc, a, b);
+        }
+        let size = mapper.size();
+        let merge = |block_at: u64| -> Result<bool> {
+            if block_at >= size {
+                return Ok(false);
+            }
+            let map = mapper.begin_report(block_at)?;
+            if !map.is_written() {
+                return Ok(false);
+            }
+            let from = off.max(block_at);
+            let to = end.min(block_at + bs.bytes_u64());
+            let src = &data[usize::try_from(from - off).expect("inside")
+                ..usize::try_from(to - off).expect("inside")];
+            let at = usize::try_from(from - block_at).expect("inside the block");
+            self.cow_block_sized(
+                mapper.ino,
+                &map,
+                block_at,
+                |b| b[at..at + src.len()].copy_from_slice(src),
+                Some(to),
+            )?;
+            Ok(true)
+        };
+        if partial_first && merge(first)? {
+            lo = end.min(first + bs.bytes_u64());
+        }
+        if partial_last && lo < hi && merge(last)? {
+            hi = last;
+        }
+        Ok((lo, hi.max(lo)))
     }
 
     /// Reserves, per target, the blocks of every hole in the range. False if some target

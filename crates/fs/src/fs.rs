@@ -172,6 +172,7 @@ impl Fs {
             state: view,
             alloc,
             refs,
+            csums: Arc::default(),
             txn: Txn::new(l.next_seq),
             rotor: 0,
             inodes: crate::icache::InodeTable::default(),
@@ -722,6 +723,8 @@ impl Fs {
             dio_exclusive: self.inner.dio_exclusive.load(Ordering::Relaxed),
             dio_pieces: self.inner.dio_pieces.load(Ordering::Relaxed),
             dio_read_copied: self.inner.dio_read_copied.load(Ordering::Relaxed),
+            csum_errors: self.inner.csum_errors.count.load(Ordering::Relaxed),
+            csum_overlay_runs: self.inner.csum_overlay.runs(),
             map_lookups: self.inner.map_lookups.load(Ordering::Relaxed),
             incore_inodes: m.inodes.len(),
             incore_inodes_peak: m.inodes.peak(),
@@ -946,9 +949,21 @@ impl Fs {
     ) -> Result<Vec<Freed>> {
         let mut freed = Vec::new();
         for (rec, f) in batch {
+            let datacow = match rec.subject() {
+                Some(ino) => m
+                    .state
+                    .get(ino)?
+                    .is_some_and(|i| stripefs_core::csum::datacow(&i.attrs)),
+                None => false,
+            };
             self.inner.log_all(m, vec![rec])?;
             let r = m.refs.release(&[(f.target, f.phys, f.len)]);
             self.inner.log_all(m, r.records)?;
+            if datacow {
+                // Freed blocks lose their checksums in the same transaction.
+                self.inner
+                    .log_all(m, crate::reflink::csum_clears(&r.freed))?;
+            }
             freed.extend(r.freed.into_iter().map(|(target, phys, len)| Freed {
                 target,
                 phys,

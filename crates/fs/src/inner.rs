@@ -55,6 +55,9 @@ pub(crate) struct MetaCore {
     /// memory, loaded at mount from the `refcount` tree and changed by `RefcountSet`
     /// records as they are logged.
     pub refs: stripefs_core::refcount::RefcountIndex,
+    /// The checksum changes the trees do not hold yet (`csum.rs`; its own lock, shared
+    /// with [`FsInner::csum_overlay`] for readers that do not take this one).
+    pub csums: Arc<crate::csum::CsumOverlay>,
     pub txn: Txn,
     /// Next first-target for new files, so that files spread over the targets.
     pub rotor: u32,
@@ -158,6 +161,30 @@ impl MetaCore {
             self.txn.records.push(rec);
             return Ok(());
         }
+        match &rec {
+            Record::CsumSet {
+                target,
+                phys,
+                csums,
+            } => {
+                self.csums.set(
+                    *target,
+                    *phys,
+                    csums.len() as u64,
+                    Some(csums),
+                    self.txn.seq,
+                );
+            }
+            Record::CsumClear { target, phys, len } => {
+                self.csums.set(*target, *phys, *len, None, self.txn.seq);
+            }
+            _ => {}
+        }
+        if matches!(rec, Record::CsumSet { .. } | Record::CsumClear { .. }) {
+            self.txn.bytes += rec.encoded_len();
+            self.txn.records.push(rec);
+            return Ok(());
+        }
         self.fold_lazy_atime(&mut rec);
         let needed_for_data = self.needed_to_reach_data(&rec)?;
         let seq = self.txn.seq;
@@ -257,6 +284,7 @@ impl Drop for MetaGuard<'_> {
     fn drop(&mut self) {
         let applied = self.0.applied.load(Ordering::Acquire);
         self.0.state.settle_overlay(applied);
+        self.0.csums.drop_applied(applied);
         if self.0.state.sweep_due() {
             self.0.sweep_view();
         }
@@ -357,6 +385,13 @@ pub(crate) struct FsInner {
     pub dio_read_copied: std::sync::atomic::AtomicU64,
     /// Mapping lookups (`FileMapper::begin`) since mount: what zeroing costs is counted here.
     pub map_lookups: std::sync::atomic::AtomicU64,
+    /// The checksum overlay (the same as `MetaCore::csums`), read without the metadata
+    /// lock (`csum.rs`).
+    pub csum_overlay: Arc<crate::csum::CsumOverlay>,
+    /// Checksums of written blocks until their completion logs them.
+    pub write_csums: crate::csum::WriteCsums,
+    /// Checksum mismatches met by reads.
+    pub csum_errors: Arc<crate::csum::CsumErrors>,
 }
 
 /// An [`crate::AccessSource`] (a closure, so without `Debug`).
@@ -384,6 +419,7 @@ impl FsInner {
         let faults = opts.faults.clone();
         let cache = stripefs_iomap::cache::PageCache::new(opts.cache, geo.block_size.bytes());
         let dirty = DirtyTargets::new(targets.len());
+        let csum_overlay = Arc::clone(&meta.csums);
         Self {
             geo,
             targets,
@@ -419,6 +455,9 @@ impl FsInner {
             dio_pieces: std::sync::atomic::AtomicU64::new(0),
             dio_read_copied: std::sync::atomic::AtomicU64::new(0),
             map_lookups: std::sync::atomic::AtomicU64::new(0),
+            csum_overlay,
+            write_csums: crate::csum::WriteCsums::default(),
+            csum_errors: Arc::default(),
         }
     }
 

@@ -380,11 +380,18 @@ impl Fs {
                 }
                 BlockFate::Unwritten => {
                     let t = l.target_of(object, n);
-                    let (conv, shared) =
-                        self.unwritten_records(&m, ino, (object, t), block, blocks)?;
+                    let (conv, shared) = self.unwritten_records(
+                        &m,
+                        ino,
+                        (object, t),
+                        (block, blocks),
+                        mapper.datacow,
+                    )?;
                     recs.extend(conv);
                     // Shared blocks are not turned unwritten (a later write would land on
-                    // them in place): this file lets go of them; the range is a hole.
+                    // them in place): this file lets go of them; the range is a hole. A
+                    // datacow file's written blocks likewise (their checksums go with
+                    // them: no unwritten block has one).
                     for (b, len) in shared {
                         self.clear_object_range(&mut m, ino, object, (b, len), None)?;
                     }
@@ -402,8 +409,8 @@ impl Fs {
         m: &crate::inner::MetaCore,
         ino: Ino,
         (object, target): (u32, stripefs_core::TargetId),
-        block: u64,
-        blocks: u64,
+        (block, blocks): (u64, u64),
+        datacow: bool,
     ) -> Result<(Vec<Record>, Vec<ObjectRange>)> {
         let i = inode(m, ino)?;
         let mut recs = Vec::new();
@@ -417,7 +424,7 @@ impl Fs {
             let phys = e.phys + (from - s);
             for (p, l, c) in m.refs.pieces(target, phys, len) {
                 let at = from + (p - phys);
-                if c >= 2 {
+                if c >= 2 || datacow {
                     shared.push((at, l));
                     continue;
                 }

@@ -24,6 +24,7 @@ mod acl;
 mod atime;
 mod buffered;
 mod clock;
+mod csum;
 mod delalloc;
 mod direct;
 mod dirty;

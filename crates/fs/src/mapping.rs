@@ -278,6 +278,10 @@ pub(crate) struct FileMapper<'a> {
     /// The multi-file writeback group this mapper serves, if any: its writes are queued
     /// there, and its allocations follow the group's cursor.
     plug: Option<&'a WbPlug>,
+    /// The file is copy on write with data checksums (`stripefs_core::csum::datacow`):
+    /// its written blocks are never written in place, its writes' checksums are kept
+    /// for their completion, its reads are verified.
+    pub datacow: bool,
 }
 
 impl<'a> FileMapper<'a> {
@@ -294,10 +298,12 @@ impl<'a> FileMapper<'a> {
             _ => return Err(FsError::invalid("not a regular file")),
         }
         let layout = i.attrs.layout;
+        let datacow = stripefs_core::csum::datacow(&i.attrs);
         Ok(Self {
             fs,
             ino,
             layout,
+            datacow,
             hint: RefCell::new(HashMap::new()),
             allocated: Allocated::new(fs),
             dio_reserved: RefCell::new(None),
@@ -470,7 +476,9 @@ impl IomapOps for FileMapper<'_> {
                 // Cut where sharing changes: one mapping is all shared or all not.
                 let (_, blocks, owners) =
                     m.refs.pieces(target, phys, (ext.len - off_in).min(want))[0];
-                if owners >= 2 {
+                // A datacow file's written blocks are written like shared ones: never
+                // in place (their checksums could not be kept crash-consistent).
+                if owners >= 2 || (self.datacow && ext.state == ExtentState::Written) {
                     self.map_shared(&mut m, op, (target, object, obj_block), kind, phys, blocks)?
                 } else {
                     if op == IomapOp::Writeback {

@@ -48,6 +48,13 @@ impl Fs {
         let change = self.begin_change()?;
         let smapper = FileMapper::new(self, src)?;
         let dmapper = FileMapper::new(self, dst)?;
+        if smapper.datacow != dmapper.datacow {
+            // As btrfs: a clone never makes a file partly checksummed (nor a NOCOW file
+            // own checksummed blocks it could later overwrite in place).
+            return Err(FsError::invalid(
+                "clone between a copy-on-write file and a NOCOW file",
+            ));
+        }
         let b = self.inner.geo.block_size.bytes_u64();
         // Inode locks in inode order (one for a file cloned onto itself), in-flight direct
         // I/O drained, dirty cache of both files written back: what is shared is on the
@@ -132,6 +139,12 @@ impl Fs {
         if src == dst {
             return Err(FsError::invalid("a file cloned onto itself"));
         }
+        if !self.same_datacow(src, dst)? {
+            // Refused before the destination is truncated (`clone_range` refuses too).
+            return Err(FsError::invalid(
+                "clone between a copy-on-write file and a NOCOW file",
+            ));
+        }
         self.set_len(dst, 0)?;
         self.clone_range(src, 0, dst, 0, 0)
     }
@@ -166,7 +179,9 @@ impl Fs {
             return Err(FsError::invalid("copy ranges of one file overlap"));
         }
         let b = self.inner.geo.block_size.bytes_u64();
-        if src_off % b != dst_off % b {
+        if src_off % b != dst_off % b || !self.same_datacow(src, dst)? {
+            // Offsets that differ within a block, or a copy-on-write file and a NOCOW
+            // one (which share no blocks): copied.
             self.copy_bytes(src, src_off, dst, dst_off, len)?;
             return Ok(len);
         }
@@ -190,6 +205,17 @@ impl Fs {
         }
         self.copy_bytes(src, s + shared, dst, d + shared, rest - shared)?;
         Ok(len)
+    }
+
+    /// Whether `a` and `b` are both copy-on-write files or both NOCOW.
+    fn same_datacow(&self, a: Ino, b: Ino) -> Result<bool> {
+        let m = self.inner.meta.lock();
+        let flag = |i: Ino| -> Result<bool> {
+            Ok(stripefs_core::csum::datacow(
+                &m.state.get(i)?.ok_or(FsError::Stale(i.0))?.attrs,
+            ))
+        };
+        Ok(flag(a)? == flag(b)?)
     }
 
     /// Copies `n` bytes through the page cache.
@@ -311,9 +337,14 @@ impl Fs {
     pub(crate) fn log_remapped(&self, m: &mut MetaCore, ino: Ino, recs: Vec<Record>) -> Result<()> {
         let n = self.inner.geo.target_count();
         let seq = m.txn.seq;
+        let datacow = m
+            .state
+            .get(ino)?
+            .is_some_and(|i| stripefs_core::csum::datacow(&i.attrs));
         let mut freed = Vec::new();
         for rec in recs {
             let mut old = Vec::new();
+            let mut csums = Vec::new();
             if let (
                 Record::ExtentSet {
                     object,
@@ -326,6 +357,12 @@ impl Fs {
             ) = (&rec, m.state.get(ino)?)
             {
                 let t = i.attrs.layout.target_of(*object, n);
+                if datacow
+                    && matches!(rec, Record::ExtentSet { state, .. } if state == ExtentState::Written)
+                {
+                    // The checksums of the bytes written, in the same transaction.
+                    csums = self.csum_records(t, *phys, *len);
+                }
                 // A map the record does not fit is refused when it is logged.
                 if let Some(map) = i.objects.get(*object as usize) {
                     for (s, e) in map.range(*block, *len) {
@@ -343,10 +380,14 @@ impl Fs {
                 }
             }
             self.inner.log_all(m, vec![rec])?;
+            self.inner.log_all(m, csums)?;
             // Each replaced piece's decrements right after the record (`log_released`).
             for f in old {
                 let r = m.refs.release(&[(f.target, f.phys, f.len)]);
                 self.inner.log_all(m, r.records)?;
+                if datacow {
+                    self.inner.log_all(m, csum_clears(&r.freed))?;
+                }
                 freed.extend(r.freed);
             }
         }
@@ -367,12 +408,38 @@ impl Fs {
         pos: u64,
         modify: impl FnOnce(&mut [u8]),
     ) -> Result<()> {
+        self.cow_block_sized(ino, map, pos, modify, None)
+    }
+
+    /// [`Fs::cow_block`], growing the file's size to `grow_to` in the same transaction
+    /// if that passes it (a datacow file's direct write merged into its last block). A
+    /// datacow file's block is verified against its checksum when read, and the copy's
+    /// checksum logged with its remap.
+    pub(crate) fn cow_block_sized(
+        &self,
+        ino: Ino,
+        map: &Iomap<DevAddr>,
+        pos: u64,
+        modify: impl FnOnce(&mut [u8]),
+        grow_to: Option<u64>,
+    ) -> Result<()> {
         let bs = self.inner.geo.block_size;
         let skip = bs.block_of(bs.round_down(pos) - map.offset);
         let t = map.addr.target;
         let target = self.inner.targets[t.index()].as_ref();
-        let mut block = target.read_sync(bs.to_bytes(map.addr.phys + skip), bs.bytes() as usize)?;
+        let old = map.addr.phys + skip;
+        let mut block = target.read_sync(bs.to_bytes(old), bs.bytes() as usize)?;
+        let datacow = {
+            let m = self.inner.meta.lock();
+            m.state
+                .get(ino)?
+                .is_some_and(|i| stripefs_core::csum::datacow(&i.attrs))
+        };
+        if datacow {
+            self.verify_block(ino, bs.round_down(pos), t, old, &block)?;
+        }
         modify(&mut block);
+        let csum = stripefs_core::csum::BlockCsum::of(&block);
         self.inner.alloc_fault(t)?;
         let new = {
             let mut m = self.inner.meta.lock();
@@ -386,6 +453,9 @@ impl Fs {
             return Err(e.into());
         }
         self.inner.mark_dirty(t.index());
+        if datacow {
+            self.inner.write_csums.put(t, new, csum);
+        }
         let mut m = self.inner.meta.lock();
         let rec = Record::ExtentSet {
             ino,
@@ -396,6 +466,27 @@ impl Fs {
             state: ExtentState::Written,
             refcount: 1,
         };
-        self.log_remapped(&mut m, ino, vec![rec])
+        let mut recs = vec![rec];
+        if let Some(end) = grow_to {
+            let i = m.state.get(ino)?.ok_or(FsError::Stale(ino.0))?;
+            if end > i.attrs.size {
+                let mut a = i.attrs.clone();
+                a.size = end;
+                if m.size_of(ino).is_some_and(|s| s <= end) {
+                    m.set_isize(ino, None);
+                }
+                recs.push(Record::InodeSet(a));
+            }
+        }
+        self.log_remapped(&mut m, ino, recs)
     }
+}
+
+/// The `CsumClear` records of freed blocks of a datacow file: a block loses its
+/// checksums in the transaction that frees it.
+pub(crate) fn csum_clears(freed: &[stripefs_core::refcount::PhysPiece]) -> Vec<Record> {
+    freed
+        .iter()
+        .map(|&(target, phys, len)| Record::CsumClear { target, phys, len })
+        .collect()
 }

@@ -310,6 +310,11 @@ pub struct FsStatus {
     pub dio_read_copied: u64,
     /// Mapping lookups since mount (every I/O path and zeroing pass makes them).
     pub map_lookups: u64,
+    /// Reads failed with `EIO` since mount because a block's data checksum did not match
+    /// (`docs/design/reflink.md`, "Data checksums").
+    pub csum_errors: u64,
+    /// Checksum changes held in core because the trees do not hold them yet (runs).
+    pub csum_overlay_runs: usize,
     /// In-core inodes now, the most at once since mount, and those evicted since mount
     /// (see `docs/design/cache.md`, "In-core inodes").
     pub incore_inodes: usize,

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use stripefs::{CreateParams, Fs, FsError, Ino, MkfsOptions, SyncScope};
+use stripefs::{CreateParams, DataCow, Fs, FsError, Ino, MkfsOptions, MountOptions, SyncScope};
 use stripefs_target::{Recorder, SimTarget, UnflushedPolicy};
 
 fn file(fs: &Fs, name: &str) -> Ino {
@@ -186,6 +186,19 @@ fn check_blocks(got: &[u8], allowed: &[(usize, Vec<u8>)], bs: usize, what: &str)
 
 #[test]
 fn crash_at_every_flush_point_with_clones_and_copy_on_write() {
+    crash_sweep(DataCow::Off);
+}
+
+/// The same with copy-on-write files (data checksums, `reflink.md` "Data checksums"):
+/// every write copies, every block read is verified against its checksum, and after
+/// recovery the checksum index is exactly what the extent maps derive.
+#[test]
+fn crash_at_every_flush_point_with_datacow_clones_and_writes() {
+    crash_sweep(DataCow::On);
+}
+
+fn crash_sweep(datacow: DataCow) {
+    let opts_of = || MountOptions { datacow, ..quiet() };
     let bs = 4096usize;
     let s = sims(3, 8 << 20);
     let opts = MkfsOptions {
@@ -198,7 +211,7 @@ fn crash_at_every_flush_point_with_clones_and_copy_on_write() {
     let initial: Vec<Vec<u8>> = s.iter().map(|t| t.durable_image()).collect();
     let rec = Recorder::new();
     let wrapped = recorded(&s, &rec);
-    let (fs, _) = Fs::mount(wrapped, quiet()).unwrap();
+    let (fs, _) = Fs::mount(wrapped, opts_of()).unwrap();
     let now = || rec.events().len();
     let a = file(&fs, "a");
     let b = file(&fs, "b");
@@ -272,6 +285,8 @@ fn crash_at_every_flush_point_with_clones_and_copy_on_write() {
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         fs.check_space_accounting()
             .unwrap_or_else(|e| panic!("{what}: {e}"));
+        fs.check_csums().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(fs.status().csum_errors, 0, "{what}: checksum mismatches");
         for h in [&ha, &hb] {
             let ino = fs.lookup(Ino::ROOT, h.name.as_ref()).expect("name").ino;
             let got = read_all(fs, ino);
@@ -296,7 +311,7 @@ fn crash_at_every_flush_point_with_clones_and_copy_on_write() {
                 .enumerate()
                 .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("c{i}"), img.clone(), 512)))
                 .collect();
-            let (fs2, _) = Fs::mount(dyns(&sims), quiet()).expect("recovery mount");
+            let (fs2, _) = Fs::mount(dyns(&sims), opts_of()).expect("recovery mount");
             verify(&fs2, p + 1, p, &what);
             fs2.unmount().unwrap();
             fsck_clean(&sims, &what);
@@ -311,7 +326,7 @@ fn crash_at_every_flush_point_with_clones_and_copy_on_write() {
             .enumerate()
             .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("f{i}"), img.clone(), 512)))
             .collect();
-        let (fs2, _) = Fs::mount(dyns(&sims), quiet()).expect("recovery mount");
+        let (fs2, _) = Fs::mount(dyns(&sims), opts_of()).expect("recovery mount");
         verify(&fs2, p, p, &what);
         fs2.unmount().unwrap();
         fsck_clean(&sims, &what);
