@@ -23,6 +23,8 @@ use crate::dirty::DirtyTargets;
 use crate::error::{FsError, Result};
 use crate::icache::{InCoreInode, InodeIo, InodeTable, Swept};
 use crate::journal::Journal;
+use crate::metaview::Placed;
+use crate::types::DirCookie;
 
 /// The running transaction: records applied in memory, not yet in the journal.
 #[derive(Debug, Default)]
@@ -505,6 +507,52 @@ impl FsInner {
             }
         }
         Ok(m)
+    }
+
+    /// Up to `limit` entries of directory `dir` after cookie `after`, in cookie order
+    /// (`MetaView::dir_page`), with the trees' cookie items read without the metadata
+    /// lock: `m` is the lock, taken by the caller to check `dir`; it is dropped for the
+    /// reads and taken again to merge the overlay, if no change of the directory left the
+    /// overlay meanwhile (`MetaView::dir_ticket_valid`; metadata.md, "Directory
+    /// entries"). After [`MISS_RETRIES`] stale reads the page is read under the lock.
+    ///
+    /// # Errors
+    /// A read error that the ticket shows is not a torn read.
+    pub fn dir_page<'a>(
+        &'a self,
+        mut m: MetaGuard<'a>,
+        dir: Ino,
+        after: DirCookie,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Placed)>> {
+        'read: for _ in 0..MISS_RETRIES {
+            let t = m.state.dir_ticket(dir);
+            drop(m);
+            let mut tree = Vec::new();
+            let mut at = after.0;
+            let mut want = limit;
+            loop {
+                let read = stripefs_meta::items::dir_cookies(&self.store, dir, at, want);
+                m = self.meta.lock();
+                if !m.state.dir_ticket_valid(t) {
+                    m.state.note_stale_dir_read();
+                    continue 'read;
+                }
+                let batch = read?;
+                let exhausted = batch.len() < want;
+                if let Some(last) = batch.last() {
+                    at = last.cookie;
+                }
+                tree.extend(batch);
+                let kept = m.state.dir_unchanged(dir, &tree);
+                if exhausted || kept >= limit {
+                    return Ok(m.state.merge_dir_page(dir, after, limit, tree));
+                }
+                want = (limit - kept).max(16);
+                drop(m);
+            }
+        }
+        m.state.dir_page(dir, after, limit)
     }
 
     /// Fails if the file system has been poisoned.

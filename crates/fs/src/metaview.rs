@@ -87,6 +87,18 @@ struct DirOverlay {
     order: std::collections::VecDeque<(u64, Ino, Vec<u8>)>,
     /// Names held, over every directory.
     len: usize,
+    /// Removal epochs by directory bucket ([`drop_bucket`]): bumped whenever a change of
+    /// a directory in the bucket leaves (the trees hold it now), so a readdir page read
+    /// from the trees without the lock can tell whether it may be stale ([`EntriesTicket`]).
+    drops: [u64; DROP_BUCKETS],
+}
+
+/// Buckets of [`DirOverlay::drops`]: a change leaving in one directory makes a page read
+/// unlocked in another directory of the same bucket retry (harmless, only slower).
+const DROP_BUCKETS: usize = 32;
+
+fn drop_bucket(dir: Ino) -> usize {
+    (dir.0 % DROP_BUCKETS as u64) as usize
 }
 
 impl DirOverlay {
@@ -114,6 +126,7 @@ impl DirOverlay {
                 if names.get(name).is_some_and(|c| c.seq <= applied) {
                     names.remove(name);
                     self.len -= 1;
+                    self.drops[drop_bucket(*dir)] += 1;
                     if names.is_empty() {
                         self.dirs.remove(dir);
                     }
@@ -168,6 +181,15 @@ pub(crate) struct MetaView {
 #[must_use]
 pub(crate) struct MissTicket {
     pub ino: Ino,
+    epoch: u64,
+}
+
+/// A readdir page to be read from the trees without the metadata lock: the directory and
+/// its bucket's overlay removal epoch when the read started ([`MetaView::dir_ticket`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) struct EntriesTicket {
+    dir: Ino,
     epoch: u64,
 }
 
@@ -346,7 +368,8 @@ impl MetaView {
         Filled::Resident
     }
 
-    /// Reads made without the lock and discarded as possibly stale, since mount.
+    /// Reads made without the lock and discarded as possibly stale (inode misses and
+    /// readdir pages), since mount.
     pub fn stale_reads(&self) -> u64 {
         self.stale_reads
     }
@@ -557,7 +580,8 @@ impl MetaView {
     /// order: the trees' cookie items for names the overlay does not change, merged with
     /// the overlay's present entries. An entry keeps its cookie for its whole life (a
     /// replacement by rename keeps it too), so a listing resumed from the last cookie it
-    /// returned gives every entry present throughout exactly once.
+    /// returned gives every entry present throughout exactly once. Reads the trees under
+    /// the metadata lock: the fallback of `FsInner::dir_page`, which reads without it.
     ///
     /// # Errors
     /// The trees' read or decode error.
@@ -567,25 +591,74 @@ impl MetaView {
         after: DirCookie,
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Placed)>> {
-        let names = self.overlay.names(dir);
-        let changed = |n: &[u8]| names.is_some_and(|m| m.contains_key(n));
-        let mut out: Vec<(Vec<u8>, Placed)> = Vec::new();
+        let mut tree = Vec::new();
         let mut at = after.0;
-        while out.len() < limit {
-            let want = (limit - out.len()).max(16);
+        let mut want = limit;
+        loop {
             let batch = items::dir_cookies(&self.store, dir, at, want).map_err(FsError::from)?;
-            let Some(last) = batch.last() else {
-                break;
-            };
-            at = last.cookie;
             let exhausted = batch.len() < want;
-            for e in batch {
-                if !changed(&e.name) && out.len() < limit {
-                    out.push((e.name.clone(), Placed::of(&e)));
-                }
+            if let Some(last) = batch.last() {
+                at = last.cookie;
             }
-            if exhausted {
-                break;
+            tree.extend(batch);
+            let kept = self.dir_unchanged(dir, &tree);
+            if exhausted || kept >= limit {
+                return Ok(self.merge_dir_page(dir, after, limit, tree));
+            }
+            want = (limit - kept).max(16);
+        }
+    }
+
+    /// A ticket to read cookie items of directory `dir` from the trees without the lock
+    /// (`FsInner::dir_page`).
+    pub fn dir_ticket(&self, dir: Ino) -> EntriesTicket {
+        EntriesTicket {
+            dir,
+            epoch: self.overlay.drops[drop_bucket(dir)],
+        }
+    }
+
+    /// Whether cookie items read from the trees since `t` was taken can be merged with
+    /// the overlay as it is now: no change of the directory left the overlay meanwhile.
+    /// Then, for a name the overlay holds now, the overlay is the authority; for any
+    /// other, no unapplied record touched it when the read started (the trees held its
+    /// state then, and only records logged since can have changed it there, each a state
+    /// the name had during the read). A change that left would break this: the read may
+    /// have seen the trees before they applied it (metadata.md, "Directory entries").
+    pub fn dir_ticket_valid(&self, t: EntriesTicket) -> bool {
+        self.overlay.drops[drop_bucket(t.dir)] == t.epoch
+    }
+
+    /// Counts a readdir read discarded as possibly stale.
+    pub fn note_stale_dir_read(&mut self) {
+        self.stale_reads += 1;
+    }
+
+    /// How many of `tree` (cookie items of `dir`) the overlay does not change.
+    pub fn dir_unchanged(&self, dir: Ino, tree: &[DirEntryItem]) -> usize {
+        match self.overlay.names(dir) {
+            None => tree.len(),
+            Some(n) => tree.iter().filter(|e| !n.contains_key(&e.name)).count(),
+        }
+    }
+
+    /// The readdir page of `dir` after `after`: `tree`, cookie items read in order from
+    /// `after` on (all there are, or at least `limit` that the overlay does not change),
+    /// without the names the overlay changes, merged with the overlay's present entries.
+    /// Only `tree` is decoded: the page costs what it returns plus the overlay of `dir`.
+    pub fn merge_dir_page(
+        &self,
+        dir: Ino,
+        after: DirCookie,
+        limit: usize,
+        tree: Vec<DirEntryItem>,
+    ) -> Vec<(Vec<u8>, Placed)> {
+        let names = self.overlay.names(dir);
+        let mut out: Vec<(Vec<u8>, Placed)> = Vec::with_capacity(tree.len().min(limit));
+        for e in tree {
+            if !names.is_some_and(|n| n.contains_key(&e.name)) {
+                let p = Placed::of(&e);
+                out.push((e.name, p));
             }
         }
         if let Some(n) = names {
@@ -594,10 +667,12 @@ impl MetaView {
                     out.push((name.clone(), p));
                 }
             }
+            out.sort_by_key(|(_, p)| p.cookie);
         }
-        out.sort_by_key(|(_, p)| p.cookie);
+        // With fewer tree items than there are, at least `limit` unchanged ones precede
+        // any overlay entry past the last item read, so the cut drops those.
         out.truncate(limit);
-        Ok(out)
+        out
     }
 
     /// The cookie the next new entry of `dir` takes: one above the highest cookie of the

@@ -806,7 +806,7 @@ impl Fs {
         self.inner.check()?;
         let m = self.inner.meta_with(&[ino])?;
         dir(&m, ino)?;
-        let page = m.state.dir_page(ino, after, limit)?;
+        let page = self.inner.dir_page(m, ino, after, limit)?;
         Ok(page
             .into_iter()
             .map(|(name, p)| DirEntryInfo {

@@ -328,7 +328,9 @@ pub struct FsStatus {
     pub meta_inode_loads: u64,
     pub meta_inodes_evicted: u64,
     /// Inode reads made without the metadata lock and discarded because an inode left
-    /// core while they ran (`docs/design/metadata.md`, "Inode misses").
+    /// core while they ran (`docs/design/metadata.md`, "Inode misses"), and readdir
+    /// pages read without it and discarded because a change of the directory left the
+    /// overlay meanwhile ("Directory entries").
     pub meta_inode_stale_reads: u64,
     /// Directory entries held in core: those changed by records not yet applied to the
     /// trees (metadata.md, "Directory entries"); bounded by the journal, not by any
