@@ -21,6 +21,13 @@ use crate::options::{Checkpoints, MkfsOptions, MountOptions};
 use crate::recovery;
 use crate::types::{Access, AccessSource, FsStatus, SpaceAccount, StatFs, TargetStatus};
 
+/// The largest running transaction, in encoded record bytes, before it is committed
+/// (decision 84): the records are held in memory about four times larger than encoded,
+/// and the commit encodes and copies them whole, so an eighth of a 64 MiB journal
+/// (8 MiB) held about 50 MiB during `fsync`-free unlinks (BENCHMARKS.md, "Resident
+/// memory at scale").
+const TXN_LIMIT_MAX: usize = 1 << 20;
+
 /// A mounted stripefs file system. Cloning is cheap and shares the mount.
 #[derive(Debug, Clone)]
 pub struct Fs {
@@ -526,13 +533,14 @@ impl Fs {
     }
 
     /// Bytes of records past which the running transaction is committed before the next
-    /// change starts: an eighth of the journal. Without it, a mount with no `fsync` and
-    /// no background commit would gather everything into one transaction, whose freed
-    /// blocks stay busy (unusable, for data and for the checkpoint's pages) until it
-    /// commits, and which a checkpoint must then commit whole.
+    /// change starts: an eighth of the journal, at most [`TXN_LIMIT_MAX`]. Without it, a
+    /// mount with no `fsync` and no background commit would gather everything into one
+    /// transaction, whose freed blocks stay busy (unusable, for data and for the
+    /// checkpoint's pages) until it commits, and which a checkpoint must then commit
+    /// whole.
     fn txn_limit(&self) -> usize {
         let g = &self.inner.geo;
-        (g.journal_units() * u64::from(g.journal_unit) / 8) as usize
+        ((g.journal_units() * u64::from(g.journal_unit) / 8) as usize).min(TXN_LIMIT_MAX)
     }
 
     /// Commits the running transaction if it is past [`Fs::txn_limit`], or if it holds
