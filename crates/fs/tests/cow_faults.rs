@@ -4,13 +4,17 @@
 //! written back or written directly. The failure is reported (fsync or the direct write
 //! fails), the failed file reads its last durable contents, the other its new ones, the
 //! reference counts and the space books are exact, the blocks taken for the failed copy
-//! are free again, and after a remount both read the same and fsck is clean.
+//! are free again, and after a remount both read the same and fsck is clean. Every case
+//! runs with NOCOW files (`datacow=off`) and with checksummed copy-on-write files
+//! (`datacow=on`, where the checksum index must also match the extent maps).
 mod common;
 
 use std::sync::Arc;
 
 use common::*;
-use stripefs::{faults, CreateParams, File, Fs, Ino, MkfsOptions, MountOptions, StripeLayout};
+use stripefs::{
+    faults, CreateParams, DataCow, File, Fs, Ino, MkfsOptions, MountOptions, StripeLayout,
+};
 use stripefs_target::fault::{Persistence, PointMatch};
 use stripefs_target::{FaultInjector, FaultKind, FaultPoint, SimTarget};
 
@@ -37,10 +41,12 @@ struct Setup {
     a: Ino,
     b: Ino,
     orig: Vec<u8>,
+    datacow: DataCow,
 }
 
-/// `a` written and synced, `b` its clone (every block shared), synced.
-fn setup() -> Setup {
+/// `a` written and synced, `b` its clone (every block shared), synced; both NOCOW
+/// (`datacow=off`) or both copy on write with data checksums (`on`).
+fn setup(datacow: DataCow) -> Setup {
     let faults = Arc::new(FaultInjector::new());
     let sims: Vec<Arc<SimTarget>> = (0..3)
         .map(|i| {
@@ -53,6 +59,7 @@ fn setup() -> Setup {
     Fs::mkfs(&dyns(&sims), &MkfsOptions::default()).unwrap();
     let opts = MountOptions {
         faults: Some(Arc::clone(&faults)),
+        datacow,
         ..quiet()
     };
     let (fs, _) = Fs::mount(dyns(&sims), opts).unwrap();
@@ -71,6 +78,7 @@ fn setup() -> Setup {
         a,
         b,
         orig,
+        datacow,
     }
 }
 
@@ -89,6 +97,8 @@ fn books(fs: &Fs, what: &str) {
         .unwrap_or_else(|e| panic!("{what}: refcounts: {e}"));
     fs.check_space_accounting()
         .unwrap_or_else(|e| panic!("{what}: space: {e}"));
+    fs.check_csums()
+        .unwrap_or_else(|e| panic!("{what}: checksums: {e}"));
 }
 
 /// Unmount, fsck, remount: both files read `want_a`/`want_b`, books exact.
@@ -97,7 +107,14 @@ fn remount_and_check(s: Setup, want_a: &[u8], want_b: &[u8], what: &str) {
     s.fs.unmount().unwrap();
     let r = stripefs::fsck::fsck(dyns(&s.sims), &mut |_| {}).unwrap();
     assert!(r.is_clean(), "{what}: fsck: {:?}", r.problems);
-    let (fs, _) = Fs::mount(dyns(&s.sims), quiet()).unwrap();
+    let (fs, _) = Fs::mount(
+        dyns(&s.sims),
+        MountOptions {
+            datacow: s.datacow,
+            ..quiet()
+        },
+    )
+    .unwrap();
     assert!(read_all(&fs, s.a) == want_a, "{what}: a after remount");
     assert!(read_all(&fs, s.b) == want_b, "{what}: b after remount");
     books(&fs, &format!("{what}, after remount"));
@@ -111,8 +128,8 @@ fn with(mut base: Vec<u8>, off: usize, data: &[u8]) -> Vec<u8> {
 
 /// Buffered writes to both files over shared blocks; `a`'s writeback fails with `kind`
 /// injected at `point` (every hit until disarmed), `b`'s succeeds afterwards.
-fn writeback_fault(point: PointMatch, kind: FaultKind, errno: i32) {
-    let s = setup();
+fn writeback_fault(point: PointMatch, kind: FaultKind, errno: i32, datacow: DataCow) {
+    let s = setup(datacow);
     let (fs, a, b) = (&s.fs, s.a, s.b);
     let free0 = free(fs);
     let ha: File = fs.open_file(a).unwrap();
@@ -174,22 +191,28 @@ fn writeback_fault(point: PointMatch, kind: FaultKind, errno: i32) {
 
 #[test]
 fn eio_on_data_write_during_cow_writeback() {
-    for t in [1, 2] {
-        writeback_fault(
-            PointMatch::Exact(FaultPoint::TargetWrite(t)),
-            FaultKind::Eio,
-            libc::EIO,
-        );
+    for datacow in [DataCow::Off, DataCow::On] {
+        for t in [1, 2] {
+            writeback_fault(
+                PointMatch::Exact(FaultPoint::TargetWrite(t)),
+                FaultKind::Eio,
+                libc::EIO,
+                datacow,
+            );
+        }
     }
 }
 
 #[test]
 fn enospc_at_allocation_during_cow_writeback() {
-    writeback_fault(
-        PointMatch::Exact(faults::ALLOC),
-        FaultKind::Enospc,
-        libc::ENOSPC,
-    );
+    for datacow in [DataCow::Off, DataCow::On] {
+        writeback_fault(
+            PointMatch::Exact(faults::ALLOC),
+            FaultKind::Enospc,
+            libc::ENOSPC,
+            datacow,
+        );
+    }
 }
 
 /// A direct write over shared blocks allocates new ones; when their write fails or
@@ -197,7 +220,7 @@ fn enospc_at_allocation_during_cow_writeback() {
 /// new blocks are free again.
 #[test]
 fn direct_cow_write_faults() {
-    for (point, kind, errno) in [
+    for (point_kind_errno, datacow) in [
         (
             PointMatch::Exact(FaultPoint::TargetWrite(1)),
             FaultKind::Eio,
@@ -208,8 +231,12 @@ fn direct_cow_write_faults() {
             FaultKind::Enospc,
             libc::ENOSPC,
         ),
-    ] {
-        let s = setup();
+    ]
+    .into_iter()
+    .flat_map(|p| [(p, DataCow::Off), (p, DataCow::On)])
+    {
+        let (point, kind, errno) = point_kind_errno;
+        let s = setup(datacow);
         let (fs, a, b) = (&s.fs, s.a, s.b);
         let free0 = free(fs);
         // First stripe unit of a's layout: object 0, target 1. Aligned and partial.
@@ -239,7 +266,13 @@ fn direct_cow_write_faults() {
 /// there the call fails before changing anything.
 #[test]
 fn zero_range_over_shared_blocks_keeps_the_range_allocated() {
-    let s = setup();
+    for datacow in [DataCow::Off, DataCow::On] {
+        zero_range_over_shared_blocks(datacow);
+    }
+}
+
+fn zero_range_over_shared_blocks(datacow: DataCow) {
+    let s = setup(datacow);
     let (fs, a, b) = (&s.fs, s.a, s.b);
     let free0 = free(fs);
     // Partial blocks at both ends; whole blocks 2..=19 (18 blocks) in between.
