@@ -555,6 +555,43 @@ impl FsInner {
         m.state.dir_page(dir, after, limit)
     }
 
+    /// The entry `name` of directory `dir` (`MetaView::entry`), with the trees' items
+    /// read without the metadata lock when the overlay does not hold the name: `m` is the
+    /// lock, dropped for the read and returned taken again. The read is kept if no change
+    /// of the directory left the overlay meanwhile and the overlay still does not hold the
+    /// name (then no record changed it while it was read); if the overlay took the name
+    /// meanwhile, it answers. After [`MISS_RETRIES`] stale reads, read under the lock.
+    ///
+    /// # Errors
+    /// A read error that the ticket shows is not a torn read.
+    pub fn dir_entry<'a>(
+        &'a self,
+        mut m: MetaGuard<'a>,
+        dir: Ino,
+        name: &[u8],
+    ) -> Result<(MetaGuard<'a>, Option<Placed>)> {
+        for _ in 0..MISS_RETRIES {
+            if let Some(now) = m.state.overlay_entry(dir, name) {
+                return Ok((m, now));
+            }
+            let t = m.state.dir_ticket(dir);
+            drop(m);
+            let read = stripefs_meta::items::lookup_entry(&self.store, dir, name);
+            m = self.meta.lock();
+            if !m.state.dir_ticket_valid(t) {
+                m.state.note_stale_dir_read();
+                continue;
+            }
+            if let Some(now) = m.state.overlay_entry(dir, name) {
+                return Ok((m, now));
+            }
+            let e = read?.as_ref().map(Placed::of);
+            return Ok((m, e));
+        }
+        let e = m.state.entry(dir, name)?;
+        Ok((m, e))
+    }
+
     /// Fails if the file system has been poisoned.
     pub fn check(&self) -> Result<()> {
         if self.poisoned.load(Ordering::Acquire) {

@@ -54,7 +54,8 @@ pub(crate) struct Placed {
 }
 
 impl Placed {
-    fn of(e: &DirEntryItem) -> Self {
+    /// The entry and cookie of a tree's entry item.
+    pub fn of(e: &DirEntryItem) -> Self {
         Placed {
             entry: DirEntry {
                 ino: e.ino,
@@ -551,11 +552,19 @@ impl MetaView {
     /// # Errors
     /// The trees' read or decode error.
     pub fn entry(&self, dir: Ino, name: &[u8]) -> Result<Option<Placed>> {
-        if let Some(c) = self.overlay.names(dir).and_then(|n| n.get(name)) {
-            return Ok(c.now);
+        if let Some(now) = self.overlay_entry(dir, name) {
+            return Ok(now);
         }
         let e = items::lookup_entry(&self.store, dir, name).map_err(FsError::from)?;
         Ok(e.as_ref().map(Placed::of))
+    }
+
+    /// The overlay's change of `name` in `dir`, if it holds one (`Some(None)`: removed).
+    pub fn overlay_entry(&self, dir: Ino, name: &[u8]) -> Option<Option<Placed>> {
+        self.overlay
+            .names(dir)
+            .and_then(|n| n.get(name))
+            .map(|c| c.now)
     }
 
     /// Whether directory `dir` has no entry: none added in the overlay, and none in the

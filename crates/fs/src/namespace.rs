@@ -248,11 +248,18 @@ impl Fs {
         loop {
             let m = self.inner.meta_with(&want)?;
             let d = dir(&m, parent)?;
-            let target = match name.as_bytes() {
-                b"." => parent,
-                b".." => d.attrs.parent,
+            let (m, target) = match name.as_bytes() {
+                b"." => (m, parent),
+                b".." => {
+                    let up = d.attrs.parent;
+                    (m, up)
+                }
                 b if b.len() > NAME_MAX => return Err(FsError::NameTooLong),
-                b => entry(&m, parent, b)?.ino,
+                // The entry's items read without the lock if the overlay lacks the name.
+                b => {
+                    let (m, e) = self.inner.dir_entry(m, parent, b)?;
+                    (m, e.ok_or(FsError::NotFound)?.entry.ino)
+                }
             };
             if want.len() == 1 && m.state.miss(target).is_some() {
                 want.push(target);

@@ -504,3 +504,63 @@ fn a_readdir_page_read_racing_creates_unlinks_and_their_apply_lists_each_entry_o
     );
     Arc::try_unwrap(fs).unwrap().unmount().unwrap();
 }
+
+/// A lookup reads a name's entry items from the trees without the metadata lock: while
+/// its page read is held at the device, other calls run (the stat of the directory, a
+/// create in it), and the lookup then answers as the trees and the overlay say.
+#[test]
+fn a_lookup_held_in_its_entry_read_does_not_stall_other_calls() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    use stripefs_target::{GateTarget, IoOp, Target};
+
+    let s = sims(1, 128 << 20);
+    mkfs(&s);
+    let fs = Fs::mount(dyns(&s), quiet()).unwrap().0;
+    let d = fs
+        .mkdir(Ino::ROOT, "d".as_ref(), CreateParams::with_perm(0o755))
+        .unwrap()
+        .ino;
+    let mut inos = Vec::new();
+    for n in 0..2000 {
+        inos.push(fs.create(d, format!("e{n}").as_ref(), p()).unwrap().ino);
+    }
+    fs.unmount().unwrap();
+    drop(fs);
+    let gate = Arc::new(GateTarget::new(Arc::clone(&s[0]) as Arc<dyn Target>));
+    let fs = Arc::new(
+        Fs::mount(vec![Arc::clone(&gate) as Arc<dyn Target>], quiet())
+            .unwrap()
+            .0,
+    );
+    // The directory in core: the lookup's first read is of the name's entry items.
+    fs.getattr(d).unwrap();
+    gate.hold_next(|op| matches!(op, IoOp::Read { .. }));
+    let reader = {
+        let fs = Arc::clone(&fs);
+        std::thread::spawn(move || fs.lookup(d, "e1234".as_ref()).map(|a| a.ino))
+    };
+    assert!(
+        gate.wait_held(Duration::from_secs(60)),
+        "the lookup's entry read was held"
+    );
+    let (tx, rx) = mpsc::channel();
+    {
+        let fs = Arc::clone(&fs);
+        std::thread::spawn(move || {
+            let r = fs
+                .getattr(d)
+                .and_then(|_| fs.create(d, "late".as_ref(), p()))
+                .map(|a| a.ino);
+            tx.send(r).unwrap();
+        });
+    }
+    let other = rx.recv_timeout(Duration::from_secs(20));
+    gate.release();
+    let late = other
+        .expect("another call waited for the metadata lock while a lookup's read was held")
+        .unwrap();
+    assert_eq!(reader.join().unwrap().unwrap(), inos[1234]);
+    assert_eq!(fs.lookup(d, "late".as_ref()).unwrap().ino, late);
+    Arc::try_unwrap(fs).unwrap().unmount().unwrap();
+}
