@@ -48,6 +48,7 @@ mod queue;
 mod recovery;
 mod reflink;
 mod replay;
+mod scrub;
 mod types;
 mod wbgroup;
 
@@ -67,6 +68,7 @@ pub use options::{
 };
 pub use path::Follow;
 pub use queue::{DioCompletion, DioQueue};
+pub use scrub::{ScrubCursor, ScrubMismatch, ScrubReadError, ScrubStep};
 pub use stripefs_core::inode::{FileKind, Timespec};
 pub use stripefs_core::layout::StripeLayout;
 pub use stripefs_core::Ino;
