@@ -11,6 +11,7 @@ mod mount;
 mod mount_opts;
 mod progress;
 mod remount;
+mod scrub;
 mod size;
 mod targets;
 
@@ -34,6 +35,7 @@ enum Cmd {
     Mount(mount::MountArgs),
     Umount(mount::UmountArgs),
     Remount(remount::RemountArgs),
+    Scrub(scrub::ScrubArgs),
 }
 
 /// One malloc arena for the whole process (glibc; decisions.md, 83). glibc gives each
@@ -80,6 +82,7 @@ fn main() {
         Cmd::Mount(a) => mount::run(a),
         Cmd::Umount(a) => mount::run_umount(a),
         Cmd::Remount(a) => remount::run(a),
+        Cmd::Scrub(a) => scrub::run(a),
     };
     match res {
         Ok(code) => std::process::exit(code),

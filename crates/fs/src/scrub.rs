@@ -89,6 +89,9 @@ pub struct ScrubStep {
     pub bytes: u64,
     /// Files whose blocks this step visited (a file spanning steps counts in each).
     pub files: u64,
+    /// The next inode number the file system would hand out, when the step looked: the
+    /// end of the cursor's inode range (for progress).
+    pub ino_limit: u64,
     pub mismatches: Vec<ScrubMismatch>,
     pub read_errors: Vec<ScrubReadError>,
 }
@@ -122,7 +125,9 @@ impl Fs {
         let mut out = ScrubStep::default();
         let mut at = from;
         loop {
-            let Some(ino) = self.scrub_next_ino(at.ino)? else {
+            let (next_ino, limit) = self.scrub_next_ino(at.ino)?;
+            out.ino_limit = limit;
+            let Some(ino) = next_ino else {
                 out.next = None;
                 return Ok(out);
             };
@@ -154,8 +159,9 @@ impl Fs {
 
     /// The smallest inode number at or above `from` that the file system may hold: the
     /// fs tree's next inode item or an inode in core (created since the checkpoint).
-    /// `None`: no more inodes. The tree is read without the metadata lock.
-    fn scrub_next_ino(&self, from: u64) -> Result<Option<Ino>> {
+    /// `None`: no more inodes. The tree is read without the metadata lock. Also returns
+    /// the next inode number to be handed out.
+    fn scrub_next_ino(&self, from: u64) -> Result<(Option<Ino>, u64)> {
         let from = from.max(Ino::ROOT.0);
         let tree = self
             .inner
@@ -175,7 +181,8 @@ impl Fs {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        Ok(next.filter(|&i| i < m.state.next_ino()).map(Ino))
+        let limit = m.state.next_ino();
+        Ok((next.filter(|&i| i < limit).map(Ino), limit))
     }
 
     /// Under the metadata lock: the runs of checksummed blocks of `ino` from `at`, at
