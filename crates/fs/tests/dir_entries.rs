@@ -479,10 +479,10 @@ fn a_readdir_page_read_racing_creates_unlinks_and_their_apply_lists_each_entry_o
     );
     let stale_before = fs.status().meta_inode_stale_reads;
     let (tx, rx) = mpsc::channel();
-    {
+    let checkpointer = {
         let fs = Arc::clone(&fs);
-        std::thread::spawn(move || tx.send(fs.checkpoint()).unwrap());
-    }
+        std::thread::spawn(move || tx.send(fs.checkpoint()).unwrap())
+    };
     let applied = rx.recv_timeout(Duration::from_secs(30));
     gate.release();
     applied
@@ -502,6 +502,7 @@ fn a_readdir_page_read_racing_creates_unlinks_and_their_apply_lists_each_entry_o
         fs.status().meta_inode_stale_reads > stale_before,
         "the raced read was discarded"
     );
+    checkpointer.join().unwrap();
     Arc::try_unwrap(fs).unwrap().unmount().unwrap();
 }
 
@@ -545,7 +546,7 @@ fn a_lookup_held_in_its_entry_read_does_not_stall_other_calls() {
         "the lookup's entry read was held"
     );
     let (tx, rx) = mpsc::channel();
-    {
+    let other_thread = {
         let fs = Arc::clone(&fs);
         std::thread::spawn(move || {
             let r = fs
@@ -553,8 +554,8 @@ fn a_lookup_held_in_its_entry_read_does_not_stall_other_calls() {
                 .and_then(|_| fs.create(d, "late".as_ref(), p()))
                 .map(|a| a.ino);
             tx.send(r).unwrap();
-        });
-    }
+        })
+    };
     let other = rx.recv_timeout(Duration::from_secs(20));
     gate.release();
     let late = other
@@ -562,5 +563,6 @@ fn a_lookup_held_in_its_entry_read_does_not_stall_other_calls() {
         .unwrap();
     assert_eq!(reader.join().unwrap().unwrap(), inos[1234]);
     assert_eq!(fs.lookup(d, "late".as_ref()).unwrap().ino, late);
+    other_thread.join().unwrap();
     Arc::try_unwrap(fs).unwrap().unmount().unwrap();
 }
