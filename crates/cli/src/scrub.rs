@@ -1,8 +1,13 @@
-//! `stripefs scrub TARGET...`: read every checksummed data block of an unmounted file
-//! system and report the blocks whose bytes do not match their checksum
-//! (`docs/design/scrub.md`).
+//! `stripefs scrub TARGET...` (offline) and `stripefs scrub MOUNTPOINT` (online, through
+//! the daemon's scrub ioctl): read every checksummed data block and report the blocks
+//! whose bytes do not match their checksum (`docs/design/scrub.md`).
 
-use std::path::PathBuf;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use stripefs::ScrubStep;
+use stripefs_fuse::scrub_ioctl;
 
 use stripefs::{Access, Fs, MountOptions, ScrubCursor};
 
@@ -24,16 +29,22 @@ const STEP_BLOCKS: u64 = 256;
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXIT_HELP)]
 pub struct ScrubArgs {
-    /// All targets of the file system (any order): paths or NBD URIs. Scrubbing a
-    /// mounted file system (a mount point) is not supported.
+    /// All targets of an unmounted file system (any order): paths or NBD URIs; or the
+    /// mount point of a mounted one (online scrub, as root).
     #[arg(required = true)]
     targets: Vec<PathBuf>,
     /// Target options (`nbd_*`), as `stripefs io -o`.
     #[arg(short = 'o', value_delimiter = ',')]
     options: Vec<String>,
+    /// Online: read at most this many MiB/s (0: no limit), so a busy mount keeps its
+    /// bandwidth.
+    #[arg(long, value_name = "MIB_PER_S", default_value_t = 0)]
+    rate: u64,
 }
 
-const EXIT_HELP: &str = "The file system is mounted as usual (an unclean one is recovered, which \
+const EXIT_HELP: &str = "Online (a mount point): the daemon verifies one step of at most 250 \
+blocks per ioctl on the mount's root; --rate sleeps between steps. Offline (targets): the \
+file system is mounted as usual (an unclean one is recovered, which \
 writes the replayed journal's checkpoint), switched to read-only at once, and scrubbed: \
 nothing is written after the switch.
 Exit status:
@@ -46,13 +57,14 @@ Invalid arguments exit 2.";
 pub fn run(a: &ScrubArgs) -> Result<i32, String> {
     if let [one] = a.targets.as_slice() {
         if one.is_dir() {
-            eprintln!(
-                "stripefs scrub: {} is a directory: online scrub (through a mount) is not \
-                 supported; unmount and scrub the targets",
-                one.display()
-            );
-            return Ok(EXIT_OPERATIONAL);
+            if !a.options.is_empty() {
+                return Err("-o takes target options: not for a mount point".into());
+            }
+            return Ok(online(one, a.rate));
         }
+    }
+    if a.rate != 0 {
+        return Err("--rate is for online scrub (a mount point)".into());
     }
     let (engine, target_opts) = split_target_options(&a.options)?;
     if let Some(k) = engine.first() {
@@ -96,12 +108,67 @@ pub fn run(a: &ScrubArgs) -> Result<i32, String> {
 fn scrub(fs: &Fs) -> Result<i32, String> {
     fs.set_access(Access::ReadOnly)
         .map_err(|e| format!("switching to read-only: {e}"))?;
+    drive(
+        |c| fs.scrub_step(c, STEP_BLOCKS).map_err(|e| e.to_string()),
+        0,
+    )
+}
+
+/// Online: the same steps, each one ioctl on the mount's root answered by the daemon.
+fn online(mnt: &Path, rate: u64) -> i32 {
+    let dir = match std::fs::File::open(mnt) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("stripefs scrub: {}: {e}", mnt.display());
+            return EXIT_OPERATIONAL;
+        }
+    };
+    let step = |c: ScrubCursor| -> Result<ScrubStep, String> {
+        let mut b = scrub_ioctl::encode_request(c, scrub_ioctl::MAX_ENTRIES as u64);
+        // SAFETY: the command's size field is `b.len()` (`BYTES`), so the kernel copies
+        // exactly that many bytes in and out of `b`, which lives across the call.
+        let rc = unsafe {
+            libc::ioctl(
+                dir.as_raw_fd(),
+                libc::c_ulong::from(scrub_ioctl::SCRUB_STEP),
+                b.as_mut_ptr(),
+            )
+        };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOTTY) => format!(
+                    "{}: not the root of a stripefs mount (or its daemon is older): {e}",
+                    mnt.display()
+                ),
+                Some(libc::EPERM) => format!("{}: online scrub needs root: {e}", mnt.display()),
+                _ => e.to_string(),
+            });
+        }
+        scrub_ioctl::decode_step(&b)
+    };
+    match drive(step, rate) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("stripefs scrub: {e}");
+            EXIT_OPERATIONAL
+        }
+    }
+}
+
+/// Steps from the start to the end: prints every mismatch and unreadable run, a bar
+/// over the inode numbers passed, and the summary; at most `rate` MiB/s (0: no limit).
+fn drive(
+    mut step: impl FnMut(ScrubCursor) -> Result<ScrubStep, String>,
+    rate: u64,
+) -> Result<i32, String> {
     // A bar over the inode numbers passed (the scrub goes in inode order).
     let bar = count_bar("scrubbing");
+    let started = Instant::now();
     let (mut blocks, mut bytes, mut bad, mut unreadable) = (0u64, 0u64, 0u64, 0u64);
     let mut at = Some(ScrubCursor::START);
     while let Some(c) = at {
-        let s = fs.scrub_step(c, STEP_BLOCKS).map_err(|e| {
+        let s = step(c).map_err(|e| {
             bar.finish_and_clear();
             format!("at inode {}: {e}", c.ino)
         })?;
@@ -129,6 +196,13 @@ fn scrub(fs: &Fs) -> Result<i32, String> {
         bar.set_position(s.next.map_or(s.ino_limit, |n| n.ino).min(s.ino_limit));
         bar.set_message(format!("{} MiB", bytes >> 20));
         at = s.next;
+        if rate > 0 {
+            // Where the bytes so far would be at `rate`: sleep until then.
+            let due = Duration::from_secs_f64(bytes as f64 / (rate as f64 * 1_048_576.0));
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
     }
     bar.finish_and_clear();
     println!(

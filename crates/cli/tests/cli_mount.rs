@@ -401,3 +401,83 @@ fn mount_returns_serving_and_survives_its_logs() {
         assert_eq!(rc, 0, "round {round}: {out}");
     }
 }
+
+/// `stripefs scrub MOUNTPOINT`: the daemon verifies every checksummed block through its
+/// scrub ioctl, reports a damaged one by file and offset, and refuses anything but the
+/// mount's root.
+#[test]
+fn online_scrub_reports_a_damaged_block_through_the_mount() {
+    let s = Setup::new("scrub");
+    let (rc, out) = run(bin().arg("io").args(&s.targets).args([
+        "-o",
+        "datacow=on",
+        "-c",
+        "open -f /c",
+        "-c",
+        "pwrite -S 0x63 0 512k",
+        "-c",
+        "fsync",
+        "-c",
+        "stat",
+        "-c",
+        "bmap",
+    ]));
+    assert_eq!(rc, 0, "{out}");
+    let ino: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("stat.ino = "))
+        .expect("stat.ino")
+        .trim()
+        .parse()
+        .unwrap();
+    // The first mapped range: " 0: [0..N]: target T [A..B]" (512-byte units).
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(" 0: [0.."))
+        .expect("bmap");
+    let tgt: usize = line.split("target ").nth(1).unwrap()[..1].parse().unwrap();
+    let sector: u64 = line
+        .rsplit('[')
+        .next()
+        .unwrap()
+        .split("..")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let scrub_mounted = |extra: &[&str]| {
+        let (rc, out) = run(bin().arg("mount").args(s.mount_args()));
+        assert_eq!(rc, 0, "{out}");
+        fs::create_dir_all(s.mnt().join("d")).unwrap();
+        let (sub_rc, sub_out) = run(bin().arg("scrub").arg(s.mnt().join("d")));
+        let got = run(bin().arg("scrub").args(extra).arg(s.mnt()));
+        let (rc, out) = run(bin().arg("umount").arg(s.mnt()));
+        assert_eq!(rc, 0, "{out}");
+        assert_eq!(sub_rc, 8, "{sub_out}");
+        assert!(
+            sub_out.contains("not the root of a stripefs mount"),
+            "{sub_out}"
+        );
+        got
+    };
+    let (rc, out) = scrub_mounted(&["--rate", "64"]);
+    assert_eq!(rc, 0, "{out}");
+    assert!(
+        out.contains("128 checksummed blocks (524288 bytes) verified: clean"),
+        "{out}"
+    );
+    // Flip a byte of the file's second block (file offset 4096) while unmounted.
+    let at = usize::try_from(sector * 512 + 4096 + 100).unwrap();
+    let mut img = fs::read(&s.targets[tgt]).unwrap();
+    img[at] ^= 0x10;
+    fs::write(&s.targets[tgt], &img).unwrap();
+    let (rc, out) = scrub_mounted(&[]);
+    assert_eq!(rc, 1, "{out}");
+    let want = format!(
+        "mismatch: inode {ino} offset 4096 (target {tgt} block {})",
+        (sector * 512 + 4096) / 4096
+    );
+    assert!(out.contains(&want), "{want} in {out}");
+    assert_eq!(out.matches("mismatch:").count(), 1, "{out}");
+    assert!(out.contains("verified: 1 mismatches"), "{out}");
+}

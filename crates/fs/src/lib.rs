@@ -72,6 +72,7 @@ pub use scrub::{ScrubCursor, ScrubMismatch, ScrubReadError, ScrubStep};
 pub use stripefs_core::inode::{FileKind, Timespec};
 pub use stripefs_core::layout::StripeLayout;
 pub use stripefs_core::Ino;
+pub use stripefs_core::TargetId;
 /// The page-cache options `MountOptions` takes (the generic I/O layer's types), so a
 /// library user needs no other crate to set them.
 pub use stripefs_iomap::cache::{CacheConfig, FolioSizing, ReadaheadMode, WbCopy, WbDepth};

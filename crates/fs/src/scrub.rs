@@ -242,6 +242,22 @@ impl Fs {
         Ok(Some((runs, None, l)))
     }
 
+    /// Whether `ino` still maps its block at `at` to `phys` of `target`: a mismatch is
+    /// reported only then. Buffered writeback does not take the inode lock a step holds,
+    /// so it may have moved the block (copy on write) and another write reused the old
+    /// one between the checksum lookup and the read; a mapped block of a datacow file is
+    /// never rewritten in place, so a block still mapped is the file's data. A lookup
+    /// error counts as still mapped (reported, never hidden).
+    fn scrub_still_maps(&self, ino: Ino, at: ScrubCursor, target: TargetId, phys: u64) -> bool {
+        match self.scrub_runs(ino, at, 1) {
+            Ok(Some((runs, _, _))) => runs.first().is_some_and(|r| {
+                (r.object, r.block, r.target, r.phys) == (at.object, at.block, target, phys)
+            }),
+            Ok(None) => false,
+            Err(_) => true,
+        }
+    }
+
     /// Reads `runs` of `ino` through [`VerifyRead`], with no lock of the metadata held.
     /// A verified read stops at the first bad block: the read resumes after it, so every
     /// block is verified and each mismatch is reported by block.
@@ -290,10 +306,6 @@ impl Fs {
                 );
                 let result = batch.wait().pop().map_or(Ok(()), |d| d.result);
                 let bad = errors.count.load(Ordering::Relaxed);
-                self.inner
-                    .csum_errors
-                    .count
-                    .fetch_add(bad, Ordering::Relaxed);
                 match result {
                     Ok(()) => {
                         out.blocks += len;
@@ -307,12 +319,28 @@ impl Fs {
                         let ok = b.saturating_sub(phys).min(len - 1);
                         out.blocks += ok + 1;
                         out.bytes += bs.to_bytes(ok + 1);
-                        out.mismatches.push(ScrubMismatch {
-                            ino,
-                            file_off: file_off(r.object, r.block + done + ok),
-                            target: r.target,
-                            phys: phys + ok,
-                        });
+                        let here = ScrubCursor {
+                            ino: ino.0,
+                            object: r.object,
+                            block: r.block + done + ok,
+                        };
+                        if self.scrub_still_maps(ino, here, r.target, phys + ok) {
+                            self.inner
+                                .csum_errors
+                                .count
+                                .fetch_add(bad, Ordering::Relaxed);
+                            out.mismatches.push(ScrubMismatch {
+                                ino,
+                                file_off: file_off(r.object, here.block),
+                                target: r.target,
+                                phys: phys + ok,
+                            });
+                        } else {
+                            tracing::info!(
+                                ino = ino.0,
+                                "scrub: a block moved during its read; not a mismatch"
+                            );
+                        }
                         done += ok + 1;
                     }
                     Err(error) => {

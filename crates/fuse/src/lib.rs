@@ -9,6 +9,7 @@ mod counts;
 mod kernel_refs;
 mod options;
 mod privs;
+pub mod scrub_ioctl;
 mod session;
 mod transport;
 pub mod uring;
@@ -210,6 +211,42 @@ impl StripeFuse {
             reply,
             r.and_then(|a| self.dirs.add(&self.fs, &a).map(|()| a)),
         );
+    }
+
+    /// The online scrub's ioctl (`scrub_ioctl`): one bounded `Fs::scrub_step` from the
+    /// caller's cursor. Only on the root directory, only for root (uid 0: the daemon
+    /// cannot see the caller's capabilities; scrub reads every file's data); the budget
+    /// is capped so every mismatch of the step fits the reply.
+    fn scrub_step(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        if ino(i) != Ino::ROOT {
+            return reply.error(Errno::ENOTTY);
+        }
+        if req.uid() != 0 {
+            return reply.error(Errno::EPERM);
+        }
+        let Some((from, budget)) = scrub_ioctl::decode_request(in_data)
+            .filter(|_| out_size as usize >= scrub_ioctl::BYTES)
+        else {
+            return reply.error(Errno::EINVAL);
+        };
+        let budget = budget.clamp(1, scrub_ioctl::MAX_ENTRIES as u64);
+        match self.fs.scrub_step(from, budget) {
+            Ok(step) => match scrub_ioctl::encode_step(&step) {
+                Some(b) => reply.ioctl(0, &b),
+                None => {
+                    tracing::error!("a scrub step of {budget} blocks had more entries");
+                    reply.error(Errno::EOVERFLOW);
+                }
+            },
+            Err(e) => reply.error(err(&e)),
+        }
     }
 
     /// The engine's handle behind a FUSE file handle (they are the same number; the
@@ -956,7 +993,7 @@ impl Filesystem for StripeFuse {
     /// is `ENOTTY` (not an ioctl of this file system).
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
@@ -965,6 +1002,9 @@ impl Filesystem for StripeFuse {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
+        if cmd == scrub_ioctl::SCRUB_STEP {
+            return self.scrub_step(req, i, in_data, out_size, reply);
+        }
         match convert::flags_ioctl(cmd) {
             Some(convert::FlagsIoctl::Get) if out_size >= 4 => match self.fs.file_flags(ino(i)) {
                 Ok(f) => reply.ioctl(0, &f.0.to_ne_bytes()),
