@@ -98,6 +98,19 @@ pub struct BenchArgs {
     /// per 512 bytes of `meta_cache`).
     #[arg(long, value_name = "N")]
     inode_cache: Option<usize>,
+    /// w1-unaligned-dio, w3-striped-dio: whether their files are copy on write (`on`:
+    /// every overwrite copies and checksums its blocks) or NOCOW (`off`, the mount's
+    /// default: the seeds' in-place overwrites).
+    #[arg(long, default_value = "off", value_parser = parse_datacow)]
+    datacow: stripefs::DataCow,
+}
+
+fn parse_datacow(s: &str) -> Result<stripefs::DataCow, String> {
+    match s {
+        "on" => Ok(stripefs::DataCow::On),
+        "off" => Ok(stripefs::DataCow::Off),
+        _ => Err(format!("--datacow must be on or off, not {s:?}")),
+    }
 }
 
 fn parse_checkpoints(s: &str) -> Result<stripefs::Checkpoints, String> {
@@ -172,7 +185,9 @@ pub fn run(a: &BenchArgs) -> Result<i32, String> {
         let result = match w {
             "w2-subblock-dirty" => w2(&a.dir, runs, a.ops.unwrap_or(2000), output)?,
             "w4-metamix" => w4(&a.dir, runs, a.ops.unwrap_or(12), a.threads.max(1), output)?,
-            "w1-unaligned-dio" => crate::bench_dio::w1(&a.dir, runs, a.threads.max(1), output)?,
+            "w1-unaligned-dio" => {
+                crate::bench_dio::w1(&a.dir, runs, a.threads.max(1), a.datacow, output)?
+            }
             "w3-striped-dio" => crate::bench_dio::w3(&a.dir, &w3_params(a)?, runs, output)?,
             "meta" => crate::bench_meta::run(&a.dir, &a.meta_params(), output)?,
             "plot" => crate::bench_meta::plot_only(&a.meta_params())?,
@@ -223,6 +238,7 @@ fn w3_params(a: &BenchArgs) -> Result<crate::bench_dio::W3Params, String> {
         targets: a.targets.clone(),
         counts,
         sizes,
+        datacow: a.datacow,
     })
 }
 
@@ -280,6 +296,11 @@ pub(crate) fn quiet() -> MountOptions {
         writeback_interval: None,
         ..MountOptions::default()
     }
+}
+
+/// [`quiet`], with new files copy on write or not.
+pub(crate) fn quiet_with(datacow: stripefs::DataCow) -> MountOptions {
+    MountOptions { datacow, ..quiet() }
 }
 
 pub(crate) fn cleanup(paths: &[PathBuf]) {

@@ -10,7 +10,7 @@ use stripefs::UnalignedPolicy;
 use stripefs::{CreateParams, DioSubmit, Fs, Ino, OpenMode, StripeLayout};
 use stripefs_target::{Batch, IoBuf, IoOp, Rng, Target};
 
-use crate::bench::{cleanup, make_fs, median, mount, quiet, Output};
+use crate::bench::{cleanup, make_fs, median, mount, quiet_with, Output};
 use crate::io::Dir;
 use crate::targets::open_one;
 
@@ -140,10 +140,16 @@ fn w1_raw(paths: &[PathBuf], io: u64, jobs: usize, seed: u64) -> Result<f64, Str
     Ok(count.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64())
 }
 
-pub(crate) fn w1(dir: &Path, runs: usize, jobs: usize, output: Output) -> Result<String, String> {
+pub(crate) fn w1(
+    dir: &Path,
+    runs: usize,
+    jobs: usize,
+    datacow: stripefs::DataCow,
+    output: Output,
+) -> Result<String, String> {
     let paths = make_fs(dir, 4, (W1_FILE / 4) + (64 << 20))?;
     let ino = {
-        let fs = mount(&paths, quiet())?;
+        let fs = mount(&paths, quiet_with(datacow))?;
         let ino = prewrite(&fs, "dio", 4, W1_FILE)?;
         fs.unmount().map_err(|e| e.to_string())?;
         ino
@@ -156,7 +162,7 @@ pub(crate) fn w1(dir: &Path, runs: usize, jobs: usize, output: Output) -> Result
                 (UnalignedPolicy::Shared, &mut shared),
                 (UnalignedPolicy::Exclusive, &mut excl),
             ] {
-                let mut o = quiet();
+                let mut o = quiet_with(datacow);
                 o.dio_unaligned = policy;
                 let fs = mount(&paths, o)?;
                 out.push(w1_fs(&fs, ino, io, jobs, run as u64 + 1)?);
@@ -181,7 +187,7 @@ pub(crate) fn w1(dir: &Path, runs: usize, jobs: usize, output: Output) -> Result
         .collect::<Result<_, String>>()?;
     cleanup(&paths);
     if output == Output::Table {
-        println!("\nw1-unaligned-dio: prewritten 1 GiB file on 4 KiB blocks over 4 targets, random direct overwrites, {jobs} jobs x queue depth {W1_DEPTH}, {W1_SECS} s per measurement, median of {runs} runs");
+        println!("\nw1-unaligned-dio: prewritten 1 GiB {} file on 4 KiB blocks over 4 targets, random direct overwrites, {jobs} jobs x queue depth {W1_DEPTH}, {W1_SECS} s per measurement, median of {runs} runs", cow_label(datacow));
         println!("| size | IOPS dio_unaligned=shared | IOPS dio_unaligned=exclusive | shared/exclusive | raw backing files IOPS | shared/raw |");
         println!("|---|---|---|---|---|---|");
         for ((io, sh, ex), (_, rw)) in rows.iter().zip(&raw) {
@@ -195,13 +201,22 @@ pub(crate) fn w1(dir: &Path, runs: usize, jobs: usize, output: Output) -> Result
         println!("2 KiB shared / 4 KiB shared: {:.2}", rows[0].1 / rows[1].1);
     }
     Ok(format!(
-        "{{\"workload\":\"w1-unaligned-dio\",\"jobs\":{jobs},\"depth\":{W1_DEPTH},\"runs\":{runs},\"rows\":[{}]}}",
+        "{{\"workload\":\"w1-unaligned-dio\",\"datacow\":{},\"jobs\":{jobs},\"depth\":{W1_DEPTH},\"runs\":{runs},\"rows\":[{}]}}",
+        datacow == stripefs::DataCow::On,
         rows.iter()
             .zip(&raw)
             .map(|((io, sh, ex), (_, rw))| format!("{{\"size\":{io},\"shared_iops\":{sh:.0},\"exclusive_iops\":{ex:.0},\"raw_iops\":{rw:.0}}}"))
             .collect::<Vec<_>>()
             .join(",")
     ))
+}
+
+/// How the tables name the benchmark file's kind.
+fn cow_label(datacow: stripefs::DataCow) -> &'static str {
+    match datacow {
+        stripefs::DataCow::On => "copy-on-write (datacow=on)",
+        stripefs::DataCow::Off => "NOCOW",
+    }
 }
 
 const W3_REGION: u64 = 128 << 20;
@@ -327,6 +342,8 @@ pub(crate) struct W3Params {
     pub counts: Vec<usize>,
     /// Synchronous I/O sizes.
     pub sizes: Vec<u64>,
+    /// Whether the benchmark's files are copy on write (`--datacow`).
+    pub datacow: stripefs::DataCow,
 }
 
 /// The first `n` given targets with a fresh file system on them (not pre-zeroed, never
@@ -350,7 +367,7 @@ pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, output: Output) -> Resul
     for &targets in &p.counts {
         let paths = w3_targets(dir, p, targets)?;
         let ino = {
-            let fs = mount(&paths, quiet())?;
+            let fs = mount(&paths, quiet_with(p.datacow))?;
             let ino = prewrite(&fs, "striped", targets as u32, W3_REGION)?;
             fs.unmount().map_err(|e| e.to_string())?;
             ino
@@ -363,7 +380,7 @@ pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, output: Output) -> Resul
                         (DioSubmit::Parallel, &mut par),
                         (DioSubmit::Serial, &mut ser),
                     ] {
-                        let mut o = quiet();
+                        let mut o = quiet_with(p.datacow);
                         o.dio_submit = mode;
                         let fs = mount(&paths, o)?;
                         out.push(w3_fs(&fs, ino, io, dir)?);
@@ -393,7 +410,7 @@ pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, output: Output) -> Resul
         } else {
             format!("of the given targets ({}, ...)", p.targets[0].display())
         };
-        println!("\nw3-striped-dio: synchronous direct I/O over a 128 MiB region of a file striped over N {on} (1 MiB stripe unit), MiB/s, median of {runs} runs");
+        println!("\nw3-striped-dio: synchronous direct I/O over a 128 MiB region of a {} file striped over N {on} (1 MiB stripe unit), MiB/s, median of {runs} runs", cow_label(p.datacow));
         println!(
             "| targets | size | op | parallel | serial | parallel/serial | raw | parallel/raw |"
         );
@@ -409,7 +426,8 @@ pub(crate) fn w3(dir: &Path, p: &W3Params, runs: usize, output: Output) -> Resul
         }
     }
     Ok(format!(
-        "{{\"workload\":\"w3-striped-dio\",\"runs\":{runs},\"rows\":[{}]}}",
+        "{{\"workload\":\"w3-striped-dio\",\"datacow\":{},\"runs\":{runs},\"rows\":[{}]}}",
+        p.datacow == stripefs::DataCow::On,
         rows.iter()
             .zip(&raws)
             .map(|((t, io, w, p, s), raw)| format!("{{\"targets\":{t},\"size\":{io},\"op\":\"{}\",\"parallel\":{p:.0},\"serial\":{s:.0},\"raw\":{raw:.0}}}", w.name()))
