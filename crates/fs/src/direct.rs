@@ -356,16 +356,7 @@ impl Fs {
         }
         self.touch_mtime(ino)?;
         let r = if mapper.datacow {
-            // Partial blocks over written data: merged into copies (`datacow_edges`);
-            // the rest goes through the engine in whole new blocks.
-            let (lo, hi) = self.datacow_edges(&mapper, off, data)?;
-            if lo < hi {
-                let at = usize::try_from(lo - off).expect("inside the write");
-                let to = usize::try_from(hi - off).expect("inside the write");
-                dio_write_wait(&mapper, lo, &data[at..to]).map(|_| data.len())
-            } else {
-                Ok(data.len())
-            }
+            self.write_direct_datacow(&mapper, off, data)
         } else {
             self.cow_partial_edges(&mapper, off, data.len() as u64)?;
             dio_write_wait(&mapper, off, data)
@@ -403,24 +394,61 @@ impl Fs {
         Ok(())
     }
 
-    /// A datacow file's direct write covering part of a written block: the block is
-    /// read (verified), the write's bytes merged in, and the result written to a new
-    /// block remapped in one transaction with its checksum (and the size, if the write
-    /// passes it there): a written block is never written in place, and the engine's
-    /// whole-block writes of new blocks would lose the rest of the block. Returns the
-    /// part of the write left for the engine, `[lo, hi)` (empty when the edges were all).
-    fn datacow_edges(&self, mapper: &FileMapper<'_>, off: u64, data: &[u8]) -> Result<(u64, u64)> {
+    /// A datacow file's direct write: its partial blocks over written data are merged
+    /// into copies (`datacow_edge`); the whole blocks between go through the engine as
+    /// new blocks. The last partial block is merged only once the engine wrote everything
+    /// before it, so a write that runs out of space part way changes nothing past the
+    /// bytes it reports: the answer is the contiguous prefix written (issue 12: it was
+    /// the whole request), an error only if nothing was written.
+    fn write_direct_datacow(
+        &self,
+        mapper: &FileMapper<'_>,
+        off: u64,
+        data: &[u8],
+    ) -> Result<usize> {
         let bs = self.inner.geo.block_size;
         let end = off + data.len() as u64;
         let first = bs.round_down(off);
         let last = bs.round_down(end - 1);
-        let (mut lo, mut hi) = (off, end);
         let partial_first = off != first || end < first + bs.bytes_u64();
         let partial_last = last != first && bs.offset_in_block(end) != 0;
-        if !partial_first && !partial_last {
-            return Ok((lo, hi));
+        if partial_first || partial_last {
+            self.datacow_coherent(mapper, off, end)?;
         }
-        // Coherence first, as the engine's: the merge reads the blocks from the device.
+        let mut lo = off;
+        if partial_first && self.datacow_edge(mapper, off, data, first)? {
+            lo = end.min(first + bs.bytes_u64());
+        }
+        // The last block is merged after the middle if it holds written data; otherwise
+        // the engine writes it whole, zero-padded.
+        let merge_last = partial_last && lo <= last && self.written_at(mapper, last)?;
+        let hi = if merge_last { last } else { end };
+        if lo < hi {
+            let at = usize::try_from(lo - off).expect("inside the write");
+            let to = usize::try_from(hi - off).expect("inside the write");
+            let n = dio_write_wait(mapper, lo, &data[at..to])?;
+            // Recorded: the last edge's failure must not free them with the mapper.
+            mapper.allocated.commit();
+            if n < to - at {
+                return Ok(at + n); // out of space: a contiguous short write
+            }
+        }
+        if merge_last {
+            match self.datacow_edge(mapper, off, data, last) {
+                Ok(_) => {}
+                Err(FsError::NoSpace(_)) if last > off => {
+                    return Ok(usize::try_from(last - off).expect("inside the write"));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(data.len())
+    }
+
+    /// Coherence before a datacow write's edges are merged, as the engine's: dirty cache
+    /// over the range written back and dropped, since the merge reads the blocks from the
+    /// device.
+    fn datacow_coherent(&self, mapper: &FileMapper<'_>, off: u64, end: u64) -> Result<()> {
         if let Some(fc) = self.inner.cache.existing(mapper.ino.0) {
             let fb = u64::from(self.inner.cache.config().folio_bytes);
             let (a, b) = (off / fb * fb, end.div_ceil(fb) * fb);
@@ -434,36 +462,49 @@ impl Fs {
             )?;
             stripefs_iomap::invalidate_range(&self.inner.cache, &fc, a, b);
         }
-        let size = mapper.size();
-        let merge = |block_at: u64| -> Result<bool> {
-            if block_at >= size {
-                return Ok(false);
-            }
-            let map = mapper.begin_report(block_at)?;
-            if !map.is_written() {
-                return Ok(false);
-            }
-            let from = off.max(block_at);
-            let to = end.min(block_at + bs.bytes_u64());
-            let src = &data[usize::try_from(from - off).expect("inside")
-                ..usize::try_from(to - off).expect("inside")];
-            let at = usize::try_from(from - block_at).expect("inside the block");
-            self.cow_block_sized(
-                mapper.ino,
-                &map,
-                block_at,
-                |b| b[at..at + src.len()].copy_from_slice(src),
-                Some(to),
-            )?;
-            Ok(true)
-        };
-        if partial_first && merge(first)? {
-            lo = end.min(first + bs.bytes_u64());
+        Ok(())
+    }
+
+    /// Whether the block at `block_at` (inside EOF) holds written data.
+    fn written_at(&self, mapper: &FileMapper<'_>, block_at: u64) -> Result<bool> {
+        Ok(block_at < mapper.size() && mapper.begin_report(block_at)?.is_written())
+    }
+
+    /// A datacow file's direct write covering part of the written block at `block_at`:
+    /// the block is read (verified), the write's bytes merged in, and the result written
+    /// to a new block remapped in one transaction with its checksum (and the size, if the
+    /// write passes it there): a written block is never written in place, and the
+    /// engine's whole-block writes of new blocks would lose the rest of the block.
+    /// Returns false (nothing done) when the block is not written data inside EOF.
+    fn datacow_edge(
+        &self,
+        mapper: &FileMapper<'_>,
+        off: u64,
+        data: &[u8],
+        block_at: u64,
+    ) -> Result<bool> {
+        if block_at >= mapper.size() {
+            return Ok(false);
         }
-        if partial_last && lo < hi && merge(last)? {
-            hi = last;
+        let map = mapper.begin_report(block_at)?;
+        if !map.is_written() {
+            return Ok(false);
         }
-        Ok((lo, hi.max(lo)))
+        let bs = self.inner.geo.block_size;
+        let end = off + data.len() as u64;
+        let from = off.max(block_at);
+        let to = end.min(block_at + bs.bytes_u64());
+        let src = &data[usize::try_from(from - off).expect("inside")
+            ..usize::try_from(to - off).expect("inside")];
+        let at = usize::try_from(from - block_at).expect("inside the block");
+        self.cow_block_sized(
+            mapper.ino,
+            &map,
+            block_at,
+            |b| b[at..at + src.len()].copy_from_slice(src),
+            Some(to),
+        )?;
+        Ok(true)
     }
 
     /// Reserves, per target, the blocks of every hole in the range. False if some target
