@@ -24,7 +24,8 @@
 //! 4. exclusive: drain in-flight direct I/O (I-000-5), zero `[EOF, pos)` for a write
 //!    starting past EOF (I-004-7), then the engine, waited for under the lock (I-003-4,
 //!    I-003-5): its `prepare_write` reserves space on each target for every hole in the
-//!    range (I-003-3), or, if some target lacks it, submits serially so that running out
+//!    range and every block it copies on write (I-003-3, decision 90; committing once
+//!    first if freed blocks are busy), or, if some target lacks it, submits serially so that running out
 //!    ends the write short and contiguous. On failure nothing is recorded and what was
 //!    allocated is freed (I-003-2); on success new and unwritten blocks are recorded
 //!    written and the size grows (I-000-6).
@@ -507,19 +508,22 @@ impl Fs {
         Ok(true)
     }
 
-    /// Reserves, per target, the blocks of every hole in the range. False if some target
-    /// lacks the space (the caller then goes piece by piece).
+    /// Reserves, per target, the blocks the write allocates: every hole in the range, and
+    /// every block it copies on write (shared blocks, a datacow file's written blocks;
+    /// decision 90). Blocks freed by transactions not yet durable become reservable after
+    /// a commit, which is made and the reservation retried once. False if some target
+    /// still lacks the space (the caller then goes piece by piece).
     fn reserve_dio_space(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<bool> {
         let bs = self.inner.geo.block_size;
         let mut need: std::collections::HashMap<TargetId, u64> = std::collections::HashMap::new();
         iterate(mapper, off, len, IomapOp::Report, |map, p, n| {
-            if matches!(map.kind, IomapKind::Hole) {
+            let copied = map.flags.contains(stripefs_iomap::IomapFlags::SHARED);
+            if copied || matches!(map.kind, IomapKind::Hole) {
                 *need.entry(map.addr.target).or_default() +=
                     bs.blocks_for(p + n - bs.round_down(p));
             }
             Ok(n)
         })?;
-        // Blocks freed by uncommitted transactions become reservable after a commit.
         let reservation = match Reservation::take(mapper.fs, need.clone()) {
             Some(r) => Some(r),
             None if self.commit_for_space()? => Reservation::take(mapper.fs, need),

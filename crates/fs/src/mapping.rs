@@ -590,6 +590,30 @@ impl IomapOps for FileMapper<'_> {
 }
 
 impl FileMapper<'_> {
+    /// Allocates up to `blocks` blocks no delayed allocation paid for: out of this direct
+    /// write's reservation while it has some on `target`, else out of free space (a
+    /// direct write that could not reserve, writeback of blocks no write reserved).
+    fn allocate_unreserved(
+        &self,
+        m: &mut MetaCore,
+        target: TargetId,
+        object: u32,
+        obj_block: u64,
+        blocks: u64,
+    ) -> Result<(u64, u64)> {
+        let mut reservation = self.dio_reserved.borrow_mut();
+        let reserved = reservation.as_ref().map_or(0, |r| r.left_on(target));
+        match reservation.as_mut() {
+            Some(r) if reserved > 0 => {
+                let want = blocks.min(reserved);
+                let got = self.allocate(m, target, object, obj_block, want, Funding::Reserved)?;
+                r.spent(target, got.1);
+                Ok(got)
+            }
+            _ => self.allocate(m, target, object, obj_block, blocks, Funding::Free),
+        }
+    }
+
     /// Maps `blocks` shared blocks at `obj_block` (from `phys`) for `op`
     /// (`docs/design/reflink.md`, "Copy on write"): reads use them; a buffered write
     /// reserves a block for each (kept as a delayed allocation over the mapped blocks, so
@@ -642,9 +666,11 @@ impl FileMapper<'_> {
                     }
                     // Up to the next reserved block: that one is paid for by its
                     // reservation, which completion would otherwise leave promised.
+                    // A direct write draws on its reservation, which counted these
+                    // blocks (`Fs::reserve_dio_space`).
                     None => {
                         let n = next.map_or(blocks, |x| (x - obj_block).min(blocks));
-                        self.allocate(m, target, object, obj_block, n, Funding::Free)?
+                        self.allocate_unreserved(m, target, object, obj_block, n)?
                     }
                 };
                 Ok((IomapKind::Mapped, IomapFlags::NEW, new, got))
@@ -678,18 +704,7 @@ impl FileMapper<'_> {
             .map_or(hole, |n| (n - obj_block).min(hole));
         match op {
             IomapOp::Write | IomapOp::Writeback => {
-                let mut reservation = self.dio_reserved.borrow_mut();
-                let reserved = reservation.as_ref().map_or(0, |r| r.left_on(target));
-                let (phys, got) = match reservation.as_mut() {
-                    Some(r) if reserved > 0 => {
-                        let want = blocks.min(reserved);
-                        let got =
-                            self.allocate(m, target, object, obj_block, want, Funding::Reserved)?;
-                        r.spent(target, got.1);
-                        got
-                    }
-                    _ => self.allocate(m, target, object, obj_block, blocks, Funding::Free)?,
-                };
+                let (phys, got) = self.allocate_unreserved(m, target, object, obj_block, blocks)?;
                 Ok((IomapKind::Mapped, IomapFlags::NEW, phys, got))
             }
             IomapOp::BufferedWrite => {

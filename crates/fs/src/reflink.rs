@@ -441,13 +441,7 @@ impl Fs {
         modify(&mut block);
         let csum = stripefs_core::csum::BlockCsum::of(&block);
         self.inner.alloc_fault(t)?;
-        let new = {
-            let mut m = self.inner.meta.lock();
-            m.alloc
-                .alloc_from(t, None, 1, Draw::Data)
-                .ok_or_else(|| FsError::NoSpace(format!("target {t} is full")))?
-                .0
-        };
+        let new = self.alloc_copy_block(t)?;
         if let Err(e) = target.write_sync(bs.to_bytes(new), block) {
             self.inner.meta.lock().alloc.free_now(t, new, 1);
             return Err(e.into());
@@ -479,6 +473,31 @@ impl Fs {
             }
         }
         self.log_remapped(&mut m, ino, recs)
+    }
+}
+
+impl Fs {
+    /// One block on `t` for a copy (`cow_block`): out of free space, or, when the only free
+    /// blocks are busy (freed by a transaction not yet durable), after a commit, retried
+    /// once (decision 90).
+    fn alloc_copy_block(&self, t: stripefs_core::TargetId) -> Result<u64> {
+        let take = || {
+            self.inner
+                .meta
+                .lock()
+                .alloc
+                .alloc_from(t, None, 1, Draw::Data)
+                .map(|(p, _)| p)
+        };
+        if let Some(p) = take() {
+            return Ok(p);
+        }
+        if self.commit_for_space()? {
+            if let Some(p) = take() {
+                return Ok(p);
+            }
+        }
+        Err(FsError::NoSpace(format!("target {t} is full")))
     }
 }
 
