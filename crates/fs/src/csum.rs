@@ -225,6 +225,11 @@ impl WriteCsums {
         v
     }
 
+    /// Blocks held (statistics, tests: 0 when no write is in flight).
+    pub fn pending(&self) -> usize {
+        self.map.lock().len()
+    }
+
     /// Forgets the checksums of `[phys, phys + len)` of `t` (a write that failed).
     pub fn forget(&self, t: TargetId, phys: u64, len: u64) {
         let mut m = self.map.lock();

@@ -72,6 +72,8 @@ pub(crate) struct DioDone {
     fs: Fs,
     ino: Ino,
     io: Arc<InodeIo>,
+    /// The file is datacow: its writes' checksums are kept until recorded (`WriteCsums`).
+    datacow: bool,
 }
 
 impl DioEndIo<DevAddr> for DioDone {
@@ -97,6 +99,21 @@ impl DioEndIo<DevAddr> for DioDone {
         self.fs.record_dio(self.ino, pieces, end)
     }
 
+    fn write_failed(&self, pieces: &[DioPiece<DevAddr>]) {
+        if !self.datacow {
+            return; // no checksums computed
+        }
+        // Their checksums will never be logged (decision 91).
+        let bs = self.fs.inner.geo.block_size;
+        for e in pieces {
+            let first = e.map.addr.phys + bs.block_of(e.pos - e.map.offset);
+            self.fs
+                .inner
+                .write_csums
+                .forget(e.map.addr.target, first, bs.blocks_for(e.len));
+        }
+    }
+
     fn submitted(&self, pieces: u64) {
         self.fs
             .inner
@@ -120,6 +137,7 @@ impl DioOps for FileMapper<'_> {
             fs: self.fs.clone(),
             ino: self.ino,
             io: self.fs.inner.io_lock(self.ino),
+            datacow: self.datacow,
         }
     }
 

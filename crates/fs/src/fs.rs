@@ -733,6 +733,7 @@ impl Fs {
             dio_read_copied: self.inner.dio_read_copied.load(Ordering::Relaxed),
             csum_errors: self.inner.csum_errors.count.load(Ordering::Relaxed),
             csum_overlay_runs: self.inner.csum_overlay.runs(),
+            csum_pending_blocks: self.inner.write_csums.pending(),
             map_lookups: self.inner.map_lookups.load(Ordering::Relaxed),
             incore_inodes: m.inodes.len(),
             incore_inodes_peak: m.inodes.peak(),

@@ -450,6 +450,24 @@ impl Fs {
         if datacow {
             self.inner.write_csums.put(t, new, csum);
         }
+        let r = self.log_cow_block(ino, map, skip, new, grow_to);
+        if r.is_err() && datacow {
+            // Never logged: forget it (decision 91).
+            self.inner.write_csums.forget(t, new, 1);
+        }
+        r
+    }
+
+    /// The records of a copied block (`cow_block_sized`): the copy mapped in place of the
+    /// old block, the size grown to `grow_to` if that passes it.
+    fn log_cow_block(
+        &self,
+        ino: Ino,
+        map: &Iomap<DevAddr>,
+        skip: u64,
+        new: u64,
+        grow_to: Option<u64>,
+    ) -> Result<()> {
         let mut m = self.inner.meta.lock();
         let rec = Record::ExtentSet {
             ino,

@@ -315,6 +315,10 @@ pub struct FsStatus {
     pub csum_errors: u64,
     /// Checksum changes held in core because the trees do not hold them yet (runs).
     pub csum_overlay_runs: usize,
+    /// Blocks whose checksums a write computed and no transaction logged yet
+    /// (`WriteCsums`): writes in flight; 0 when the file system is idle, since a failed
+    /// write forgets them.
+    pub csum_pending_blocks: usize,
     /// In-core inodes now, the most at once since mount, and those evicted since mount
     /// (see `docs/design/cache.md`, "In-core inodes").
     pub incore_inodes: usize,

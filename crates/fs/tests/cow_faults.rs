@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use common::*;
 use stripefs::{
-    faults, CreateParams, DataCow, File, Fs, Ino, MkfsOptions, MountOptions, StripeLayout,
+    faults, CreateParams, DataCow, DioSubmit, File, Fs, Ino, MkfsOptions, MountOptions,
+    StripeLayout,
 };
 use stripefs_target::fault::{Persistence, PointMatch};
 use stripefs_target::{FaultInjector, FaultKind, FaultPoint, SimTarget};
@@ -47,6 +48,11 @@ struct Setup {
 /// `a` written and synced, `b` its clone (every block shared), synced; both NOCOW
 /// (`datacow=off`) or both copy on write with data checksums (`on`).
 fn setup(datacow: DataCow) -> Setup {
+    setup_with(datacow, DioSubmit::Parallel)
+}
+
+/// [`setup`], with direct I/O submitted as `dio_submit` says.
+fn setup_with(datacow: DataCow, dio_submit: DioSubmit) -> Setup {
     let faults = Arc::new(FaultInjector::new());
     let sims: Vec<Arc<SimTarget>> = (0..3)
         .map(|i| {
@@ -60,6 +66,7 @@ fn setup(datacow: DataCow) -> Setup {
     let opts = MountOptions {
         faults: Some(Arc::clone(&faults)),
         datacow,
+        dio_submit,
         ..quiet()
     };
     let (fs, _) = Fs::mount(dyns(&sims), opts).unwrap();
@@ -400,4 +407,53 @@ fn direct_datacow_overwrites_reuse_the_space_their_copies_freed() {
     fs.unmount().unwrap();
     let r = stripefs::fsck::fsck(dyns(&sims), &mut |_| {}).unwrap();
     assert!(r.is_clean(), "{:?}", r.problems);
+}
+
+/// Issue 12: the checksums computed for a failed direct write were never discarded
+/// (`WriteCsums` kept them until a completion that never came: a leak). A datacow file's
+/// direct writes fail with `EIO` on one target, every piece at once (parallel) or after
+/// a piece on the other target completed (serial, where the failed piece is not among
+/// those written), across four stripe units, over shared blocks and over blocks of its
+/// own: afterwards no checksum is pending, the file reads its last durable contents and
+/// the books are exact.
+#[test]
+fn failed_datacow_direct_writes_forget_their_checksums() {
+    for (submit, failing) in [(DioSubmit::Parallel, 1), (DioSubmit::Serial, 2)] {
+        let s = setup_with(DataCow::On, submit);
+        let (fs, a, b) = (&s.fs, s.a, s.b);
+        let what = format!("{submit:?}, EIO on target {failing}");
+        // Blocks of b's own: its first 64 KiB copied by a successful write.
+        let own = pattern(6, 0, 64 << 10);
+        fs.write_direct(b, 0, &own).unwrap();
+        fs.sync().unwrap();
+        let want_b = with(s.orig.clone(), 0, &own);
+        assert_eq!(fs.status().csum_pending_blocks, 0, "{what}: idle before");
+        // Own blocks, then shared ones; four stripe units (targets 1, 2, 1, 2).
+        for off in [0u64, 128 << 10] {
+            s.faults.arm(
+                PointMatch::Exact(FaultPoint::TargetWrite(failing)),
+                1,
+                FaultKind::Eio,
+                Persistence::Sticky,
+            );
+            let e = fs
+                .write_direct(b, off, &pattern(7, off, 256 << 10))
+                .expect_err("the direct write must fail");
+            assert_eq!(e.errno(), libc::EIO, "{what}: {e}");
+            s.faults.disarm();
+            assert_eq!(
+                fs.status().csum_pending_blocks,
+                0,
+                "{what}, at {off}: checksums of the failed write are forgotten"
+            );
+            assert!(
+                read_all(fs, b) == want_b,
+                "{what}: b reads its last durable contents"
+            );
+            assert!(read_all(fs, a) == s.orig, "{what}: a untouched");
+            books(fs, &what);
+        }
+        let orig = s.orig.clone();
+        remount_and_check(s, &orig, &want_b, &what);
+    }
 }

@@ -11,7 +11,8 @@
 //!    time, reads and writes alike (a mapping error the file system calls "short" after
 //!    progress ends a write there: a contiguous short write, I-003-3);
 //! 4. one completion fan-in: the first error wins; on success the file system records the
-//!    write ([`DioEndIo::write_done`]); buffers go back, the in-flight count drops, and for
+//!    write ([`DioEndIo::write_done`]), on failure it is told which pieces will never be
+//!    recorded ([`DioEndIo::write_failed`]); buffers go back, the in-flight count drops, and for
 //!    writes the clean cache over the range is dropped (a buffered reader may have cached
 //!    old bytes meanwhile); then the caller's answer. A read's pieces are copied into the
 //!    caller's buffer as each completes, so the copy overlaps the transfers still in
@@ -158,6 +159,13 @@ pub trait DioEndIo<A>: Send + 'static {
     /// # Errors
     /// The file system's error.
     fn write_done(&self, pieces: &[DioPiece<A>], end: u64) -> Result<(), Self::Error>;
+    /// A write failed, or its recording did: nothing more of `pieces` will be recorded
+    /// (`write_done` may have recorded some before failing). Called once per failed
+    /// piece, at its failure when the write goes one piece at a time (before its mapping
+    /// ends and gives back what it allocated), and once at completion for every other
+    /// piece submitted, before the call answers. The file system forgets what it keeps
+    /// for their recording (the engine knows nothing of it).
+    fn write_failed(&self, pieces: &[DioPiece<A>]);
     /// Pieces submitted to the targets (statistics).
     fn submitted(&self, _pieces: u64) {}
     /// A direct read's piece of `bytes` was copied into the caller's buffer (statistics).
@@ -296,6 +304,11 @@ fn write_serial<O: DioOps>(
         let ios = batch.wait();
         let r = first_error(end, &ios);
         end.buffers().put_all(ios.into_iter().flat_map(|d| d.bufs));
+        if r.is_err() {
+            // Now, while its mapping still holds what it allocated: the error ends the
+            // mapping, which gives that back for any writer to take.
+            end.write_failed(&[piece]);
+        }
         r.map(|()| {
             run.pieces.push(piece);
             k
@@ -326,6 +339,9 @@ fn write_fan_in<A, E, D: DioEndIo<A, Error = E>>(
     if r.is_ok() {
         debug_assert!(run.written <= len, "wrote more than asked");
         r = end.write_done(&run.pieces, pos + run.written);
+    }
+    if r.is_err() {
+        end.write_failed(&run.pieces);
     }
     end.in_flight().end();
     let (cache, key) = end.page_cache();
