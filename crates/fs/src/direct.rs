@@ -25,10 +25,10 @@
 //!    starting past EOF (I-004-7), then the engine, waited for under the lock (I-003-4,
 //!    I-003-5): its `prepare_write` reserves space on each target for every hole in the
 //!    range and every block it copies on write (I-003-3, decision 90; committing once
-//!    first if freed blocks are busy), or, if some target lacks it, submits serially so that running out
-//!    ends the write short and contiguous. On failure nothing is recorded and what was
-//!    allocated is freed (I-003-2); on success new and unwritten blocks are recorded
-//!    written and the size grows (I-000-6).
+//!    first if freed blocks are busy), or, if some target lacks it, submits serially so
+//!    that running out ends the write short and contiguous. On failure nothing is
+//!    recorded and what was allocated is freed (I-003-2); on success new and unwritten
+//!    blocks are recorded written and the size grows (I-000-6).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
