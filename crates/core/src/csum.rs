@@ -79,9 +79,14 @@ impl CsumMap {
         self.map.is_empty()
     }
 
-    /// Sets the checksums of `[phys, phys + csums.len())` on `t`.
+    /// Sets the checksums of `[phys, phys + csums.len())` on `t`. Never panics: a record
+    /// whose run passes the end of the block numbers is refused before it gets here
+    /// (`Record::range_misfit`), and blocks past `u64::MAX` are not counted.
     pub fn set(&mut self, t: TargetId, phys: u64, csums: &[BlockCsum]) {
-        for (b, c) in (phys..).zip(csums) {
+        for (b, c) in (0u64..)
+            .zip(csums)
+            .map_while(|(i, c)| Some((phys.checked_add(i)?, c)))
+        {
             self.map.insert((t, b), *c);
         }
     }

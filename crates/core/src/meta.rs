@@ -62,7 +62,7 @@ impl MetaState {
     /// non-directory, extent of a non-file, object index out of range...): a record that
     /// the runtime produced always fits, so a misfit means damaged metadata.
     pub fn apply(&mut self, rec: &Record) -> Result<(), CoreError> {
-        if let Some(why) = rec.extent_misfit() {
+        if let Some(why) = rec.range_misfit() {
             return Err(misfit(why));
         }
         match rec {
@@ -142,7 +142,7 @@ pub fn apply_to(i: &mut Inode, rec: &Record) -> Result<(), CoreError> {
         rec.subject(),
         "record applied to another inode"
     );
-    if let Some(why) = rec.extent_misfit() {
+    if let Some(why) = rec.range_misfit() {
         return Err(misfit(why));
     }
     match rec {

@@ -13,6 +13,7 @@ use crate::inode::{
     FileKind, InodeAttrs, Timespec, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX,
 };
 use crate::layout::StripeLayout;
+use crate::units::phys_run_fits;
 use crate::{CoreError, Ino, TargetId};
 
 /// One metadata change.
@@ -174,11 +175,14 @@ pub(crate) fn dec_attrs(d: &mut Dec<'_>) -> Result<InodeAttrs, CoreError> {
 }
 
 impl Record {
-    /// Why this extent record cannot describe a range (no blocks, or a range that passes
-    /// the end of the block numbers), if it cannot. `MetaState::apply` and the trees'
-    /// `apply_record` refuse such a record with this text.
+    /// Why this record cannot describe its range, if it cannot: no blocks, an object
+    /// range that passes the end of the block numbers, or a physical run that passes the
+    /// end of every target ([`phys_run_fits`]: past `u64::MAX` or
+    /// [`crate::units::PHYS_BLOCKS_MAX`]). `MetaState::apply` and the trees'
+    /// `apply_record` refuse such a record with this text before reading anything, so
+    /// the arithmetic of the models over its range cannot overflow.
     #[must_use]
-    pub fn extent_misfit(&self) -> Option<String> {
+    pub fn range_misfit(&self) -> Option<String> {
         match self {
             Record::ExtentSet {
                 ino,
@@ -187,12 +191,10 @@ impl Record {
                 len,
                 phys,
                 ..
-            } if *len == 0
-                || block.checked_add(*len).is_none()
-                || phys.checked_add(*len).is_none() =>
-            {
+            } if *len == 0 || block.checked_add(*len).is_none() || !phys_run_fits(*phys, *len) => {
                 Some(format!(
-                    "inode {ino} object {object}: extent of {len} blocks at block {block}"
+                    "inode {ino} object {object}: extent of {len} blocks at block {block} \
+                     (physical {phys})"
                 ))
             }
             Record::ExtentClear {
@@ -203,7 +205,46 @@ impl Record {
             } if block.checked_add(*len).is_none() => Some(format!(
                 "inode {ino} object {object}: clear of {len} blocks at block {block}"
             )),
+            Record::RefcountSet {
+                target, phys, len, ..
+            }
+            | Record::CsumClear { target, phys, len }
+                if !phys_run_fits(*phys, *len) =>
+            {
+                Some(format!(
+                    "{} of {len} blocks at target {target} block {phys}",
+                    self.name()
+                ))
+            }
+            Record::CsumSet {
+                target,
+                phys,
+                csums,
+            } if csums.len() > CSUM_RUN_MAX || !phys_run_fits(*phys, csums.len() as u64) => {
+                Some(format!(
+                    "checksums of {} blocks at target {target} block {phys}",
+                    csums.len()
+                ))
+            }
             _ => None,
+        }
+    }
+
+    /// The record's kind, for messages.
+    fn name(&self) -> &'static str {
+        match self {
+            Record::InodeSet(_) => "inode set",
+            Record::InodeFree(_) => "inode free",
+            Record::ExtentSet { .. } => "extent set",
+            Record::ExtentClear { .. } => "extent clear",
+            Record::DirAdd { .. } => "entry add",
+            Record::DirRemove { .. } => "entry remove",
+            Record::XattrSet { .. } => "xattr set",
+            Record::XattrRemove { .. } => "xattr remove",
+            Record::SymlinkSet { .. } => "symlink set",
+            Record::RefcountSet { .. } => "refcount",
+            Record::CsumSet { .. } => "checksum set",
+            Record::CsumClear { .. } => "checksum clear",
         }
     }
 
@@ -350,7 +391,7 @@ impl Record {
                 if refcount == 0 {
                     return Err(b.err(format!("inode {ino} extent at {block} has refcount 0")));
                 }
-                if len == 0 || block.checked_add(len).is_none() || phys.checked_add(len).is_none() {
+                if len == 0 || block.checked_add(len).is_none() || !phys_run_fits(phys, len) {
                     return Err(b.err(format!(
                         "inode {ino} extent at {block} has impossible length {len}"
                     )));
@@ -412,7 +453,7 @@ impl Record {
             },
             T_REFCOUNT_SET => {
                 let (target, phys, len, count) = (TargetId(b.u32()?), b.u64()?, b.u64()?, b.u32()?);
-                if len == 0 || phys.checked_add(len).is_none() || count == 0 {
+                if !phys_run_fits(phys, len) || count == 0 {
                     return Err(b.err(format!(
                         "refcount of {len} blocks at target {target} block {phys}: count {count}"
                     )));
@@ -426,7 +467,7 @@ impl Record {
             }
             T_CSUM_SET => {
                 let (target, phys, n) = (TargetId(b.u32()?), b.u64()?, b.u32()? as usize);
-                if n == 0 || n > CSUM_RUN_MAX || phys.checked_add(n as u64).is_none() {
+                if n > CSUM_RUN_MAX || !phys_run_fits(phys, n as u64) {
                     return Err(b.err(format!(
                         "checksums of {n} blocks at target {target} block {phys}"
                     )));
@@ -442,7 +483,7 @@ impl Record {
             }
             T_CSUM_CLEAR => {
                 let (target, phys, len) = (TargetId(b.u32()?), b.u64()?, b.u64()?);
-                if len == 0 || phys.checked_add(len).is_none() {
+                if !phys_run_fits(phys, len) {
                     return Err(b.err(format!(
                         "checksum clear of {len} blocks at target {target} block {phys}"
                     )));
@@ -615,5 +656,75 @@ mod tests {
         Record::InodeSet(attrs).encode(&mut e);
         let err = Record::decode_all(&e.buf, "t").unwrap_err().to_string();
         assert!(err.contains("inode 9: unknown flag bits 0x80"), "{err}");
+    }
+
+    /// Guards: `CsumMap::set` panicked (debug overflow) on a `CsumSet` ending at
+    /// `u64::MAX`, `RefcountIndex::set` on a range passing it; such records decoded from
+    /// the journal must be corruption, not a panic and not a silent wrap.
+    #[test]
+    fn physical_runs_past_every_target_are_corruption() {
+        let t = TargetId(0);
+        let max = crate::units::PHYS_BLOCKS_MAX;
+        let bad = [
+            Record::CsumSet {
+                target: t,
+                phys: u64::MAX - 1,
+                csums: vec![BlockCsum(1)],
+            },
+            Record::CsumSet {
+                target: t,
+                phys: max - 1,
+                csums: vec![BlockCsum(1); 2],
+            },
+            Record::CsumClear {
+                target: t,
+                phys: max,
+                len: 1,
+            },
+            Record::RefcountSet {
+                target: t,
+                phys: u64::MAX,
+                len: 1,
+                count: 2,
+            },
+            Record::RefcountSet {
+                target: t,
+                phys: 1,
+                len: max,
+                count: 2,
+            },
+            Record::ExtentSet {
+                ino: Ino(9),
+                object: 0,
+                block: 0,
+                len: 2,
+                phys: max - 1,
+                state: ExtentState::Written,
+                refcount: 1,
+            },
+        ];
+        for rec in bad {
+            let mut e = Enc::new();
+            rec.encode(&mut e);
+            let err = Record::decode_all(&e.buf, "t").unwrap_err().to_string();
+            assert!(
+                err.starts_with("corruption in metadata record"),
+                "{rec:?}: {err}"
+            );
+            let mut m = crate::meta::MetaState::new();
+            let err = m.apply(&rec).unwrap_err().to_string();
+            assert!(
+                err.starts_with("corruption in metadata record"),
+                "{rec:?}: {err}"
+            );
+            assert!(rec.range_misfit().is_some(), "{rec:?}");
+        }
+        let fits = Record::CsumSet {
+            target: t,
+            phys: max - 1,
+            csums: vec![BlockCsum(1)],
+        };
+        assert_eq!(fits.range_misfit(), None);
+        crate::meta::MetaState::new().apply(&fits).unwrap();
     }
 }

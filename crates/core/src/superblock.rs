@@ -179,6 +179,17 @@ impl Superblock {
                 self.target_index, self.target_count
             ));
         }
+        if self
+            .target_blocks
+            .checked_mul(u64::from(self.block_size))
+            .is_none()
+        {
+            // Also what bounds every block number by `PHYS_BLOCKS_MAX` (decision 93).
+            return bad(format!(
+                "{} blocks of {} bytes pass 2^64 bytes",
+                self.target_blocks, self.block_size
+            ));
+        }
         if self.data_start == 0 || self.data_start > self.target_blocks {
             return bad(format!(
                 "data start {} outside {} blocks",

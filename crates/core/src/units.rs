@@ -35,6 +35,23 @@ impl fmt::Display for TargetId {
     }
 }
 
+/// A bound on every target's block numbers: a target's size in bytes is a `u64` and a
+/// block is at least [`BlockSize::MIN`] bytes, so no target has 2^54 blocks and every
+/// physical run ends at or below 2^54 (the superblock refuses a larger target). A run read
+/// from disk that ends past it is corruption (decision 93); a run within it can be added
+/// to and iterated over without overflow.
+pub const PHYS_BLOCKS_MAX: u64 = 1 << 54;
+
+/// Whether `[start, start + len)` is a non-empty run of physical blocks that some target
+/// could hold: `len > 0` and `start + len <= PHYS_BLOCKS_MAX` (no overflow on the way).
+#[must_use]
+pub fn phys_run_fits(start: u64, len: u64) -> bool {
+    len > 0
+        && start
+            .checked_add(len)
+            .is_some_and(|end| end <= PHYS_BLOCKS_MAX)
+}
+
 /// A block number on one target (block 0 holds the superblock).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct PhysBlock(pub u64);

@@ -343,7 +343,7 @@ impl<'a> Items<'a> {
     }
 
     fn apply(&self, rec: &Record) -> Result<(), MetaError> {
-        if let Some(why) = rec.extent_misfit() {
+        if let Some(why) = rec.range_misfit() {
             return Err(bad(why));
         }
         match rec {

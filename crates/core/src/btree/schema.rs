@@ -12,6 +12,7 @@ use crate::extent::{Extent, ExtentState};
 use crate::inode::{FileKind, InodeAttrs, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX};
 use crate::record::{dec_attrs, enc_attrs};
 use crate::refcount::Shared;
+use crate::units::phys_run_fits;
 use crate::{CoreError, Ino, TargetId};
 
 /// Version byte that starts an inode item's value.
@@ -289,7 +290,10 @@ pub fn encode_extent(e: &Extent) -> Vec<u8> {
 /// Decodes an extent item.
 ///
 /// # Errors
-/// `Corrupted` naming the key: wrong length, zero length, unknown state, zero count.
+/// `Corrupted` naming the key: wrong length, zero length, unknown state, zero count, an
+/// object run past `u64::MAX` or a physical run past every target's end
+/// ([`crate::units::phys_run_fits`]; past *its* target's end is `check`'s, which knows
+/// the geometry).
 pub fn decode_extent(key: &Key, value: &[u8]) -> Result<Extent, CoreError> {
     let w = what(key);
     let mut d = Dec::shown(value, &w);
@@ -302,7 +306,12 @@ pub fn decode_extent(key: &Key, value: &[u8]) -> Result<Extent, CoreError> {
         },
         refcount: d.u32()?,
     };
-    if d.remaining() != 0 || e.len == 0 || e.refcount == 0 || key.b.checked_add(e.len).is_none() {
+    if d.remaining() != 0
+        || e.len == 0
+        || e.refcount == 0
+        || key.b.checked_add(e.len).is_none()
+        || !phys_run_fits(e.phys, e.len)
+    {
         return Err(d.err(format!("extent {e:?} in a {}-byte value", value.len())));
     }
     Ok(e)
@@ -318,13 +327,14 @@ pub fn free_space_item(target: TargetId, start: u64, len: u64) -> (Key, Vec<u8>)
 /// Decodes a free-space item: (target, start, length).
 ///
 /// # Errors
-/// `Corrupted` naming the key: wrong length, empty or overflowing run.
+/// `Corrupted` naming the key: wrong length, a run empty or past every target's end
+/// ([`crate::units::phys_run_fits`]).
 pub fn decode_free_space(key: &Key, value: &[u8]) -> Result<(TargetId, u64, u64), CoreError> {
     let w = what(key);
     let mut d = Dec::shown(value, &w);
     let len = d.u64()?;
     let target = u32::try_from(key.object).map_err(|_| d.err("target out of range"))?;
-    if d.remaining() != 0 || len == 0 || key.a.checked_add(len).is_none() || key.b != 0 {
+    if d.remaining() != 0 || !phys_run_fits(key.a, len) || key.b != 0 {
         return Err(d.err(format!("free run of {len} blocks at {}", key.a)));
     }
     Ok((TargetId(target), key.a, len))
@@ -348,15 +358,15 @@ pub fn refcount_item(target: TargetId, start: u64, e: Shared) -> (Key, Vec<u8>) 
 /// Decodes a reference-count item: (target, first block, range).
 ///
 /// # Errors
-/// `Corrupted` naming the key: wrong length, empty or overflowing range, a count below 2.
+/// `Corrupted` naming the key: wrong length, a range empty or past every target's end
+/// ([`crate::units::phys_run_fits`]), a count below 2.
 pub fn decode_refcount(key: &Key, value: &[u8]) -> Result<(TargetId, u64, Shared), CoreError> {
     let w = what(key);
     let mut d = Dec::shown(value, &w);
     let len = d.u64()?;
     let count = d.u32()?;
     let target = u32::try_from(key.object).map_err(|_| d.err("target out of range"))?;
-    if d.remaining() != 0 || len == 0 || key.a.checked_add(len).is_none() || key.b != 0 || count < 2
-    {
+    if d.remaining() != 0 || !phys_run_fits(key.a, len) || key.b != 0 || count < 2 {
         return Err(d.err(format!(
             "shared range of {len} blocks at {} with count {count}",
             key.a
@@ -386,7 +396,7 @@ pub fn csum_item(target: TargetId, start: u64, csums: &[crate::csum::BlockCsum])
 ///
 /// # Errors
 /// `Corrupted` naming the key: an empty run, a length not a multiple of 4, more than
-/// `CSUM_RUN_MAX` blocks, a run past the block numbers.
+/// `CSUM_RUN_MAX` blocks, a run past every target's end ([`crate::units::phys_run_fits`]).
 pub fn decode_csum(
     key: &Key,
     value: &[u8],
@@ -399,7 +409,7 @@ pub fn decode_csum(
         || !value.len().is_multiple_of(4)
         || n > crate::csum::CSUM_RUN_MAX
         || key.b != 0
-        || key.a.checked_add(n as u64).is_none()
+        || !phys_run_fits(key.a, n as u64)
     {
         return Err(d.err(format!(
             "checksum run of {} bytes at block {}",
