@@ -25,7 +25,8 @@ fn is_ours(k: &Key, t: TargetId) -> bool {
     k.kind == KeyKind::DataCsum as u8 && k.object == u64::from(t.0)
 }
 
-/// One stored run.
+/// One stored run. `decode_csum` refuses a run passing `PHYS_BLOCKS_MAX` (decision 93),
+/// so `start + len` and iterating `start..` over a decoded run cannot overflow.
 type Run = (u64, Vec<BlockCsum>);
 
 /// The runs of `t` overlapping `[start, end)`, in key order (the one starting below
@@ -160,7 +161,7 @@ pub fn lookup(
 
 /// Whether any block of `[start, start + len)` on `t` has a checksum in the trees: one
 /// floor and a scan of at most one item (issue 13's "do checksums exist for this
-/// extent?").
+/// extent?"). The item found is decoded: a damaged one is `Corrupted`, not a yes.
 ///
 /// # Errors
 /// As [`set`].
@@ -177,6 +178,9 @@ pub fn any(store: &Store, t: TargetId, start: u64, len: u64) -> Result<bool, Met
         }
     }
     let items = store.scan(TreeId::Csum, csum_key(t, start), Some(csum_key(t, end)), 1)?;
+    for (k, v) in &items {
+        decode_csum(k, v)?;
+    }
     Ok(!items.is_empty())
 }
 
