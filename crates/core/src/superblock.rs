@@ -271,6 +271,20 @@ mod tests {
         );
     }
 
+    /// Guards decision 93's bound: no target holds 2^54 blocks, so a superblock whose
+    /// blocks pass 2^64 bytes is refused (re-checksummed, so only the rule can refuse it).
+    #[test]
+    fn a_target_past_2_64_bytes_is_refused() {
+        let mut sb = sample();
+        sb.target_blocks = crate::units::PHYS_BLOCKS_MAX;
+        let e = Superblock::decode(&sb.encode(), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pass 2^64 bytes"), "{e}");
+        sb.target_blocks = u64::MAX / u64::from(sb.block_size);
+        Superblock::decode(&sb.encode(), "t").unwrap();
+    }
+
     #[test]
     fn every_flipped_bit_is_detected() {
         let buf = sample().encode();
