@@ -112,12 +112,8 @@ impl CacheIo for FileMapper<'_> {
                 // Their checksums will never be logged.
                 let bs = self.fs.inner.geo.block_size;
                 for e in ends {
-                    let first = e.map.addr.phys + bs.block_of(e.pos - e.map.offset);
-                    self.fs.inner.write_csums.forget(
-                        e.map.addr.target,
-                        first,
-                        bs.blocks_for(e.len),
-                    );
+                    let w = &self.fs.inner.write_csums;
+                    w.forget_write(bs, &e.map, e.pos, e.len);
                 }
             }
             self.allocated.settle_batch(Settle::Free);

@@ -28,12 +28,14 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use stripefs_core::csum::{BlockCsum, CSUM_RUN_MAX};
 use stripefs_core::record::Record;
-use stripefs_core::{Ino, TargetId};
+use stripefs_core::{BlockSize, Ino, TargetId};
+use stripefs_iomap::Iomap;
 use stripefs_target::{
     Completion, IoBuf, IoDone, IoOp, OpKind, Target, TargetError, TargetErrorKind, TargetInfo,
 };
 
 use crate::error::{FsError, Result};
+use crate::mapping::DevAddr;
 use crate::Fs;
 
 /// One run of changed blocks: `[start, end)`, its checksums (`None`: cleared), and the
@@ -236,6 +238,13 @@ impl WriteCsums {
         for b in phys..phys + len {
             m.remove(&(t, b));
         }
+    }
+
+    /// Forgets the checksums of the device write `[pos, pos + len)` through `map` (a
+    /// writeback or direct write that failed: its blocks will never be logged).
+    pub fn forget_write(&self, bs: BlockSize, map: &Iomap<DevAddr>, pos: u64, len: u64) {
+        let first = map.addr.phys + bs.block_of(pos - map.offset);
+        self.forget(map.addr.target, first, bs.blocks_for(len));
     }
 }
 

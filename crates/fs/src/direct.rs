@@ -106,11 +106,8 @@ impl DioEndIo<DevAddr> for DioDone {
         // Their checksums will never be logged (decision 91).
         let bs = self.fs.inner.geo.block_size;
         for e in pieces {
-            let first = e.map.addr.phys + bs.block_of(e.pos - e.map.offset);
-            self.fs
-                .inner
-                .write_csums
-                .forget(e.map.addr.target, first, bs.blocks_for(e.len));
+            let w = &self.fs.inner.write_csums;
+            w.forget_write(bs, &e.map, e.pos, e.len);
         }
     }
 
@@ -438,14 +435,32 @@ impl Fs {
         if partial_first && self.datacow_edge(mapper, off, data, first)? {
             lo = end.min(first + bs.bytes_u64());
         }
+        // From here `[off, lo)` may be recorded, and a recorded copy is not undone: any
+        // later failure ends the write short there (a contiguous short write, the answer
+        // equal to what the file reads; the caller's retry of the rest meets the error).
+        let short = |at: u64, e: FsError| -> Result<usize> {
+            if at > off {
+                Ok(usize::try_from(at - off).expect("inside the write"))
+            } else {
+                Err(e)
+            }
+        };
         // The last block is merged after the middle if it holds written data; otherwise
         // the engine writes it whole, zero-padded.
-        let merge_last = partial_last && lo <= last && self.written_at(mapper, last)?;
+        let merge_last = partial_last
+            && lo <= last
+            && match self.written_at(mapper, last) {
+                Ok(w) => w,
+                Err(e) => return short(lo, e),
+            };
         let hi = if merge_last { last } else { end };
         if lo < hi {
             let at = usize::try_from(lo - off).expect("inside the write");
             let to = usize::try_from(hi - off).expect("inside the write");
-            let n = dio_write_wait(mapper, lo, &data[at..to])?;
+            let n = match dio_write_wait(mapper, lo, &data[at..to]) {
+                Ok(n) => n,
+                Err(e) => return short(lo, e),
+            };
             // Recorded: the last edge's failure must not free them with the mapper.
             mapper.allocated.commit();
             if n < to - at {
@@ -453,12 +468,8 @@ impl Fs {
             }
         }
         if merge_last {
-            match self.datacow_edge(mapper, off, data, last) {
-                Ok(_) => {}
-                Err(FsError::NoSpace(_)) if last > off => {
-                    return Ok(usize::try_from(last - off).expect("inside the write"));
-                }
-                Err(e) => return Err(e),
+            if let Err(e) = self.datacow_edge(mapper, off, data, last) {
+                return short(last, e);
             }
         }
         Ok(data.len())

@@ -612,6 +612,40 @@ fn short_direct_write_to_a_datacow_file_reports_what_it_wrote() {
     }
 }
 
+/// A datacow direct write whose first partial block is copied and recorded, and whose
+/// next block then finds no space, answers with the bytes of that first block: the copy
+/// is recorded and cannot be undone, so an error would hide a change the file shows.
+/// Guards a review finding: the engine's `ENOSPC` was passed up after the edge landed.
+#[test]
+fn a_datacow_write_short_after_its_first_partial_block_reports_that_block() {
+    const MIB: u64 = 1 << 20;
+    let (s, fs, f) = target_2_full(DataCow::On);
+    // The block before the full target's stripe unit, on target 1, written earlier.
+    let old = pattern(3, MIB * 2 - 4096, 4096);
+    fs.write_direct(f, MIB * 2 - 4096, &old).unwrap();
+    // 2 KiB into that block, then a whole block on target 2 (full).
+    let new = pattern(9, MIB * 2 - 2048, 6144);
+    let n = fs
+        .write_direct(f, MIB * 2 - 2048, &new)
+        .expect("a short write: the first block was recorded");
+    assert_eq!(n, 2048, "the answer is the recorded first block's bytes");
+    let mut want = old.clone();
+    want[2048..].copy_from_slice(&new[..2048]);
+    let mut back = vec![0u8; 4096];
+    fs.read_direct(f, MIB * 2 - 4096, &mut back).unwrap();
+    assert!(back == want, "the file reads what the answer says");
+    assert_eq!(
+        fs.getattr(f).unwrap().size,
+        MIB * 2,
+        "size: the bytes reported"
+    );
+    fs.check_space_accounting().unwrap();
+    fs.check_csums().unwrap();
+    fs.unmount().unwrap();
+    let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).unwrap();
+    assert!(r.is_clean(), "{:?}", r.problems);
+}
+
 /// Four 16 MiB targets (1 MiB stripe unit) mounted with `datacow`, target 2 filled by a
 /// file of its own; returns the file `f` striped over all four targets from target 0.
 fn target_2_full(datacow: DataCow) -> (Vec<Arc<SimTarget>>, Fs, Ino) {
