@@ -150,7 +150,6 @@ impl Fs {
         // The replayed records are in the trees (applied at load), so their free-space
         // changes are in the space tree the allocator is read from.
         let alloc = build_allocator(&l)?;
-        let refs = stripefs_meta::refcount::load(&l.store)?;
         let counter = items::counter(&l.store)?;
         let orphans = items::orphans(&l.store)?;
         let committed = l.next_seq - 1;
@@ -178,7 +177,7 @@ impl Fs {
         let meta = MetaCore {
             state: view,
             alloc,
-            refs,
+            refs: crate::refcount::RefcountOverlay::default(),
             csums: Arc::default(),
             txn: Txn::new(l.next_seq),
             rotor: 0,
@@ -734,6 +733,7 @@ impl Fs {
             csum_errors: self.inner.csum_errors.count.load(Ordering::Relaxed),
             csum_overlay_runs: self.inner.csum_overlay.runs(),
             csum_pending_blocks: self.inner.write_csums.pending(),
+            refcount_overlay_runs: m.refs.runs(),
             map_lookups: self.inner.map_lookups.load(Ordering::Relaxed),
             incore_inodes: m.inodes.len(),
             incore_inodes_peak: m.inodes.peak(),
@@ -816,7 +816,11 @@ impl Fs {
             tracing::warn!(error = %e, "space books: the trees could not be read");
         }
         // A shared block is in several maps but on the target once.
-        for (t, _, e) in m.refs.iter() {
+        let refs = m.ref_index(n).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "space books: the refcount tree could not be read");
+            stripefs_core::refcount::RefcountIndex::new()
+        });
+        for (t, _, e) in refs.iter() {
             let extra = e.len * u64::from(e.count - 1);
             let b = &mut books[t.index()].extent_blocks;
             *b = b.saturating_sub(extra);
@@ -853,13 +857,21 @@ impl Fs {
             })
             .map_err(|e| e.to_string())?;
         let derived = stripefs_core::refcount::RefcountIndex::derive(pieces);
-        m.refs.first_difference(&derived).map_or(Ok(()), Err)
+        let refs = m.ref_index(n).map_err(|e| e.to_string())?;
+        refs.first_difference(&derived).map_or(Ok(()), Err)
     }
 
     /// Blocks shared by two or more extents, counted once (what a clone saved).
     #[must_use]
     pub fn shared_blocks(&self) -> u64 {
-        self.inner.meta.lock().refs.shared_blocks()
+        let m = self.inner.meta.lock();
+        match m.ref_index(self.inner.geo.target_count()) {
+            Ok(refs) => refs.shared_blocks(),
+            Err(e) => {
+                tracing::warn!(error = %e, "shared blocks: the refcount tree could not be read");
+                0
+            }
+        }
     }
 
     /// Blocks freed by a transaction stay busy until it is durable (see `Allocator`), so
@@ -966,7 +978,7 @@ impl Fs {
                 None => false,
             };
             self.inner.log_all(m, vec![rec])?;
-            let r = m.refs.release(&[(f.target, f.phys, f.len)]);
+            let r = m.ref_release(&[(f.target, f.phys, f.len)])?;
             self.inner.log_all(m, r.records)?;
             if datacow {
                 // Freed blocks lose their checksums in the same transaction.

@@ -5,6 +5,8 @@
 //! metadata lock; its I/O part (`InodeIo`) is reached through [`FsInner::io_lock`].
 //! The metadata lock is never held across I/O (the btrfs NOCOW lesson, I-001-2): paths look
 //! up or allocate under it, drop it, do their I/O, and take it again to record the result.
+//! Exceptions, metadata page misses only: an inode miss outside `FsInner::meta_with`, and
+//! a reference-count lookup that misses a page of the `refcount` tree (decision 88).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,10 +55,10 @@ pub(crate) struct MetaCore {
     /// The decoded inodes in core, read from the trees on a miss (`metaview.rs`).
     pub state: crate::metaview::MetaView,
     pub alloc: Allocator,
-    /// The reference-count index (`docs/design/reflink.md`): only shared ranges, whole in
-    /// memory, loaded at mount from the `refcount` tree and changed by `RefcountSet`
-    /// records as they are logged.
-    pub refs: stripefs_core::refcount::RefcountIndex,
+    /// The count changes of `RefcountSet` records the trees do not hold yet
+    /// (`refcount.rs`): lookups answer from it where it holds a block, else from the
+    /// `refcount` tree. Never the whole index.
+    pub refs: crate::refcount::RefcountOverlay,
     /// The checksum changes the trees do not hold yet (`csum.rs`; its own lock, shared
     /// with [`FsInner::csum_overlay`] for readers that do not take this one).
     pub csums: Arc<crate::csum::CsumOverlay>,
@@ -158,7 +160,7 @@ impl MetaCore {
             count,
         } = rec
         {
-            self.refs.set(target, phys, len, count);
+            self.refs.set(target, phys, len, count, self.txn.seq);
             self.txn.bytes += rec.encoded_len();
             self.txn.records.push(rec);
             return Ok(());
@@ -287,6 +289,7 @@ impl Drop for MetaGuard<'_> {
         let applied = self.0.applied.load(Ordering::Acquire);
         self.0.state.settle_overlay(applied);
         self.0.csums.drop_applied(applied);
+        self.0.refs.drop_applied(applied);
         if self.0.state.sweep_due() {
             self.0.sweep_view();
         }

@@ -240,21 +240,20 @@ impl Fs {
             let t = l.target_of(object, n);
             let mapped: u64 = i.objects[object as usize]
                 .range(b0, b1 - b0)
-                .map(|(s, e)| {
+                .map(|(s, e)| -> Result<u64> {
                     let (from, to) = (s.max(b0), (s + e.len).min(b1));
                     let replaced = match shared {
                         SharedBlocks::Replaced if e.state == ExtentState::Written => m
-                            .refs
-                            .pieces(t, e.phys + (from - s), to - from)
+                            .ref_pieces(t, e.phys + (from - s), to - from)?
                             .into_iter()
                             .filter(|&(_, _, c)| c >= 2)
                             .map(|(_, len, _)| len)
                             .sum(),
                         _ => 0,
                     };
-                    to - from - replaced
+                    Ok(to - from - replaced)
                 })
-                .sum();
+                .sum::<Result<u64>>()?;
             let delayed = m
                 .delalloc_of(mapper.ino, object as usize)
                 .map_or(0, |d| d.overlap(b0, b1 - b0));
@@ -422,7 +421,7 @@ impl Fs {
             let from = s.max(block);
             let len = (s + e.len).min(block + blocks) - from;
             let phys = e.phys + (from - s);
-            for (p, l, c) in m.refs.pieces(target, phys, len) {
+            for (p, l, c) in m.ref_pieces(target, phys, len)? {
                 let at = from + (p - phys);
                 if c >= 2 || datacow {
                     shared.push((at, l));

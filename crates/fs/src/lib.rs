@@ -46,6 +46,7 @@ mod options;
 mod path;
 mod queue;
 mod recovery;
+mod refcount;
 mod reflink;
 mod replay;
 mod scrub;

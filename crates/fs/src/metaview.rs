@@ -239,6 +239,11 @@ pub(crate) struct ViewSwept {
 }
 
 impl MetaView {
+    /// The trees the view reads (also what the reference-count lookups read).
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
     /// A view over `store` holding nothing yet, for a file system whose next inode number
     /// is `next_ino` and which has `count` inodes; swept past `bound` in-core inodes.
     pub fn new(store: Arc<Store>, next_ino: u64, count: u64, bound: usize) -> Self {

@@ -319,6 +319,9 @@ pub struct FsStatus {
     /// (`WriteCsums`): writes in flight; 0 when the file system is idle, since a failed
     /// write forgets them.
     pub csum_pending_blocks: usize,
+    /// Reference-count changes held in core because the trees do not hold them yet
+    /// (runs; `docs/design/reflink.md`, "The runtime reads the index from the trees").
+    pub refcount_overlay_runs: usize,
     /// In-core inodes now, the most at once since mount, and those evicted since mount
     /// (see `docs/design/cache.md`, "In-core inodes").
     pub incore_inodes: usize,

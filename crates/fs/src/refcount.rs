@@ -1,0 +1,251 @@
+//! The reference-count index at run time (`docs/design/reflink.md`, "The runtime reads
+//! the index from the trees").
+//!
+//! The index lives in the `refcount` tree and is never held whole in memory. What the
+//! trees do not hold yet (the `RefcountSet` records the checkpointer has not applied) is
+//! the [`RefcountOverlay`]: runs of blocks with the count a record gave them and the
+//! transaction that logged it, dropped once the trees hold that transaction (when the
+//! metadata lock is released after the checkpointer's applied mark passed it, as the
+//! checksum and directory overlays). Its size follows the unapplied records (each record
+//! adds one run and cuts at most one other in two), never the index.
+//!
+//! Lookups ([`MetaCore::ref_pieces`], [`MetaCore::ref_share`], [`MetaCore::ref_release`],
+//! [`MetaCore::nothing_shared`]) run under the metadata lock, where every count change is
+//! logged, so the overlay they see is stable. A block the overlay holds takes its count;
+//! the others are read from the trees (`stripefs_meta::refcount::shared`). Those reads
+//! race the checkpointer, which applies records without the metadata lock, but only
+//! records the overlay still holds (their transaction is above the applied mark at the
+//! overlay's last drop), so no record being applied changes a block the trees are asked
+//! about, and `refcount::set` orders its item changes so that such a block reads its
+//! count at every moment of the change. Reading the trees under the metadata lock is
+//! I/O under it on a page miss: the documented exception of decision 88.
+//!
+//! `share` and `release` keep one implementation of the counting rules: a small
+//! `RefcountIndex` holding the counts over just the ranges involved (overlay over trees)
+//! is built and asked, as `RefcountIndex::share`/`release` ask the whole index.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use stripefs_core::record::Record;
+use stripefs_core::refcount::{PhysPiece, RefcountIndex, Release};
+use stripefs_core::TargetId;
+
+use crate::error::{FsError, Result};
+use crate::inner::MetaCore;
+
+/// One run of blocks `[start, end)` whose count a record set, and its transaction.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    end: u64,
+    /// 1: not shared.
+    count: u32,
+    seq: u64,
+}
+
+/// The count changes of records the trees do not hold yet (see the module
+/// documentation). Under the metadata lock.
+#[derive(Debug, Default)]
+pub(crate) struct RefcountOverlay {
+    /// Non-overlapping runs by (target, first block).
+    runs: BTreeMap<(TargetId, u64), Run>,
+    /// Every change made, in log order: `(seq, target, start, end)`.
+    order: VecDeque<(u64, TargetId, u64, u64)>,
+}
+
+impl RefcountOverlay {
+    /// The key of the first run of `t` that may overlap a range starting at `start`.
+    fn first_from(&self, t: TargetId, start: u64) -> u64 {
+        match self.runs.range(..=(t, start)).next_back() {
+            Some((&(rt, s), r)) if rt == t && r.end > start => s,
+            _ => start,
+        }
+    }
+
+    /// Cuts the runs overlapping `[start, end)` of `t` away from that range.
+    fn cut(&mut self, t: TargetId, start: u64, end: u64) {
+        let first = self.first_from(t, start);
+        let keys: Vec<u64> = self
+            .runs
+            .range((t, first)..(t, end))
+            .map(|(&(_, s), _)| s)
+            .collect();
+        for s in keys {
+            let r = self.runs.remove(&(t, s)).expect("listed");
+            if s < start {
+                self.runs.insert((t, s), Run { end: start, ..r });
+            }
+            if r.end > end {
+                self.runs.insert((t, end), r);
+            }
+        }
+    }
+
+    /// Records that `[start, start + len)` of `t` has `count` owners since transaction
+    /// `seq`.
+    pub fn set(&mut self, t: TargetId, start: u64, len: u64, count: u32, seq: u64) {
+        if len == 0 {
+            return;
+        }
+        let end = start.saturating_add(len);
+        self.cut(t, start, end);
+        self.runs.insert((t, start), Run { end, count, seq });
+        self.order.push_back((seq, t, start, end));
+    }
+
+    /// Drops the changes of transactions at or below `applied` (the trees hold them):
+    /// constant time when there are none.
+    pub fn drop_applied(&mut self, applied: u64) {
+        while let Some(&(seq, t, start, end)) = self.order.front() {
+            if seq > applied {
+                return;
+            }
+            self.order.pop_front();
+            let first = self.first_from(t, start);
+            let gone: Vec<u64> = self
+                .runs
+                .range((t, first)..(t, end))
+                .filter(|(_, r)| r.seq <= applied)
+                .map(|(&(_, s), _)| s)
+                .collect();
+            for s in gone {
+                self.runs.remove(&(t, s));
+            }
+        }
+    }
+
+    /// The runs over `[start, end)` of `t`, cut to it: `(first, end, count)` in order.
+    fn over(&self, t: TargetId, start: u64, end: u64) -> Vec<(u64, u64, u32)> {
+        let first = self.first_from(t, start);
+        self.runs
+            .range((t, first)..(t, end))
+            .map(|(&(_, s), r)| (s.max(start), r.end.min(end), r.count))
+            .filter(|(lo, hi, _)| lo < hi)
+            .collect()
+    }
+
+    /// Runs held (statistics, tests).
+    pub fn runs(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// True when every count change is in the trees.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+}
+
+impl MetaCore {
+    /// Adds to `idx` the counts of `[start, start + len)` of `t`: the overlay's where it
+    /// holds a block, the trees' elsewhere (not read when the overlay holds the range).
+    fn ref_counts_into(
+        &self,
+        idx: &mut RefcountIndex,
+        t: TargetId,
+        start: u64,
+        len: u64,
+    ) -> Result<()> {
+        let end = start.saturating_add(len);
+        let over = self.refs.over(t, start, end);
+        let held: u64 = over.iter().map(|(lo, hi, _)| hi - lo).sum();
+        if held < end - start {
+            let trees = stripefs_meta::refcount::shared(self.state.store(), t, start, end)
+                .map_err(FsError::from)?;
+            for (s, e) in trees {
+                idx.set(t, s, e.len, e.count);
+            }
+        }
+        for (lo, hi, count) in over {
+            idx.set(t, lo, hi - lo, count);
+        }
+        Ok(())
+    }
+
+    /// The counts over `pieces` only, as an index (what `share` and `release` read).
+    fn ref_window(&self, pieces: &[PhysPiece]) -> Result<RefcountIndex> {
+        let mut idx = RefcountIndex::new();
+        for &(t, start, len) in pieces {
+            self.ref_counts_into(&mut idx, t, start, len)?;
+        }
+        Ok(idx)
+    }
+
+    /// `[start, start + len)` of `t` cut where the count changes: `(first, blocks,
+    /// count)` in order, count 1 where nothing is shared (`RefcountIndex::pieces`).
+    ///
+    /// # Errors
+    /// The trees' read or decode error.
+    pub fn ref_pieces(&self, t: TargetId, start: u64, len: u64) -> Result<Vec<(u64, u64, u32)>> {
+        Ok(self.ref_window(&[(t, start, len)])?.pieces(t, start, len))
+    }
+
+    /// The records adding one owner to every block of `pieces` (`RefcountIndex::share`).
+    ///
+    /// # Errors
+    /// As [`Self::ref_pieces`].
+    pub fn ref_share(&self, pieces: &[PhysPiece]) -> Result<Vec<Record>> {
+        Ok(self.ref_window(pieces)?.share(pieces))
+    }
+
+    /// What unmapping `pieces` does (`RefcountIndex::release`).
+    ///
+    /// # Errors
+    /// As [`Self::ref_pieces`].
+    pub fn ref_release(&self, pieces: &[PhysPiece]) -> Result<Release> {
+        Ok(self.ref_window(pieces)?.release(pieces))
+    }
+
+    /// Whether no block is shared at all: the overlay holds nothing and the trees hold no
+    /// entry (one descent). Exact: with the overlay empty every count change is in the
+    /// trees, and the checkpointer has none left to apply.
+    ///
+    /// # Errors
+    /// As [`Self::ref_pieces`].
+    pub fn nothing_shared(&self) -> Result<bool> {
+        Ok(self.refs.is_empty()
+            && stripefs_meta::refcount::is_empty(self.state.store()).map_err(FsError::from)?)
+    }
+
+    /// The whole index, the trees with the overlay over them, read one entry at a time
+    /// (tests and tools that already read every inode: memory follows the index here).
+    ///
+    /// # Errors
+    /// As [`Self::ref_pieces`].
+    pub fn ref_index(&self, targets: u32) -> Result<RefcountIndex> {
+        let mut idx = RefcountIndex::new();
+        for t in (0..targets).map(TargetId) {
+            let trees = stripefs_meta::refcount::shared(self.state.store(), t, 0, u64::MAX)
+                .map_err(FsError::from)?;
+            for (s, e) in trees {
+                idx.set(t, s, e.len, e.count);
+            }
+        }
+        for (&(t, s), r) in &self.refs.runs {
+            idx.set(t, s, r.end - s, r.count);
+        }
+        Ok(idx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: TargetId = TargetId(0);
+
+    #[test]
+    fn runs_cut_and_drop_by_transaction() {
+        let mut o = RefcountOverlay::default();
+        o.set(T, 0, 10, 2, 5);
+        o.set(T, 4, 2, 1, 6);
+        assert_eq!(o.over(T, 0, 10), vec![(0, 4, 2), (4, 6, 1), (6, 10, 2)]);
+        o.drop_applied(5);
+        assert_eq!(
+            o.over(T, 0, 10),
+            vec![(4, 6, 1)],
+            "transaction 5 is in the trees"
+        );
+        o.drop_applied(6);
+        assert!(o.is_empty());
+        assert!(o.order.is_empty());
+    }
+}

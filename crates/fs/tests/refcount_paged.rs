@@ -1,0 +1,140 @@
+//! Issue 12: the runtime must not hold the reference-count index whole in memory
+//! (`docs/design/reflink.md`, "The runtime reads the index from the trees"). Before, mount
+//! loaded every entry of the `refcount` tree into `MetaCore::refs` and kept them all for
+//! the whole mount. Now only the count changes the trees do not hold yet stay in core
+//! (`FsStatus::refcount_overlay_runs`): once a checkpoint applied thousands of shared
+//! entries, none is in core, mount reads none, and clones, copy-on-write writes and
+//! unlinks over them, with a metadata cache far smaller than the index, still keep
+//! every count exact and every file's data.
+mod common;
+
+use common::*;
+use stripefs::{CreateParams, Fs, Ino, MetaCacheBytes, MountOptions, SyncScope};
+
+const BS: u64 = 4096;
+/// Shared entries: every other block of a file cloned one block at a time, so no two
+/// entries merge.
+const SHARED: u64 = 3000;
+/// The smallest metadata cache (64 pages): the refcount tree alone is larger.
+const TINY: u64 = 64 * 4096;
+
+fn file(fs: &Fs, name: &str) -> Ino {
+    fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
+        .expect("create")
+        .ino
+}
+
+fn read_all(fs: &Fs, ino: Ino) -> Vec<u8> {
+    let size = fs.getattr(ino).expect("getattr").size;
+    let mut buf = vec![0u8; size as usize];
+    let n = fs.read_at(ino, 0, &mut buf).expect("read");
+    assert_eq!(n as u64, size, "short read");
+    buf
+}
+
+fn check(fs: &Fs, files: &[(Ino, &Vec<u8>)], what: &str) {
+    for (ino, want) in files {
+        assert!(
+            read_all(fs, *ino) == **want,
+            "{what}: data of inode {}",
+            ino.0
+        );
+    }
+    fs.check_refcounts()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    fs.check_space_accounting()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+}
+
+fn tiny() -> MountOptions {
+    MountOptions {
+        meta_cache: MetaCacheBytes(TINY),
+        ..quiet()
+    }
+}
+
+#[test]
+fn applied_shared_entries_are_not_held_in_core_and_counts_stay_exact() {
+    let s = sims(2, 64 << 20);
+    let fs = fresh(&s, BS as u32, 64 << 10);
+    let a = file(&fs, "a");
+    let blocks = 2 * SHARED;
+    let mut want_a = pattern(1, 0, (blocks * BS) as usize);
+    fs.write_at(a, 0, &want_a).unwrap();
+    fs.fsync(a, SyncScope::All).unwrap();
+    let b = file(&fs, "b");
+    let mut want_b = vec![0u8; ((blocks - 1) * BS) as usize];
+    for k in 0..SHARED {
+        let off = 2 * k * BS;
+        fs.clone_range(a, off, b, off, BS).unwrap();
+        let o = off as usize;
+        want_b[o..o + BS as usize].copy_from_slice(&want_a[o..o + BS as usize]);
+    }
+    let before = fs.status().refcount_overlay_runs;
+    fs.checkpoint().unwrap();
+    let st = fs.status();
+    eprintln!(
+        "{SHARED} shared entries: overlay runs {before} before the checkpoint, {} after",
+        st.refcount_overlay_runs
+    );
+    assert_eq!(st.refcount_overlay_runs, 0, "the trees hold every count");
+    assert_eq!(fs.shared_blocks(), SHARED);
+    check(&fs, &[(a, &want_a), (b, &want_b)], "after the clones");
+    fs.unmount().unwrap();
+
+    // A cache of 64 pages: the lookups below miss and read the refcount tree.
+    let (fs, _) = Fs::mount(dyns(&s), tiny()).unwrap();
+    let mount_reads = fs.status().meta_cache.reads;
+    // The refcount tree alone has dozens of leaves here; mount used to read them all
+    // (52 pages in all before, 3 now).
+    assert!(
+        mount_reads < 20,
+        "mount read {mount_reads} pages: it must load no refcount entry"
+    );
+    assert_eq!(fs.status().refcount_overlay_runs, 0, "mount holds no count");
+    let a = fs.lookup(Ino::ROOT, "a".as_ref()).unwrap().ino;
+    let b = fs.lookup(Ino::ROOT, "b".as_ref()).unwrap().ino;
+    let reads_before = fs.status().meta_cache.reads;
+
+    // Buffered copy on write into b over shared and unshared blocks.
+    let w = pattern(2, 200 * BS + 100, (20 * BS) as usize);
+    fs.write_at(b, 200 * BS + 100, &w).unwrap();
+    want_b[(200 * BS + 100) as usize..(220 * BS + 100) as usize].copy_from_slice(&w);
+    // Direct copy on write into a, whole blocks and a partial one.
+    let d = pattern(3, 1000 * BS, (8 * BS) as usize);
+    fs.write_direct(a, 1000 * BS, &d).unwrap();
+    want_a[(1000 * BS) as usize..(1008 * BS) as usize].copy_from_slice(&d);
+    let d = pattern(4, 3000 * BS + 512, 1024);
+    fs.write_direct(a, 3000 * BS + 512, &d).unwrap();
+    want_a[(3000 * BS + 512) as usize..(3000 * BS + 1536) as usize].copy_from_slice(&d);
+    fs.sync().unwrap();
+    check(&fs, &[(a, &want_a), (b, &want_b)], "after copy on write");
+    // A third owner for part of them, then the first owner goes.
+    let c = file(&fs, "c");
+    fs.clone_range(a, 0, c, 0, 800 * BS).unwrap();
+    let want_c = want_a[..(800 * BS) as usize].to_vec();
+    fs.sync().unwrap();
+    check(
+        &fs,
+        &[(a, &want_a), (b, &want_b), (c, &want_c)],
+        "after a third owner",
+    );
+    let held = fs.status().refcount_overlay_runs;
+    assert!(held > 0, "the clone's counts are not applied yet");
+    fs.unlink(Ino::ROOT, "a".as_ref()).unwrap();
+    fs.sync().unwrap();
+    check(&fs, &[(b, &want_b), (c, &want_c)], "after unlinking a");
+    let held_max = held.max(fs.status().refcount_overlay_runs);
+    let reads = fs.status().meta_cache.reads - reads_before;
+    fs.checkpoint().unwrap();
+    assert_eq!(fs.status().refcount_overlay_runs, 0);
+    check(&fs, &[(b, &want_b), (c, &want_c)], "after the checkpoint");
+    eprintln!(
+        "tiny cache: {mount_reads} pages read at mount, {reads} by the operations; \
+         overlay at most {held_max} runs, 0 after the checkpoint; {} blocks shared",
+        fs.shared_blocks()
+    );
+    fs.unmount().unwrap();
+    let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).expect("fsck loads");
+    assert!(r.is_clean(), "fsck: {:?}", r.problems);
+}
