@@ -5,8 +5,10 @@
 //! absent from it has exactly one owner, so "is this block shared?" and "does exactly one
 //! extent own it?" are one lookup, and files that share nothing cost nothing. Entries are
 //! kept canonical (no overlap, no zero length, neighbours with the same count merged), so
-//! the in-memory model, the runtime's copy and the `refcount` tree's items agree entry
-//! for entry.
+//! the in-memory model and the `refcount` tree's items agree entry for entry. The runtime
+//! holds no whole index: it builds small ones over just the ranges a clone or a release
+//! involves (its overlay over the trees) and asks them [`RefcountIndex::share`] and
+//! [`RefcountIndex::release`], so these rules have one implementation.
 //!
 //! Counts change only through `Record::RefcountSet` (an absolute count over a range, so
 //! records stay idempotent "set" operations). Within a transaction a clone logs its

@@ -389,7 +389,8 @@ impl Fs {
     /// of its own first (`cow_block`), so the write lands on it in place; whole shared
     /// blocks get new blocks from the mapping (copy on write).
     fn cow_partial_edges(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
-        if self.inner.meta.lock().nothing_shared()? {
+        let none = self.inner.meta.lock().nothing_shared();
+        if self.inner.refs_ok(none)? {
             return Ok(()); // nothing is shared: no walk
         }
         let bs = self.inner.geo.block_size;

@@ -978,7 +978,9 @@ impl Fs {
                 None => false,
             };
             self.inner.log_all(m, vec![rec])?;
-            let r = m.ref_release(&[(f.target, f.phys, f.len)])?;
+            let r = self
+                .inner
+                .refs_ok(m.ref_release(&[(f.target, f.phys, f.len)]))?;
             self.inner.log_all(m, r.records)?;
             if datacow {
                 // Freed blocks lose their checksums in the same transaction.

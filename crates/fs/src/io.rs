@@ -243,8 +243,9 @@ impl Fs {
                 .map(|(s, e)| -> Result<u64> {
                     let (from, to) = (s.max(b0), (s + e.len).min(b1));
                     let replaced = match shared {
-                        SharedBlocks::Replaced if e.state == ExtentState::Written => m
-                            .ref_pieces(t, e.phys + (from - s), to - from)?
+                        SharedBlocks::Replaced if e.state == ExtentState::Written => self
+                            .inner
+                            .refs_ok(m.ref_pieces(t, e.phys + (from - s), to - from))?
                             .into_iter()
                             .filter(|&(_, _, c)| c >= 2)
                             .map(|(_, len, _)| len)
@@ -421,7 +422,7 @@ impl Fs {
             let from = s.max(block);
             let len = (s + e.len).min(block + blocks) - from;
             let phys = e.phys + (from - s);
-            for (p, l, c) in m.ref_pieces(target, phys, len)? {
+            for (p, l, c) in self.inner.refs_ok(m.ref_pieces(target, phys, len))? {
                 let at = from + (p - phys);
                 if c >= 2 || datacow {
                     shared.push((at, l));

@@ -474,8 +474,11 @@ impl IomapOps for FileMapper<'_> {
                 let off_in = obj_block - es;
                 let phys = ext.phys + off_in;
                 // Cut where sharing changes: one mapping is all shared or all not.
-                let (_, blocks, owners) =
-                    m.ref_pieces(target, phys, (ext.len - off_in).min(want))?[0];
+                let (_, blocks, owners) = self.fs.inner.refs_ok(m.ref_pieces(
+                    target,
+                    phys,
+                    (ext.len - off_in).min(want),
+                ))?[0];
                 // A datacow file's written blocks are written like shared ones: never
                 // in place (their checksums could not be kept crash-consistent).
                 if owners >= 2 || (self.datacow && ext.state == ExtentState::Written) {

@@ -134,6 +134,19 @@ impl RefcountOverlay {
     }
 }
 
+impl crate::inner::FsInner {
+    /// The result of a reference-count lookup. A failure (an unreadable or damaged
+    /// `refcount` page) poisons the file system: the counts could not be known, so no
+    /// write may trust them, and the caller may be between records of one transaction
+    /// (an unmapping logged, its decrements not), which must never commit half.
+    ///
+    /// # Errors
+    /// `r`'s error.
+    pub fn refs_ok<T>(&self, r: Result<T>) -> Result<T> {
+        r.inspect_err(|e| self.poison(&format!("reference-count lookup: {e}")))
+    }
+}
+
 impl MetaCore {
     /// Adds to `idx` the counts of `[start, start + len)` of `t`: the overlay's where it
     /// holds a block, the trees' elsewhere (not read when the overlay holds the range).

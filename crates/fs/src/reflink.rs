@@ -317,7 +317,7 @@ impl Fs {
             }
             off += step;
         }
-        let mut recs = m.ref_share(&share)?;
+        let mut recs = self.inner.refs_ok(m.ref_share(&share))?;
         recs.extend(sets);
         let mut a = data_changed(m, dst)?;
         if dst_off + len > a.size {
@@ -383,7 +383,9 @@ impl Fs {
             self.inner.log_all(m, csums)?;
             // Each replaced piece's decrements right after the record (`log_released`).
             for f in old {
-                let r = m.ref_release(&[(f.target, f.phys, f.len)])?;
+                let r = self
+                    .inner
+                    .refs_ok(m.ref_release(&[(f.target, f.phys, f.len)]))?;
                 self.inner.log_all(m, r.records)?;
                 if datacow {
                     self.inner.log_all(m, csum_clears(&r.freed))?;
