@@ -10,6 +10,8 @@ mod common;
 
 use common::*;
 use stripefs::{CreateParams, Fs, Ino, MetaCacheBytes, MountOptions, SyncScope};
+use stripefs_core::btree::{PageAddr, TreeId};
+use stripefs_meta::{RootSlots, Store, StoreConfig};
 
 const BS: u64 = 4096;
 /// Shared entries: every other block of a file cloned one block at a time, so no two
@@ -137,4 +139,64 @@ fn applied_shared_entries_are_not_held_in_core_and_counts_stay_exact() {
     fs.unmount().unwrap();
     let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).expect("fsck loads");
     assert!(r.is_clean(), "fsck: {:?}", r.problems);
+}
+
+/// Every page of the `refcount` tree of the durable root record.
+fn refcount_pages(s: &[std::sync::Arc<stripefs_target::SimTarget>], fs: &Fs) -> Vec<PageAddr> {
+    let geo = fs.geometry().clone();
+    let cfg = StoreConfig {
+        uuid: geo.uuid,
+        page_size: geo.page_size(),
+        block_size: geo.block_size,
+        cache_bytes: 1 << 20,
+        slots: RootSlots {
+            target: stripefs_core::TargetId(0),
+            offsets: geo.root_slot_offsets(),
+        },
+        space: stripefs_meta::SpaceBooks::Kept,
+    };
+    // Only read: the allocator is never asked for a page.
+    let alloc = std::sync::Arc::new(stripefs_meta::region::RegionAlloc::new(1, 0, 1, 0));
+    let store = Store::open(cfg, dyns(s), alloc).unwrap();
+    let mut out = Vec::new();
+    store
+        .walk(TreeId::Refcount, &mut |at, _| out.push(at))
+        .unwrap();
+    out
+}
+
+/// Mount used to load the whole index and refused a damaged `refcount` page; now it reads
+/// none, and the first lookup that needs the page fails and shuts the file system down
+/// (`FsInner::refs_ok`): a write must not trust counts it could not read.
+#[test]
+fn a_damaged_refcount_page_fails_the_lookup_that_reads_it_and_poisons() {
+    let s = sims(2, 16 << 20);
+    let fs = fresh(&s, BS as u32, 64 << 10);
+    let a = file(&fs, "a");
+    fs.write_at(a, 0, &pattern(5, 0, (64 * BS) as usize))
+        .unwrap();
+    let b = file(&fs, "b");
+    fs.clone_file(a, b).unwrap();
+    fs.checkpoint().unwrap();
+    let geo = fs.geometry().clone();
+    fs.unmount().unwrap();
+    let (probe, _) = Fs::mount(dyns(&s), quiet()).unwrap();
+    let pages = refcount_pages(&s, &probe);
+    probe.unmount().unwrap();
+    assert_eq!(pages.len(), 1, "a few entries: one leaf");
+    let at = pages[0];
+    s[at.target.index()].corrupt(at.block.0 * geo.block_size.bytes_u64() + 1000, 0x08);
+
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).expect("mount reads no refcount page");
+    let b = fs.lookup(Ino::ROOT, "b".as_ref()).unwrap().ino;
+    // The write's mapping asks whether the block is shared (copy on write).
+    let err = fs
+        .write_at(b, 0, &pattern(6, 0, BS as usize))
+        .expect_err("a write over a block whose count cannot be read");
+    let want = format!("metadata page of tree {} at {at}", TreeId::Refcount);
+    assert!(err.to_string().contains(&want), "{err}");
+    assert!(
+        fs.is_poisoned(),
+        "a count that could not be read shuts down"
+    );
 }
