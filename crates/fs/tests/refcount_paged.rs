@@ -200,3 +200,111 @@ fn a_damaged_refcount_page_fails_the_lookup_that_reads_it_and_poisons() {
         "a count that could not be read shuts down"
     );
 }
+
+/// Two threads clone ranges of one source into files of their own, copy-on-write over
+/// them, truncate and unlink them (every count change lands on the source's blocks, from
+/// both threads), while the background checkpointer and a thread checkpointing back to
+/// back apply the counts to the trees and a 64-page cache makes lookups read them: each thread's files read what it wrote, and
+/// at the end the counts, the space books and fsck agree with the extent maps.
+#[test]
+fn clones_and_writes_racing_the_checkpointer_keep_counts_exact() {
+    use std::sync::Arc;
+    let s = sims(2, 64 << 20);
+    let fs = fresh(&s, BS as u32, 64 << 10);
+    let src = file(&fs, "src");
+    const SRC_BLOCKS: u64 = 512;
+    let want_src = pattern(7, 0, (SRC_BLOCKS * BS) as usize);
+    fs.write_at(src, 0, &want_src).unwrap();
+    fs.fsync(src, SyncScope::All).unwrap();
+    fs.unmount().unwrap();
+    let opts = MountOptions {
+        checkpoints: stripefs::Checkpoints::Background,
+        ..tiny()
+    };
+    let (fs, _) = Fs::mount(dyns(&s), opts).unwrap();
+    let fs = Arc::new(fs);
+    let src = fs.lookup(Ino::ROOT, "src".as_ref()).unwrap().ino;
+    let want_src = Arc::new(want_src);
+    let workers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (fs, want_src) = (Arc::clone(&fs), Arc::clone(&want_src));
+            std::thread::spawn(move || {
+                let mut rng = stripefs_target::Rng::new(11 + w);
+                for i in 0..150 {
+                    let name = format!("w{w}-{i}");
+                    let f = file(&fs, &name);
+                    let first = rng.below(SRC_BLOCKS - 64);
+                    let len = 1 + rng.below(64);
+                    let at = rng.below(8);
+                    fs.clone_range(src, first * BS, f, at * BS, len * BS)
+                        .unwrap();
+                    let mut want = vec![0u8; ((at + len) * BS) as usize];
+                    want[(at * BS) as usize..].copy_from_slice(
+                        &want_src[(first * BS) as usize..((first + len) * BS) as usize],
+                    );
+                    for _ in 0..3 {
+                        let off = rng.below(want.len() as u64 - 100);
+                        let n = 1 + rng.below(2 * BS).min(want.len() as u64 - off - 1);
+                        let d = pattern(100 * w + i, off, n as usize);
+                        if rng.one_in(2) {
+                            fs.write_at(f, off, &d).unwrap();
+                        } else {
+                            let (o, l) = (off / BS * BS, (n / BS).max(1) * BS);
+                            let l = l.min(want.len() as u64 - o);
+                            let d = pattern(100 * w + i, o, l as usize);
+                            fs.write_direct(f, o, &d).unwrap();
+                            want[o as usize..(o + l) as usize].copy_from_slice(&d);
+                            continue;
+                        }
+                        want[off as usize..(off + n) as usize].copy_from_slice(&d);
+                    }
+                    if rng.one_in(3) {
+                        fs.fsync(f, SyncScope::All).unwrap();
+                    }
+                    assert!(read_all(&fs, f) == want, "{name}: data");
+                    if rng.one_in(2) {
+                        fs.unlink(Ino::ROOT, name.as_ref()).unwrap();
+                    } else if rng.one_in(2) {
+                        let keep = rng.below(want.len() as u64);
+                        fs.set_len(f, keep).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    // Checkpoints back to back besides the background ones: the trees apply counts while
+    // the workers' lookups read them.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ckpt = {
+        let (fs, stop) = (Arc::clone(&fs), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while n < 5 || !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                fs.checkpoint().unwrap();
+                n += 1;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        })
+    };
+    for w in workers {
+        w.join().expect("a worker failed");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    ckpt.join().expect("checkpoints");
+    fs.sync().unwrap();
+    assert!(read_all(&fs, src) == *want_src, "the source is untouched");
+    fs.check_refcounts().unwrap();
+    fs.check_space_accounting().unwrap();
+    let st = fs.status();
+    eprintln!(
+        "racing the checkpointer: {} checkpoints, overlay {} runs at the end, {} blocks shared",
+        st.checkpoints,
+        st.refcount_overlay_runs,
+        fs.shared_blocks()
+    );
+    assert!(st.checkpoints >= 5, "checkpoints ran during the workload");
+    let fs = Arc::try_unwrap(fs).expect("workers joined");
+    fs.unmount().unwrap();
+    let r = stripefs::fsck::fsck(dyns(&s), &mut |_| {}).expect("fsck loads");
+    assert!(r.is_clean(), "fsck: {:?}", r.problems);
+}
