@@ -150,6 +150,8 @@ impl Fs {
         // The replayed records are in the trees (applied at load), so their free-space
         // changes are in the space tree the allocator is read from.
         let alloc = build_allocator(&l)?;
+        // Mount reads no reference count: only whether there are any (one descent).
+        let refs_empty = stripefs_meta::refcount::is_empty(&l.store)?;
         let counter = items::counter(&l.store)?;
         let orphans = items::orphans(&l.store)?;
         let committed = l.next_seq - 1;
@@ -177,7 +179,7 @@ impl Fs {
         let meta = MetaCore {
             state: view,
             alloc,
-            refs: crate::refcount::RefcountOverlay::default(),
+            refs: crate::refcount::RefcountOverlay::new(!refs_empty),
             csums: Arc::default(),
             txn: Txn::new(l.next_seq),
             rotor: 0,

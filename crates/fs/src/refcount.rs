@@ -50,9 +50,23 @@ pub(crate) struct RefcountOverlay {
     runs: BTreeMap<(TargetId, u64), Run>,
     /// Every change made, in log order: `(seq, target, start, end)`.
     order: VecDeque<(u64, TargetId, u64, u64)>,
+    /// False only when the `refcount` tree holds no entry and no record logged since
+    /// could add one: lookups then read nothing (a file system that shares nothing
+    /// costs no tree read, as when the index was in memory). Set by every count of 2 or
+    /// more logged (before the checkpointer can apply it); cleared by
+    /// [`MetaCore::nothing_shared`] when it finds the overlay and the tree empty.
+    trees_may_hold: bool,
 }
 
 impl RefcountOverlay {
+    /// An overlay over a `refcount` tree that holds entries (`trees_may_hold`) or none.
+    pub fn new(trees_may_hold: bool) -> Self {
+        Self {
+            trees_may_hold,
+            ..Self::default()
+        }
+    }
+
     /// The key of the first run of `t` that may overlap a range starting at `start`.
     fn first_from(&self, t: TargetId, start: u64) -> u64 {
         match self.runs.range(..=(t, start)).next_back() {
@@ -87,6 +101,7 @@ impl RefcountOverlay {
             return;
         }
         let end = start.saturating_add(len);
+        self.trees_may_hold |= count >= 2;
         self.cut(t, start, end);
         self.runs.insert((t, start), Run { end, count, seq });
         self.order.push_back((seq, t, start, end));
@@ -160,7 +175,7 @@ impl MetaCore {
         let end = start.saturating_add(len);
         let over = self.refs.over(t, start, end);
         let held: u64 = over.iter().map(|(lo, hi, _)| hi - lo).sum();
-        if held < end - start {
+        if held < end - start && self.refs.trees_may_hold {
             let trees = stripefs_meta::refcount::shared(self.state.store(), t, start, end)
                 .map_err(FsError::from)?;
             for (s, e) in trees {
@@ -208,14 +223,23 @@ impl MetaCore {
     }
 
     /// Whether no block is shared at all: the overlay holds nothing and the trees hold no
-    /// entry (one descent). Exact: with the overlay empty every count change is in the
-    /// trees, and the checkpointer has none left to apply.
+    /// entry (known without a read once found, else one descent). Exact: with the overlay
+    /// empty every count change is in the trees, and the checkpointer has none left to
+    /// apply; the trees gain an entry only from a record logged later, which sets
+    /// `trees_may_hold` again first.
     ///
     /// # Errors
     /// As [`Self::ref_pieces`].
-    pub fn nothing_shared(&self) -> Result<bool> {
-        Ok(self.refs.is_empty()
-            && stripefs_meta::refcount::is_empty(self.state.store()).map_err(FsError::from)?)
+    pub fn nothing_shared(&mut self) -> Result<bool> {
+        if !self.refs.is_empty() {
+            return Ok(false);
+        }
+        if self.refs.trees_may_hold {
+            let empty =
+                stripefs_meta::refcount::is_empty(self.state.store()).map_err(FsError::from)?;
+            self.refs.trees_may_hold = !empty;
+        }
+        Ok(!self.refs.trees_may_hold)
     }
 
     /// The whole index, the trees with the overlay over them, read one entry at a time
@@ -225,7 +249,10 @@ impl MetaCore {
     /// As [`Self::ref_pieces`].
     pub fn ref_index(&self, targets: u32) -> Result<RefcountIndex> {
         let mut idx = RefcountIndex::new();
-        for t in (0..targets).map(TargetId) {
+        for t in (0..targets)
+            .map(TargetId)
+            .filter(|_| self.refs.trees_may_hold)
+        {
             let trees = stripefs_meta::refcount::shared(self.state.store(), t, 0, u64::MAX)
                 .map_err(FsError::from)?;
             for (s, e) in trees {
@@ -247,7 +274,7 @@ mod tests {
 
     #[test]
     fn runs_cut_and_drop_by_transaction() {
-        let mut o = RefcountOverlay::default();
+        let mut o = RefcountOverlay::new(false);
         o.set(T, 0, 10, 2, 5);
         o.set(T, 4, 2, 1, 6);
         assert_eq!(o.over(T, 0, 10), vec![(0, 4, 2), (4, 6, 1), (6, 10, 2)]);
@@ -260,5 +287,9 @@ mod tests {
         o.drop_applied(6);
         assert!(o.is_empty());
         assert!(o.order.is_empty());
+        assert!(
+            o.trees_may_hold,
+            "a count of 2 was logged: the trees may hold it"
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! loaded every entry of the `refcount` tree into `MetaCore::refs` and kept them all for
 //! the whole mount. Now only the count changes the trees do not hold yet stay in core
 //! (`FsStatus::refcount_overlay_runs`): once a checkpoint applied thousands of shared
-//! entries, none is in core, mount reads none, and clones, copy-on-write writes and
+//! entries, none is in core, mount reads only the path to the first, and clones, copy-on-write writes and
 //! unlinks over them, with a metadata cache far smaller than the index, still keep
 //! every count exact and every file's data.
 mod common;
@@ -88,7 +88,7 @@ fn applied_shared_entries_are_not_held_in_core_and_counts_stay_exact() {
     let (fs, _) = Fs::mount(dyns(&s), tiny()).unwrap();
     let mount_reads = fs.status().meta_cache.reads;
     // The refcount tree alone has dozens of leaves here; mount used to read them all
-    // (52 pages in all before, 3 now).
+    // (52 pages in all before, 5 now: the path to the first entry, "is anything shared?").
     assert!(
         mount_reads < 20,
         "mount read {mount_reads} pages: it must load no refcount entry"
@@ -141,8 +141,8 @@ fn applied_shared_entries_are_not_held_in_core_and_counts_stay_exact() {
     assert!(r.is_clean(), "fsck: {:?}", r.problems);
 }
 
-/// Every page of the `refcount` tree of the durable root record.
-fn refcount_pages(s: &[std::sync::Arc<stripefs_target::SimTarget>], fs: &Fs) -> Vec<PageAddr> {
+/// The leaves of the `refcount` tree of the durable root record, in key order.
+fn refcount_leaves(s: &[std::sync::Arc<stripefs_target::SimTarget>], fs: &Fs) -> Vec<PageAddr> {
     let geo = fs.geometry().clone();
     let cfg = StoreConfig {
         uuid: geo.uuid,
@@ -160,39 +160,53 @@ fn refcount_pages(s: &[std::sync::Arc<stripefs_target::SimTarget>], fs: &Fs) -> 
     let store = Store::open(cfg, dyns(s), alloc).unwrap();
     let mut out = Vec::new();
     store
-        .walk(TreeId::Refcount, &mut |at, _| out.push(at))
+        .walk(TreeId::Refcount, &mut |at, node| {
+            if node.level == 0 {
+                out.push(at);
+            }
+        })
         .unwrap();
     out
 }
 
-/// Mount used to load the whole index and refused a damaged `refcount` page; now it reads
-/// none, and the first lookup that needs the page fails and shuts the file system down
+/// Mount used to load the whole index and refused any damaged `refcount` page; now it
+/// reads only the path to the first entry (is anything shared at all?), and the first
+/// lookup that needs a damaged leaf further on fails and shuts the file system down
 /// (`FsInner::refs_ok`): a write must not trust counts it could not read.
 #[test]
 fn a_damaged_refcount_page_fails_the_lookup_that_reads_it_and_poisons() {
-    let s = sims(2, 16 << 20);
+    let s = sims(2, 32 << 20);
     let fs = fresh(&s, BS as u32, 64 << 10);
     let a = file(&fs, "a");
-    fs.write_at(a, 0, &pattern(5, 0, (64 * BS) as usize))
+    const ENTRIES: u64 = 600;
+    fs.write_at(a, 0, &pattern(5, 0, (2 * ENTRIES * BS) as usize))
         .unwrap();
+    fs.fsync(a, SyncScope::All).unwrap();
     let b = file(&fs, "b");
-    fs.clone_file(a, b).unwrap();
+    for k in 0..ENTRIES {
+        fs.clone_range(a, 2 * k * BS, b, 2 * k * BS, BS).unwrap();
+    }
     fs.checkpoint().unwrap();
     let geo = fs.geometry().clone();
     fs.unmount().unwrap();
     let (probe, _) = Fs::mount(dyns(&s), quiet()).unwrap();
-    let pages = refcount_pages(&s, &probe);
+    let leaves = refcount_leaves(&s, &probe);
     probe.unmount().unwrap();
-    assert_eq!(pages.len(), 1, "a few entries: one leaf");
-    let at = pages[0];
+    assert!(leaves.len() >= 2, "{} leaves", leaves.len());
+    let at = *leaves.last().expect("a leaf");
     s[at.target.index()].corrupt(at.block.0 * geo.block_size.bytes_u64() + 1000, 0x08);
 
-    let (fs, _) = Fs::mount(dyns(&s), quiet()).expect("mount reads no refcount page");
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).expect("mount reads only the first path");
     let b = fs.lookup(Ino::ROOT, "b".as_ref()).unwrap().ino;
-    // The write's mapping asks whether the block is shared (copy on write).
+    // The write's mappings ask whether each block is shared (copy on write); some of
+    // b's blocks have their counts in the damaged leaf. The write stops short at the
+    // first block it cannot map; the next one reports why the file system shut down.
+    let size = fs.getattr(b).unwrap().size;
+    let data = pattern(6, 0, size as usize);
     let err = fs
-        .write_at(b, 0, &pattern(6, 0, BS as usize))
-        .expect_err("a write over a block whose count cannot be read");
+        .write_at(b, 0, &data)
+        .and_then(|n| fs.write_at(b, n as u64, &data[n..]))
+        .expect_err("a write over blocks whose count cannot be read");
     let want = format!("metadata page of tree {} at {at}", TreeId::Refcount);
     assert!(err.to_string().contains(&want), "{err}");
     assert!(
