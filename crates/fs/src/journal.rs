@@ -342,7 +342,7 @@ impl Journal {
                 return Ok(());
             }
             fs.check()?;
-            match self.take(fs) {
+            match self.take(fs)? {
                 None => fs
                     .flush_dirty()
                     .inspect_err(|e| fs.poison(&format!("data flush failed: {e}")))?,
@@ -414,10 +414,19 @@ impl Journal {
 
     /// The running transaction, encoded; `None` when it is empty (a checkpoint request
     /// is served by `commit` after this).
-    fn take(&self, fs: &FsInner) -> Option<Work> {
+    ///
+    /// # Errors
+    /// `Poisoned`, checked again under the metadata lock: a call that fails between two
+    /// records of one transaction (a record the model refuses, a reference-count lookup
+    /// that cannot read its page) poisons before it releases the lock, and leaves its
+    /// first records in the running transaction. A commit that passed `commit`'s check
+    /// and then waited here for the lock must not write that half (an extent unmapped
+    /// without its count decrements).
+    fn take(&self, fs: &FsInner) -> Result<Option<Work>> {
         let mut m = fs.meta.lock();
+        fs.check()?;
         if m.txn.records.is_empty() {
-            return None;
+            return Ok(None);
         }
         let next = m.txn.seq + 1;
         let txn = std::mem::replace(&mut m.txn, Txn::new(next));
@@ -427,12 +436,12 @@ impl Journal {
             r.encode(&mut e);
         }
         let units = txn_units(e.len(), fs.geo.journal_unit);
-        Some(Work {
+        Ok(Some(Work {
             seq: txn.seq,
             records: txn.records,
             payload: e.buf,
             units,
-        })
+        }))
     }
 
     fn append(&self, fs: &FsInner, head: &mut u64, w: &Work) -> Result<()> {
@@ -678,6 +687,43 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards a review finding: a commit that passed `commit`'s poison check and then
+    /// waited for the metadata lock took whatever the running transaction held, though
+    /// a call holding that lock had poisoned the file system between two records of one
+    /// transaction. The interleaving, step by step: records in the running transaction,
+    /// the file system poisoned under the metadata lock, then `take` (the committer's
+    /// next step after its check).
+    #[test]
+    fn take_refuses_a_transaction_left_by_a_call_that_poisoned() {
+        use std::sync::Arc;
+        use stripefs_target::{SimTarget, Target};
+        let targets: Vec<Arc<dyn Target>> = (0..2)
+            .map(|i| Arc::new(SimTarget::new(&format!("t{i}"), 16 << 20, 512)) as _)
+            .collect();
+        crate::Fs::mkfs(&targets, &crate::MkfsOptions::default()).unwrap();
+        let opts = crate::MountOptions {
+            commit_interval: None,
+            writeback_interval: None,
+            ..crate::MountOptions::default()
+        };
+        let (fs, _) = crate::Fs::mount(targets, opts).unwrap();
+        let p = crate::CreateParams::with_perm(0o644);
+        fs.create(stripefs_core::Ino::ROOT, "f".as_ref(), p)
+            .unwrap();
+        let inner = &fs.inner;
+        {
+            let m = inner.meta.lock();
+            assert!(!m.txn.records.is_empty(), "the create is not committed yet");
+            inner.poison("a call failed between two records of its transaction");
+        }
+        let taken = inner.journal.take(inner);
+        assert!(
+            matches!(taken, Err(FsError::Poisoned(_))),
+            "a poisoned file system's running transaction was taken for the journal: {:?}",
+            taken.map(|w| w.map(|w| w.records.len()))
+        );
+    }
 
     #[test]
     fn pacing_writes_when_the_journal_would_fill_within_two_checkpoints() {
