@@ -82,6 +82,7 @@ fn applied_shared_entries_are_not_held_in_core_and_counts_stay_exact() {
     assert_eq!(st.refcount_overlay_runs, 0, "the trees hold every count");
     assert_eq!(fs.shared_blocks(), SHARED);
     check(&fs, &[(a, &want_a), (b, &want_b)], "after the clones");
+    let leaves = refcount_leaves(&s, &fs).len();
     fs.unmount().unwrap();
 
     // A cache of 64 pages: the lookups below miss and read the refcount tree.
@@ -96,6 +97,23 @@ fn applied_shared_entries_are_not_held_in_core_and_counts_stay_exact() {
     assert_eq!(fs.status().refcount_overlay_runs, 0, "mount holds no count");
     let a = fs.lookup(Ino::ROOT, "a".as_ref()).unwrap().ino;
     let b = fs.lookup(Ino::ROOT, "b".as_ref()).unwrap().ino;
+    // One direct copy on write of one shared block, first thing after mount: its count
+    // lookup reads one path of the refcount tree. An index loaded whole on first use
+    // would read every one of its leaves here.
+    let r0 = fs.status().meta_cache.reads;
+    let one = pattern(5, 4000 * BS, BS as usize);
+    fs.write_direct(a, 4000 * BS, &one).unwrap();
+    want_a[(4000 * BS) as usize..(4001 * BS) as usize].copy_from_slice(&one);
+    let one_reads = fs.status().meta_cache.reads - r0;
+    eprintln!(
+        "one shared block written by copy on write: {one_reads} pages read; \
+         the refcount tree has {leaves} leaves"
+    );
+    assert!(leaves >= 20, "the index spans {leaves} leaves");
+    assert!(
+        one_reads < 8,
+        "one copy on write read {one_reads} pages of a {leaves}-leaf index: a path, not the index"
+    );
     let reads_before = fs.status().meta_cache.reads;
 
     // Buffered copy on write into b over shared and unshared blocks.
@@ -132,7 +150,7 @@ fn applied_shared_entries_are_not_held_in_core_and_counts_stay_exact() {
     assert_eq!(fs.status().refcount_overlay_runs, 0);
     check(&fs, &[(b, &want_b), (c, &want_c)], "after the checkpoint");
     eprintln!(
-        "tiny cache: {mount_reads} pages read at mount, {reads} by the operations; \
+        "tiny cache: {mount_reads} pages read at mount, {reads} by the operations and their checks; \
          overlay at most {held_max} runs, 0 after the checkpoint; {} blocks shared",
         fs.shared_blocks()
     );
