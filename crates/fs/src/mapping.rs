@@ -473,11 +473,14 @@ impl IomapOps for FileMapper<'_> {
                 };
                 let off_in = obj_block - es;
                 let phys = ext.phys + off_in;
-                // Cut where sharing changes: one mapping is all shared or all not.
-                let (_, blocks, owners) = self.fs.inner.refs_ok(m.ref_pieces(
+                // Cut where sharing changes: one mapping is all shared or all not. A
+                // count changed by a transaction not yet durable counts as shared.
+                let durable = self.fs.inner.journal.committed();
+                let (_, blocks, owners) = self.fs.inner.refs_ok(m.ref_pieces_for_write(
                     target,
                     phys,
                     (ext.len - off_in).min(want),
+                    durable,
                 ))?[0];
                 // A datacow file's written blocks are written like shared ones: never
                 // in place (their checksums could not be kept crash-consistent).

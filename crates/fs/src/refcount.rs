@@ -128,6 +128,18 @@ impl RefcountOverlay {
         }
     }
 
+    /// The runs over `[start, end)` of `t` whose count a transaction after `durable`
+    /// set, cut to it: `(first, end)` in order.
+    fn pending(&self, t: TargetId, start: u64, end: u64, durable: u64) -> Vec<(u64, u64)> {
+        let first = self.first_from(t, start);
+        self.runs
+            .range((t, first)..(t, end))
+            .filter(|(_, r)| r.seq > durable)
+            .map(|(&(_, s), r)| (s.max(start), r.end.min(end)))
+            .filter(|(lo, hi)| lo < hi)
+            .collect()
+    }
+
     /// The runs over `[start, end)` of `t`, cut to it: `(first, end, count)` in order.
     fn over(&self, t: TargetId, start: u64, end: u64) -> Vec<(u64, u64, u32)> {
         let first = self.first_from(t, start);
@@ -204,6 +216,37 @@ impl MetaCore {
     /// The trees' read or decode error.
     pub fn ref_pieces(&self, t: TargetId, start: u64, len: u64) -> Result<Vec<(u64, u64, u32)>> {
         Ok(self.ref_window(&[(t, start, len)])?.pieces(t, start, len))
+    }
+
+    /// [`Self::ref_pieces`] as a write's in-place decision must see it: a block whose
+    /// count a transaction after `durable` changed counts as shared (at least 2). Its
+    /// count may have dropped to 1 because another owner let go (an unlink, a truncate,
+    /// the other file's copy on write), but until that transaction is durable a crash
+    /// brings the other owner back: a write in place would land in its data. btrfs
+    /// counts such delayed reference drops as other owners the same way (seed 001's
+    /// "no pending reference change", I-001-1). Every mapping decision asks this one
+    /// (planning and the write alike), so they agree; releases and clones keep the
+    /// exact counts.
+    ///
+    /// # Errors
+    /// As [`Self::ref_pieces`].
+    pub fn ref_pieces_for_write(
+        &self,
+        t: TargetId,
+        start: u64,
+        len: u64,
+        durable: u64,
+    ) -> Result<Vec<(u64, u64, u32)>> {
+        let mut idx = self.ref_window(&[(t, start, len)])?;
+        let end = start.saturating_add(len);
+        for (lo, hi) in self.refs.pending(t, start, end, durable) {
+            for (p, n, c) in idx.pieces(t, lo, hi - lo) {
+                if c < 2 {
+                    idx.set(t, p, n, 2);
+                }
+            }
+        }
+        Ok(idx.pieces(t, start, len))
     }
 
     /// The records adding one owner to every block of `pieces` (`RefcountIndex::share`).

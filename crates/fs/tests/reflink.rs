@@ -334,3 +334,97 @@ fn crash_sweep(datacow: DataCow) {
     }
     assert!(covered > 20, "too few crash points: {covered}");
 }
+
+/// How the write over the block another owner let go is made, and how its data reaches
+/// the targets before the crash.
+#[derive(Debug, Clone, Copy)]
+enum LateWrite {
+    /// `O_DIRECT`; the crash keeps every unflushed write.
+    Direct,
+    /// Buffered, then `fdatasync` of the writer alone: the other file's release is not
+    /// metadata the writer's data needs, so it need not be committed.
+    BufferedDatasync,
+}
+
+/// A NOCOW file `a` shares its blocks with a clone `b` (durable). `b` is unlinked — or
+/// `b`'s own copy on write releases them — and, before that transaction is durable, `a`
+/// overwrites the blocks. Their count is 1 at that moment, but a crash brings `b`'s
+/// mapping back: `a`'s write must have gone to new blocks (copy on write), or `b` would
+/// read `a`'s data after recovery. Guards the pending-release rule
+/// (`MetaCore::ref_pieces_for_write`, I-001-1's "no pending reference change").
+#[test]
+fn a_write_over_blocks_whose_other_owner_let_go_uncommitted_keeps_that_owner_intact() {
+    const BS: usize = 4096;
+    for (late, b_goes_by_unlink) in [
+        (LateWrite::Direct, true),
+        (LateWrite::BufferedDatasync, true),
+        (LateWrite::Direct, false),
+    ] {
+        let what = format!(
+            "{late:?}, b let go by {}",
+            if b_goes_by_unlink {
+                "unlink"
+            } else {
+                "its own copy on write"
+            }
+        );
+        let s = sims(2, 16 << 20);
+        let fs = fresh(&s, BS as u32, 64 << 10);
+        let a = file(&fs, "a");
+        let old = pattern(1, 0, 4 * BS);
+        fs.write_at(a, 0, &old).unwrap();
+        fs.fsync(a, SyncScope::All).unwrap();
+        let b = file(&fs, "b");
+        fs.clone_file(a, b).unwrap();
+        fs.fsync(b, SyncScope::All).unwrap();
+        // b lets go of its blocks; nothing commits that (no background commit).
+        if b_goes_by_unlink {
+            fs.unlink(Ino::ROOT, "b".as_ref()).unwrap();
+        } else {
+            fs.write_direct(b, 0, &pattern(7, 0, 4 * BS)).unwrap();
+        }
+        assert_eq!(fs.shared_blocks(), 0, "{what}: the count dropped to 1");
+        let new = pattern(2, 0, 4 * BS);
+        let crash = match late {
+            LateWrite::Direct => {
+                fs.write_direct(a, 0, &new).unwrap();
+                stripefs_target::CrashMode::KeepUnflushed
+            }
+            LateWrite::BufferedDatasync => {
+                fs.write_at(a, 0, &new).unwrap();
+                fs.fsync(a, SyncScope::Data).unwrap();
+                stripefs_target::CrashMode::DropUnflushed
+            }
+        };
+        for t in &s {
+            t.crash(crash);
+        }
+        // Power is gone: the file system writes nothing more (no clean unmount).
+        std::mem::forget(fs);
+        let (fs, _) = Fs::mount(dyns(&s), quiet()).unwrap();
+        // Nothing committed the release before a direct write; a copy on write's
+        // `fdatasync` commits it with the remap a's data needs, so b may be gone then.
+        match (late, fs.lookup(Ino::ROOT, "b".as_ref())) {
+            (_, Ok(b)) if b_goes_by_unlink => assert!(
+                read_all(&fs, b.ino) == old,
+                "{what}: b reads its durable contents, not a's later write"
+            ),
+            (_, Ok(b)) => {
+                let got = read_all(&fs, b.ino);
+                assert!(
+                    got == old || got == pattern(7, 0, 4 * BS),
+                    "{what}: b reads its own contents, not a's later write"
+                );
+            }
+            (LateWrite::BufferedDatasync, Err(FsError::NotFound)) => {}
+            (_, r) => panic!("{what}: b after the crash: {r:?}"),
+        }
+        let a = fs.lookup(Ino::ROOT, "a".as_ref()).unwrap().ino;
+        let got = read_all(&fs, a);
+        assert!(got == old || got == new, "{what}: a reads old or new");
+        fs.check_refcounts()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        fs.unmount().unwrap();
+        fsck_clean(&s, &what);
+    }
+}
