@@ -15,6 +15,7 @@ writeback_copy=lend|stage (stage: copy written bytes into staging buffers), \
 wb_batch=files|single (single: write dirty files back one at a time), \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
 datacow=on|off (new files copy on write; default off), \
+nocow_check=unlocked|locked (locked: the in-place decision's checks hold the metadata lock), \
 commit_interval=SECS (0: off), writeback_interval=SECS (0: off), \
 relatime (default), strictatime, noatime, nodiratime, lazytime and their opposites";
 
@@ -148,6 +149,13 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
                     "on" => stripefs::DataCow::On,
                     "off" => stripefs::DataCow::Off,
                     _ => return Err(format!("datacow must be on or off, not {v:?}")),
+                }
+            }
+            "nocow_check" => {
+                o.nocow_check = match v {
+                    "unlocked" => stripefs::NocowCheck::Unlocked,
+                    "locked" => stripefs::NocowCheck::Locked,
+                    _ => return Err(format!("nocow_check must be unlocked or locked, not {v:?}")),
                 }
             }
             "dio_unaligned" => {
@@ -293,6 +301,17 @@ mod tests {
             parse(&["datacow=on".into()]).unwrap().datacow,
             stripefs::DataCow::On
         );
+        assert_eq!(
+            parse(&[]).unwrap().nocow_check,
+            stripefs::NocowCheck::Unlocked
+        );
+        assert_eq!(
+            parse(&["nocow_check=locked".into()]).unwrap().nocow_check,
+            stripefs::NocowCheck::Locked
+        );
+        assert!(parse(&["nocow_check=maybe".into()])
+            .unwrap_err()
+            .contains("unlocked or locked"));
         assert!(parse(&["datacow=yes".into()])
             .unwrap_err()
             .contains("on or off"));

@@ -58,10 +58,15 @@ pub(crate) struct MetaCore {
     /// The count changes of `RefcountSet` records the trees do not hold yet
     /// (`refcount.rs`): lookups answer from it where it holds a block, else from the
     /// `refcount` tree. Never the whole index.
-    pub refs: crate::refcount::RefcountOverlay,
+    pub refs: Arc<crate::refcount::RefcountOverlay>,
     /// The checksum changes the trees do not hold yet (`csum.rs`; its own lock, shared
     /// with [`FsInner::csum_overlay`] for readers that do not take this one).
     pub csums: Arc<crate::csum::CsumOverlay>,
+    /// Per target: reference-count or checksum changes logged so far (every
+    /// `RefcountSet`, `CsumSet`, `CsumClear`). The in-place decision reads it before it
+    /// drops this lock for its checks and compares it after taking it again
+    /// (`nocow.rs`): equal, no count or checksum of that target changed meanwhile.
+    pub ref_changes: Vec<u64>,
     pub txn: Txn,
     /// Next first-target for new files, so that files spread over the targets.
     pub rotor: u32,
@@ -153,6 +158,12 @@ impl MetaCore {
     /// `Corrupted` if the model rejects the record (damaged metadata or a bug); the caller
     /// poisons the file system.
     pub fn log(&mut self, mut rec: Record) -> Result<()> {
+        if let Record::RefcountSet { target, .. }
+        | Record::CsumSet { target, .. }
+        | Record::CsumClear { target, .. } = &rec
+        {
+            self.bump_ref_changes(*target);
+        }
         if let Record::RefcountSet {
             target,
             phys,
@@ -241,6 +252,20 @@ impl MetaCore {
         })
     }
 
+    /// Counts a reference-count or checksum change of `t` (see [`MetaCore::ref_changes`]).
+    fn bump_ref_changes(&mut self, t: stripefs_core::TargetId) {
+        let i = t.0 as usize;
+        if self.ref_changes.len() <= i {
+            self.ref_changes.resize(i + 1, 0);
+        }
+        self.ref_changes[i] += 1;
+    }
+
+    /// Reference-count or checksum changes of `t` logged so far.
+    pub fn ref_changes_of(&self, t: stripefs_core::TargetId) -> u64 {
+        self.ref_changes.get(t.0 as usize).copied().unwrap_or(0)
+    }
+
     /// Marks `ino`'s size as changed in the running transaction (fdatasync must commit).
     pub fn mark_data(&mut self, ino: Ino) {
         self.inodes.entry(ino).data_seq = self.txn.seq;
@@ -264,8 +289,36 @@ impl MetaLock {
 
     /// Takes the metadata lock.
     pub fn lock(&self) -> MetaGuard<'_> {
-        MetaGuard(self.0.lock())
+        let g = MetaGuard(self.0.lock());
+        #[cfg(debug_assertions)]
+        META_HELD.with(|h| h.set(h.get() + 1));
+        g
     }
+}
+
+#[cfg(debug_assertions)]
+thread_local! {
+    /// Metadata-lock guards alive on this thread (debug builds): what
+    /// [`assert_meta_unlocked`] checks.
+    static META_HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Debug builds: panics if this thread holds the metadata lock (I-001-2: no check that
+/// may read the trees runs under it). Release builds: nothing.
+///
+/// # Panics
+/// In debug builds, when a metadata-lock guard is alive on this thread.
+pub(crate) fn assert_meta_unlocked(what: &str) {
+    #[cfg(debug_assertions)]
+    META_HELD.with(|h| {
+        assert_eq!(
+            h.get(),
+            0,
+            "{what} ran with the metadata lock held (I-001-2)"
+        );
+    });
+    #[cfg(not(debug_assertions))]
+    let _ = what;
 }
 
 /// The metadata lock, held.
@@ -293,6 +346,8 @@ impl Drop for MetaGuard<'_> {
         if self.0.state.sweep_due() {
             self.0.sweep_view();
         }
+        #[cfg(debug_assertions)]
+        META_HELD.with(|h| h.set(h.get() - 1));
     }
 }
 
@@ -393,6 +448,11 @@ pub(crate) struct FsInner {
     /// The checksum overlay (the same as `MetaCore::csums`), read without the metadata
     /// lock (`csum.rs`).
     pub csum_overlay: Arc<crate::csum::CsumOverlay>,
+    /// The reference-count overlay (the same as `MetaCore::refs`), read without the
+    /// metadata lock by the in-place decision (`nocow.rs`).
+    pub ref_overlay: Arc<crate::refcount::RefcountOverlay>,
+    /// The in-place decision's counters and test hook (`nocow.rs`).
+    pub nocow: crate::nocow::NocowStats,
     /// Checksums of written blocks until their completion logs them.
     pub write_csums: crate::csum::WriteCsums,
     /// Checksum mismatches met by reads.
@@ -425,6 +485,7 @@ impl FsInner {
         let cache = stripefs_iomap::cache::PageCache::new(opts.cache, geo.block_size.bytes());
         let dirty = DirtyTargets::new(targets.len());
         let csum_overlay = Arc::clone(&meta.csums);
+        let ref_overlay = Arc::clone(&meta.refs);
         Self {
             geo,
             targets,
@@ -461,6 +522,8 @@ impl FsInner {
             dio_read_copied: std::sync::atomic::AtomicU64::new(0),
             map_lookups: std::sync::atomic::AtomicU64::new(0),
             csum_overlay,
+            ref_overlay,
+            nocow: crate::nocow::NocowStats::default(),
             write_csums: crate::csum::WriteCsums::default(),
             csum_errors: Arc::default(),
         }

@@ -42,6 +42,7 @@ mod mapping;
 mod metapages;
 mod metaview;
 mod namespace;
+mod nocow;
 mod options;
 mod path;
 mod queue;
@@ -63,9 +64,11 @@ pub use fs::{Fs, MountReport};
 pub use io::{MappedRange, MAX_FILE_BYTES};
 pub use journal::JournalPosition;
 pub use namespace::{setid_dropped, XattrMode, LINK_MAX};
+#[cfg(debug_assertions)]
+pub use nocow::NocowHook;
 pub use options::{
     Checkpoints, DataCow, DioSubmit, InodeBound, MetaCacheBytes, MkfsOptions, MountOptions,
-    UnalignedPolicy,
+    NocowCheck, UnalignedPolicy,
 };
 pub use path::Follow;
 pub use queue::{DioCompletion, DioQueue};

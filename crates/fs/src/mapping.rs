@@ -30,6 +30,7 @@ use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::inner::MetaCore;
 use crate::namespace::inode;
+use crate::nocow::Found;
 use crate::wbgroup::{WbPlug, GROUP_CHUNK_BYTES};
 
 /// Where a mapping lives on the devices.
@@ -462,29 +463,25 @@ impl IomapOps for FileMapper<'_> {
         let obj_block = bs.block_of(piece.obj_off);
         let want = bs.block_of(piece.len);
         self.fs.inner.map_lookups.fetch_add(1, Ordering::Relaxed);
-        let mut m = self.fs.inner.meta.lock();
-        let seq = m.inodes.entry(self.ino).map_gen;
-        let found = inode(&m, self.ino)?.objects[object as usize].lookup(obj_block);
+        // The in-place or copy decision's checks run without the metadata lock (I-001-2,
+        // `nocow.rs`); `m` is held from the last look at the extent on.
+        let (mut m, seq, found) = self.lookup_decided(op, (target, object, obj_block), want)?;
         let (kind, flags, phys, blocks) = match found {
-            Lookup::Mapped { start: es, ext } => {
-                let kind = match ext.state {
+            Found::Mapped {
+                state,
+                phys,
+                blocks,
+                copy,
+            } => {
+                let kind = match state {
                     ExtentState::Written => IomapKind::Mapped,
                     ExtentState::Unwritten => IomapKind::Unwritten,
                 };
-                let off_in = obj_block - es;
-                let phys = ext.phys + off_in;
-                // Cut where sharing changes: one mapping is all shared or all not. A
-                // count changed by a transaction not yet durable counts as shared.
-                let durable = self.fs.inner.journal.committed();
-                let (_, blocks, owners) = self.fs.inner.refs_ok(m.ref_pieces_for_write(
-                    target,
-                    phys,
-                    (ext.len - off_in).min(want),
-                    durable,
-                ))?[0];
-                // A datacow file's written blocks are written like shared ones: never
-                // in place (their checksums could not be kept crash-consistent).
-                if owners >= 2 || (self.datacow && ext.state == ExtentState::Written) {
+                // Shared (counting a count a transaction not yet durable changed,
+                // decision 94), checksummed, or a datacow file's written blocks: never
+                // written in place (I-001-1; a datacow file's checksums could not be kept
+                // crash-consistent, decision 70).
+                if copy {
                     self.map_shared(&mut m, op, (target, object, obj_block), kind, phys, blocks)?
                 } else {
                     if op == IomapOp::Writeback {
@@ -499,7 +496,7 @@ impl IomapOps for FileMapper<'_> {
                     (kind, IomapFlags::NONE, phys, blocks)
                 }
             }
-            Lookup::Hole { next } => {
+            Found::Hole { next } => {
                 let hole = next.map_or(want, |n| (n - obj_block).min(want));
                 self.map_hole(&mut m, op, target, object, obj_block, hole)?
             }

@@ -160,6 +160,20 @@ pub enum DataCow {
     Off,
 }
 
+/// The `nocow_check=unlocked|locked` mount option: whether the expensive checks of the
+/// in-place or copy-on-write decision (reference count and checksum lookups, which may
+/// read the trees from a target) run without the metadata lock (`Unlocked`, seed 001's
+/// rule, I-001-2) or holding it (`Locked`, what btrfs did before Linux 5.11), for
+/// comparison (`docs/design/reflink.md`, "NOCOW decision (seed 001)").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NocowCheck {
+    /// Cheap fields under the lock, checks without it, re-validated under it.
+    #[default]
+    Unlocked,
+    /// Every check under the metadata lock.
+    Locked,
+}
+
 /// How a mounted file system behaves.
 #[derive(Debug, Clone)]
 pub struct MountOptions {
@@ -203,6 +217,8 @@ pub struct MountOptions {
     pub atime: crate::AtimePolicy,
     /// Whether new regular files are copy on write (`datacow`).
     pub datacow: DataCow,
+    /// Where the in-place decision's checks run (`nocow_check`).
+    pub nocow_check: NocowCheck,
     /// Fault injector for the runtime's named fault points (tests only).
     pub faults: Option<Arc<FaultInjector>>,
 }
@@ -224,6 +240,7 @@ impl Default for MountOptions {
             commit_interval: Some(Duration::from_secs(5)),
             atime: crate::AtimePolicy::default(),
             datacow: DataCow::Off,
+            nocow_check: NocowCheck::Unlocked,
             faults: None,
         }
     }

@@ -30,6 +30,8 @@ use stripefs_core::record::Record;
 use stripefs_core::refcount::{PhysPiece, RefcountIndex, Release};
 use stripefs_core::TargetId;
 
+use parking_lot::Mutex;
+
 use crate::error::{FsError, Result};
 use crate::inner::MetaCore;
 
@@ -42,10 +44,8 @@ struct Run {
     seq: u64,
 }
 
-/// The count changes of records the trees do not hold yet (see the module
-/// documentation). Under the metadata lock.
 #[derive(Debug, Default)]
-pub(crate) struct RefcountOverlay {
+struct OverlayInner {
     /// Non-overlapping runs by (target, first block).
     runs: BTreeMap<(TargetId, u64), Run>,
     /// Every change made, in log order: `(seq, target, start, end)`.
@@ -58,15 +58,28 @@ pub(crate) struct RefcountOverlay {
     trees_may_hold: bool,
 }
 
+/// The count changes of records the trees do not hold yet (see the module
+/// documentation). Changed only under the metadata lock (by `MetaCore::log` and the
+/// guard's release); its own lock, innermost (nothing is taken while it is held), lets
+/// the in-place decision read it without the metadata lock (`nocow.rs`).
+#[derive(Debug)]
+pub(crate) struct RefcountOverlay {
+    inner: Mutex<OverlayInner>,
+}
+
 impl RefcountOverlay {
     /// An overlay over a `refcount` tree that holds entries (`trees_may_hold`) or none.
     pub fn new(trees_may_hold: bool) -> Self {
         Self {
-            trees_may_hold,
-            ..Self::default()
+            inner: Mutex::new(OverlayInner {
+                trees_may_hold,
+                ..OverlayInner::default()
+            }),
         }
     }
+}
 
+impl OverlayInner {
     /// The key of the first run of `t` that may overlap a range starting at `start`.
     fn first_from(&self, t: TargetId, start: u64) -> u64 {
         match self.runs.range(..=(t, start)).next_back() {
@@ -93,72 +106,161 @@ impl RefcountOverlay {
             }
         }
     }
+}
 
+impl RefcountOverlay {
     /// Records that `[start, start + len)` of `t` has `count` owners since transaction
     /// `seq`.
-    pub fn set(&mut self, t: TargetId, start: u64, len: u64, count: u32, seq: u64) {
+    pub fn set(&self, t: TargetId, start: u64, len: u64, count: u32, seq: u64) {
         if len == 0 {
             return;
         }
         let end = start.saturating_add(len);
-        self.trees_may_hold |= count >= 2;
-        self.cut(t, start, end);
-        self.runs.insert((t, start), Run { end, count, seq });
-        self.order.push_back((seq, t, start, end));
+        let mut o = self.inner.lock();
+        o.trees_may_hold |= count >= 2;
+        o.cut(t, start, end);
+        o.runs.insert((t, start), Run { end, count, seq });
+        o.order.push_back((seq, t, start, end));
     }
 
     /// Drops the changes of transactions at or below `applied` (the trees hold them):
     /// constant time when there are none.
-    pub fn drop_applied(&mut self, applied: u64) {
-        while let Some(&(seq, t, start, end)) = self.order.front() {
+    pub fn drop_applied(&self, applied: u64) {
+        let mut o = self.inner.lock();
+        while let Some(&(seq, t, start, end)) = o.order.front() {
             if seq > applied {
                 return;
             }
-            self.order.pop_front();
-            let first = self.first_from(t, start);
-            let gone: Vec<u64> = self
+            o.order.pop_front();
+            let first = o.first_from(t, start);
+            let gone: Vec<u64> = o
                 .runs
                 .range((t, first)..(t, end))
                 .filter(|(_, r)| r.seq <= applied)
                 .map(|(&(_, s), _)| s)
                 .collect();
             for s in gone {
-                self.runs.remove(&(t, s));
+                o.runs.remove(&(t, s));
             }
         }
     }
 
-    /// The runs over `[start, end)` of `t` whose count a transaction after `durable`
-    /// set, cut to it: `(first, end)` in order.
-    fn pending(&self, t: TargetId, start: u64, end: u64, durable: u64) -> Vec<(u64, u64)> {
-        let first = self.first_from(t, start);
-        self.runs
-            .range((t, first)..(t, end))
-            .filter(|(_, r)| r.seq > durable)
-            .map(|(&(_, s), r)| (s.max(start), r.end.min(end)))
-            .filter(|(lo, hi)| lo < hi)
-            .collect()
+    /// What a lookup of `[start, end)` of `t` needs from the overlay, read under its
+    /// lock at one moment (`OverlayView`).
+    fn view(&self, t: TargetId, start: u64, end: u64, durable: Option<u64>) -> OverlayView {
+        let o = self.inner.lock();
+        let first = o.first_from(t, start);
+        let cut = |(&(_, s), r): (&(TargetId, u64), &Run)| (s.max(start), r.end.min(end), *r);
+        let mut runs = Vec::new();
+        let mut pending = Vec::new();
+        for (lo, hi, r) in o.runs.range((t, first)..(t, end)).map(cut) {
+            if lo >= hi {
+                continue;
+            }
+            runs.push((lo, hi, r.count));
+            if durable.is_some_and(|d| r.seq > d) {
+                pending.push((lo, hi));
+            }
+        }
+        OverlayView {
+            runs,
+            pending,
+            trees_may_hold: o.trees_may_hold,
+        }
     }
 
     /// The runs over `[start, end)` of `t`, cut to it: `(first, end, count)` in order.
+    #[cfg(test)]
     fn over(&self, t: TargetId, start: u64, end: u64) -> Vec<(u64, u64, u32)> {
-        let first = self.first_from(t, start);
-        self.runs
-            .range((t, first)..(t, end))
-            .map(|(&(_, s), r)| (s.max(start), r.end.min(end), r.count))
-            .filter(|(lo, hi, _)| lo < hi)
+        self.view(t, start, end, None).runs
+    }
+
+    /// Every run: `(target, first, end, count)`.
+    fn all(&self) -> Vec<(TargetId, u64, u64, u32)> {
+        let o = self.inner.lock();
+        o.runs
+            .iter()
+            .map(|(&(t, s), r)| (t, s, r.end, r.count))
             .collect()
     }
 
     /// Runs held (statistics, tests).
     pub fn runs(&self) -> usize {
-        self.runs.len()
+        self.inner.lock().runs.len()
     }
 
     /// True when every count change is in the trees.
     pub fn is_empty(&self) -> bool {
-        self.runs.is_empty()
+        self.inner.lock().runs.is_empty()
     }
+
+    /// Whether the trees may hold an entry (`OverlayInner::trees_may_hold`).
+    fn trees_may_hold(&self) -> bool {
+        self.inner.lock().trees_may_hold
+    }
+}
+
+/// The overlay over one range, read at one moment under its lock.
+struct OverlayView {
+    /// `(first, end, count)` of the runs, cut to the range, in order.
+    runs: Vec<(u64, u64, u32)>,
+    /// `(first, end)` of the runs a transaction after the durable mark set (asked for by
+    /// a write's decision only).
+    pending: Vec<(u64, u64)>,
+    trees_may_hold: bool,
+}
+
+/// Adds to `idx` the counts of `[start, start + len)` of `t`: `overlay`'s where it holds
+/// a block, the trees' elsewhere (not read when the overlay holds the range, nor while
+/// the trees are known empty: `trees_may_hold`). The overlay is read first, then the
+/// trees: why that order is right with or without the metadata lock is in the module
+/// documentation and `nocow.rs`. With `durable`, a write's view (decision 94): a block
+/// whose count a transaction after `durable` set counts as shared (at least 2).
+fn counts_into(
+    overlay: &RefcountOverlay,
+    store: &stripefs_meta::Store,
+    idx: &mut RefcountIndex,
+    (t, start, len): PhysPiece,
+    durable: Option<u64>,
+) -> Result<()> {
+    let end = start.saturating_add(len);
+    let view = overlay.view(t, start, end, durable);
+    let held: u64 = view.runs.iter().map(|(lo, hi, _)| hi - lo).sum();
+    if held < end - start && view.trees_may_hold {
+        let trees = stripefs_meta::refcount::shared(store, t, start, end).map_err(FsError::from)?;
+        for (s, e) in trees {
+            idx.set(t, s, e.len, e.count);
+        }
+    }
+    for (lo, hi, count) in view.runs {
+        idx.set(t, lo, hi - lo, count);
+    }
+    for (lo, hi) in view.pending {
+        for (p, n, c) in idx.pieces(t, lo, hi - lo) {
+            if c < 2 {
+                idx.set(t, p, n, 2);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `[start, start + len)` of `t` cut where the count changes as a write's in-place
+/// decision must see it (`MetaCore::ref_pieces_for_write`, decision 94: a count a
+/// transaction after `durable` changed counts as shared), read from `overlay` then
+/// `store` by a caller that may hold no lock of the file system.
+///
+/// # Errors
+/// The trees' read or decode error.
+pub(crate) fn pieces_for_write_of(
+    overlay: &RefcountOverlay,
+    store: &stripefs_meta::Store,
+    (t, start, len): PhysPiece,
+    durable: u64,
+) -> Result<Vec<(u64, u64, u32)>> {
+    let mut idx = RefcountIndex::new();
+    counts_into(overlay, store, &mut idx, (t, start, len), Some(durable))?;
+    Ok(idx.pieces(t, start, len))
 }
 
 impl crate::inner::FsInner {
@@ -184,20 +286,7 @@ impl MetaCore {
         start: u64,
         len: u64,
     ) -> Result<()> {
-        let end = start.saturating_add(len);
-        let over = self.refs.over(t, start, end);
-        let held: u64 = over.iter().map(|(lo, hi, _)| hi - lo).sum();
-        if held < end - start && self.refs.trees_may_hold {
-            let trees = stripefs_meta::refcount::shared(self.state.store(), t, start, end)
-                .map_err(FsError::from)?;
-            for (s, e) in trees {
-                idx.set(t, s, e.len, e.count);
-            }
-        }
-        for (lo, hi, count) in over {
-            idx.set(t, lo, hi - lo, count);
-        }
-        Ok(())
+        counts_into(&self.refs, self.state.store(), idx, (t, start, len), None)
     }
 
     /// The counts over `pieces` only, as an index (what `share` and `release` read).
@@ -237,16 +326,7 @@ impl MetaCore {
         len: u64,
         durable: u64,
     ) -> Result<Vec<(u64, u64, u32)>> {
-        let mut idx = self.ref_window(&[(t, start, len)])?;
-        let end = start.saturating_add(len);
-        for (lo, hi) in self.refs.pending(t, start, end, durable) {
-            for (p, n, c) in idx.pieces(t, lo, hi - lo) {
-                if c < 2 {
-                    idx.set(t, p, n, 2);
-                }
-            }
-        }
-        Ok(idx.pieces(t, start, len))
+        pieces_for_write_of(&self.refs, self.state.store(), (t, start, len), durable)
     }
 
     /// The records adding one owner to every block of `pieces` (`RefcountIndex::share`).
@@ -277,12 +357,16 @@ impl MetaCore {
         if !self.refs.is_empty() {
             return Ok(false);
         }
-        if self.refs.trees_may_hold {
-            let empty =
-                stripefs_meta::refcount::is_empty(self.state.store()).map_err(FsError::from)?;
-            self.refs.trees_may_hold = !empty;
+        if !self.refs.trees_may_hold() {
+            return Ok(true);
         }
-        Ok(!self.refs.trees_may_hold)
+        let empty = stripefs_meta::refcount::is_empty(self.state.store()).map_err(FsError::from)?;
+        if empty {
+            // Under the metadata lock, where every count is logged: no record can set
+            // the flag between the look at the overlay and this.
+            self.refs.inner.lock().trees_may_hold = false;
+        }
+        Ok(empty)
     }
 
     /// The whole index, the trees with the overlay over them, read one entry at a time
@@ -292,18 +376,16 @@ impl MetaCore {
     /// As [`Self::ref_pieces`].
     pub fn ref_index(&self, targets: u32) -> Result<RefcountIndex> {
         let mut idx = RefcountIndex::new();
-        for t in (0..targets)
-            .map(TargetId)
-            .filter(|_| self.refs.trees_may_hold)
-        {
+        let may_hold = self.refs.trees_may_hold();
+        for t in (0..targets).map(TargetId).filter(|_| may_hold) {
             let trees = stripefs_meta::refcount::shared(self.state.store(), t, 0, u64::MAX)
                 .map_err(FsError::from)?;
             for (s, e) in trees {
                 idx.set(t, s, e.len, e.count);
             }
         }
-        for (&(t, s), r) in &self.refs.runs {
-            idx.set(t, s, r.end - s, r.count);
+        for (t, s, end, count) in self.refs.all() {
+            idx.set(t, s, end - s, count);
         }
         Ok(idx)
     }
@@ -317,7 +399,7 @@ mod tests {
 
     #[test]
     fn runs_cut_and_drop_by_transaction() {
-        let mut o = RefcountOverlay::new(false);
+        let o = RefcountOverlay::new(false);
         o.set(T, 0, 10, 2, 5);
         o.set(T, 4, 2, 1, 6);
         assert_eq!(o.over(T, 0, 10), vec![(0, 4, 2), (4, 6, 1), (6, 10, 2)]);
@@ -329,6 +411,7 @@ mod tests {
         );
         o.drop_applied(6);
         assert!(o.is_empty());
+        let o = o.inner.lock();
         assert!(o.order.is_empty());
         assert!(
             o.trees_may_hold,

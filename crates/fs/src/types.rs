@@ -322,6 +322,15 @@ pub struct FsStatus {
     /// Reference-count changes held in core because the trees do not hold them yet
     /// (runs; `docs/design/reflink.md`, "The runtime reads the index from the trees").
     pub refcount_overlay_runs: usize,
+    /// The in-place or copy-on-write decision (`docs/design/reflink.md`, "NOCOW decision
+    /// (seed 001)"): writeback and direct-write mappings written in place / copied since
+    /// mount; unlocked checks thrown away because the extent or its target's counts
+    /// changed meanwhile (re-searches); decisions taken under the metadata lock after
+    /// too many re-searches (locked fallbacks).
+    pub nocow_in_place: u64,
+    pub nocow_cow: u64,
+    pub nocow_researches: u64,
+    pub nocow_locked_fallbacks: u64,
     /// In-core inodes now, the most at once since mount, and those evicted since mount
     /// (see `docs/design/cache.md`, "In-core inodes").
     pub incore_inodes: usize,
