@@ -160,17 +160,6 @@ impl CsumOverlay {
         out
     }
 
-    /// Whether the overlay answers for every block of the range with "no checksum", or
-    /// holds a checksum for some block: `Some(answer)`; `None` when the trees must be
-    /// asked.
-    fn any(&self, t: TargetId, start: u64, len: u64) -> Option<bool> {
-        let v = self.lookup(t, start, len);
-        if v.iter().any(|x| matches!(x, Some(Some(_)))) {
-            return Some(true);
-        }
-        v.iter().all(Option::is_some).then_some(false)
-    }
-
     /// Runs held (statistics, tests).
     pub fn runs(&self) -> usize {
         self.inner.lock().runs.len()
@@ -424,17 +413,36 @@ impl Fs {
             .collect())
     }
 
-    /// Whether any block of `[phys, phys + len)` on `t` has a checksum: the overlay,
-    /// then one floor and one single-item scan of the trees, with no lock of the file
-    /// system held (issue 13's question, asked without the extent map's lock).
+    /// Whether any block of `[phys, phys + len)` on `t` has a checksum: the overlay, then
+    /// for each run of blocks it does not hold one floor and one single-item scan of the
+    /// trees, with no lock of the file system held (issue 13's question, asked without
+    /// the extent map's lock).
     ///
     /// # Errors
     /// As [`Fs::expected_csums`].
     pub fn csums_exist(&self, t: TargetId, phys: u64, len: u64) -> Result<bool> {
-        if let Some(a) = self.inner.csum_overlay.any(t, phys, len) {
-            return Ok(a);
+        let over = self.inner.csum_overlay.lookup(t, phys, len);
+        if over.iter().any(|o| matches!(o, Some(Some(_)))) {
+            return Ok(true);
         }
-        stripefs_meta::csum::any(&self.inner.store, t, phys, len).map_err(FsError::from)
+        // The trees answer only for the blocks the overlay does not hold: a block it
+        // holds as cleared may still have its checksum in the trees until the clear is
+        // applied (a freed datacow block given to a NOCOW file meanwhile).
+        let mut b = 0;
+        while b < over.len() {
+            if over[b].is_some() {
+                b += 1;
+                continue;
+            }
+            let run = over[b..].iter().take_while(|o| o.is_none()).count();
+            if stripefs_meta::csum::any(&self.inner.store, t, phys + b as u64, run as u64)
+                .map_err(FsError::from)?
+            {
+                return Ok(true);
+            }
+            b += run;
+        }
+        Ok(false)
     }
 
     /// The `CsumSet` records for a datacow file's blocks `[phys, phys + len)` of `t`,
@@ -530,27 +538,8 @@ impl Fs {
                 }
             })
             .map_err(|e| e.to_string())?;
-        let mut have = std::collections::BTreeMap::new();
-        stripefs_meta::csum::each(&self.inner.store, &mut |t, b, c| {
-            have.insert((t, b), c);
-            Ok(())
-        })
-        .map_err(|e| e.to_string())?;
-        {
-            let o = m.csums.inner.lock();
-            for (&(t, s), c) in &o.runs {
-                for b in s..c.end {
-                    match &c.csums {
-                        Some(v) => {
-                            have.insert((t, b), v[usize::try_from(b - s).expect("in run")]);
-                        }
-                        None => {
-                            have.remove(&(t, b));
-                        }
-                    }
-                }
-            }
-        }
+        let have = self.checksummed_blocks()?;
+        drop(m);
         for (&(t, b), c) in &have {
             if !want.remove(&(t, b)) {
                 return Err(format!(
@@ -565,6 +554,38 @@ impl Fs {
             )),
             None => Ok(()),
         }
+    }
+
+    /// Every data checksum, the trees with the overlay over them, by `(target, block)`
+    /// (tests and tools: memory follows the index). Takes no lock of the file system but
+    /// the overlay's: a caller that needs it consistent with the extent maps holds the
+    /// metadata lock around it.
+    ///
+    /// # Errors
+    /// A tree that could not be read.
+    pub(crate) fn checksummed_blocks(
+        &self,
+    ) -> std::result::Result<std::collections::BTreeMap<(TargetId, u64), BlockCsum>, String> {
+        let mut have = std::collections::BTreeMap::new();
+        stripefs_meta::csum::each(&self.inner.store, &mut |t, b, c| {
+            have.insert((t, b), c);
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+        let o = self.inner.csum_overlay.inner.lock();
+        for (&(t, s), c) in &o.runs {
+            for b in s..c.end {
+                match &c.csums {
+                    Some(v) => {
+                        have.insert((t, b), v[usize::try_from(b - s).expect("in run")]);
+                    }
+                    None => {
+                        have.remove(&(t, b));
+                    }
+                }
+            }
+        }
+        Ok(have)
     }
 
     /// Data checksum mismatches since mount.
