@@ -64,6 +64,7 @@ pub use fs::{Fs, MountReport};
 pub use io::{MappedRange, MAX_FILE_BYTES};
 pub use journal::JournalPosition;
 pub use namespace::{setid_dropped, XattrMode, LINK_MAX};
+pub use nocow::InPlace;
 #[cfg(debug_assertions)]
 pub use nocow::NocowHook;
 pub use options::{

@@ -63,6 +63,19 @@ pub(crate) const NOCOW_RETRIES: u32 = 8;
 #[cfg(debug_assertions)]
 pub type NocowHook = Arc<dyn Fn(IomapOp, TargetId, u64) + Send + Sync>;
 
+/// One in-place decision, as the audit (`MountOptions::nocow_audit`) logs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InPlace {
+    pub target: u32,
+    /// First block and blocks of the mapping written in place.
+    pub phys: u64,
+    pub blocks: u64,
+    /// What an independent look at the indexes under the metadata lock, at the moment
+    /// the decision was acted on, found wrong with it (`None`: every block has one
+    /// owner and no checksum, and the file is NOCOW or the extent unwritten).
+    pub violation: Option<String>,
+}
+
 /// The decision's counters since mount (`FsStatus`), and the test hook.
 #[derive(Default)]
 pub(crate) struct NocowStats {
@@ -73,6 +86,9 @@ pub(crate) struct NocowStats {
     pub researches: AtomicU64,
     /// Decisions taken under the lock after [`NOCOW_RETRIES`] re-searches.
     pub locked_fallbacks: AtomicU64,
+    /// With `MountOptions::nocow_audit`: every in-place decision, until
+    /// [`crate::Fs::take_in_place_log`] takes them.
+    pub audit: parking_lot::Mutex<Vec<InPlace>>,
     #[cfg(debug_assertions)]
     pub hook: parking_lot::Mutex<Option<NocowHook>>,
 }
@@ -132,6 +148,11 @@ pub(crate) fn copies(f: Facts) -> bool {
 /// write in place.
 fn needs_csums(purpose: Purpose, datacow: bool, state: ExtentState, owners: u32) -> bool {
     purpose == Purpose::DataWrite && owners < 2 && !(datacow && state == ExtentState::Written)
+}
+
+/// Whether a decision places data (writeback, a direct write): what the counters count.
+fn counted(op: IomapOp, purpose: Purpose) -> bool {
+    purpose == Purpose::DataWrite && op != IomapOp::BufferedWrite
 }
 
 /// The fields read under the metadata lock, compared when it is taken again.
@@ -209,7 +230,7 @@ impl<'a> FileMapper<'a> {
                 state: ext.state,
                 ref_changes: m.ref_changes_of(target),
             };
-            let decided = |c: Checked| {
+            let decided = |m: &MetaCore, c: Checked| {
                 let copy = copies(Facts {
                     purpose,
                     datacow: self.datacow,
@@ -217,6 +238,15 @@ impl<'a> FileMapper<'a> {
                     checked: c,
                 });
                 self.count(op, purpose, copy);
+                if !copy && inner.opts.nocow_audit && counted(op, purpose) {
+                    let violation = self.audit(m, target, ext.state, phys, c.blocks);
+                    inner.nocow.audit.lock().push(InPlace {
+                        target: target.0,
+                        phys,
+                        blocks: c.blocks,
+                        violation,
+                    });
+                }
                 Found::Mapped {
                     state: ext.state,
                     phys,
@@ -226,7 +256,8 @@ impl<'a> FileMapper<'a> {
             };
             if let Some((was, c)) = checked {
                 if was == cheap {
-                    return Ok((m, seq, decided(c)));
+                    let found = decided(&m, c);
+                    return Ok((m, seq, found));
                 }
                 inner.nocow.researches.fetch_add(1, Ordering::Relaxed);
             }
@@ -236,7 +267,8 @@ impl<'a> FileMapper<'a> {
                     inner.nocow.locked_fallbacks.fetch_add(1, Ordering::Relaxed);
                 }
                 let c = self.check(Counts::Held(&m), purpose, target, ext.state, phys, span)?;
-                return Ok((m, seq, decided(c)));
+                let found = decided(&m, c);
+                return Ok((m, seq, found));
             }
             drop(m);
             let c = self.check(Counts::Unlocked, purpose, target, ext.state, phys, span)?;
@@ -249,9 +281,41 @@ impl<'a> FileMapper<'a> {
         }
     }
 
+    /// The audit's independent look at an in-place decision, under the metadata lock it
+    /// is acted on under: every piece of the range (not only the first) has one owner by
+    /// `MetaCore::ref_pieces_for_write` (no count a transaction not yet durable changed,
+    /// decision 94), no block has a checksum, and a datacow file's extent is
+    /// unwritten.
+    fn audit(
+        &self,
+        m: &MetaCore,
+        target: TargetId,
+        state: ExtentState,
+        phys: u64,
+        blocks: u64,
+    ) -> Option<String> {
+        if self.datacow && state == ExtentState::Written {
+            return Some("a datacow file's written blocks".into());
+        }
+        let durable = self.fs.inner.journal.committed();
+        match m.ref_pieces_for_write(target, phys, blocks, durable) {
+            Err(e) => return Some(format!("refcount lookup: {e}")),
+            Ok(p) => {
+                if let Some((b, _, c)) = p.into_iter().find(|&(_, _, c)| c != 1) {
+                    return Some(format!("block {b} has {c} owners"));
+                }
+            }
+        }
+        match self.fs.csums_exist(target, phys, blocks) {
+            Err(e) => Some(format!("checksum lookup: {e}")),
+            Ok(true) => Some("a block has a checksum".into()),
+            Ok(false) => None,
+        }
+    }
+
     /// Counts a writeback or direct-write decision.
     fn count(&self, op: IomapOp, purpose: Purpose, copy: bool) {
-        if purpose != Purpose::DataWrite || op == IomapOp::BufferedWrite {
+        if !counted(op, purpose) {
             return;
         }
         let n = &self.fs.inner.nocow;
@@ -304,6 +368,38 @@ impl<'a> FileMapper<'a> {
 }
 
 impl crate::Fs {
+    /// The in-place decisions of writeback and direct writes logged since the last call
+    /// (`MountOptions::nocow_audit`), each with the audit's verdict.
+    pub fn take_in_place_log(&self) -> Vec<InPlace> {
+        std::mem::take(&mut *self.inner.nocow.audit.lock())
+    }
+
+    /// Every block no data write may write in place, by the indexes: `(target, block)` of
+    /// each block with two or more owners (`"shared"`) or a data checksum
+    /// (`"checksummed"`). Reads both whole indexes (tests and tools).
+    ///
+    /// # Errors
+    /// A tree that could not be read.
+    pub fn shared_or_checksummed(
+        &self,
+    ) -> std::result::Result<std::collections::BTreeMap<(u32, u64), &'static str>, String> {
+        let m = self.inner.meta.lock();
+        let mut out: std::collections::BTreeMap<(u32, u64), &'static str> = self
+            .checksummed_blocks()?
+            .into_keys()
+            .map(|(t, b)| ((t.0, b), "checksummed"))
+            .collect();
+        let refs = m
+            .ref_index(self.inner.geo.target_count())
+            .map_err(|e| e.to_string())?;
+        for (t, start, e) in refs.iter() {
+            if e.count >= 2 {
+                out.extend((start..start + e.len).map(|b| ((t.0, b), "shared")));
+            }
+        }
+        Ok(out)
+    }
+
     /// Test hook (debug builds): `hook` runs on every unlocked in-place decision after
     /// its checks, before the metadata lock is taken again to re-validate them, with the
     /// mapping's operation, the target and the first physical block checked; `None` removes it. The hook may

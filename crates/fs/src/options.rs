@@ -219,6 +219,9 @@ pub struct MountOptions {
     pub datacow: DataCow,
     /// Where the in-place decision's checks run (`nocow_check`).
     pub nocow_check: NocowCheck,
+    /// Test knob: log every writeback and direct-write in-place decision's blocks for
+    /// [`crate::Fs::take_in_place_log`] (the model test's audit; unbounded, so tests only).
+    pub nocow_audit: bool,
     /// Fault injector for the runtime's named fault points (tests only).
     pub faults: Option<Arc<FaultInjector>>,
 }
@@ -241,6 +244,7 @@ impl Default for MountOptions {
             atime: crate::AtimePolicy::default(),
             datacow: DataCow::Off,
             nocow_check: NocowCheck::Unlocked,
+            nocow_audit: false,
             faults: None,
         }
     }

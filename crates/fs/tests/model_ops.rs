@@ -65,6 +65,12 @@ struct Cfg {
     /// trees through pages evicted and read back, beside the overlay of unapplied changes.
     /// The space books are checked at remounts, not after every operation.
     big_dirs: bool,
+    /// Seed 001's audit (`-o nocow_audit`): before every operation the blocks shared or
+    /// checksummed are read from the indexes, and after it every in-place decision the
+    /// operation made must have avoided them; clones are four times as frequent.
+    nocow_audit: bool,
+    /// `-o nocow_check`.
+    nocow_check: stripefs::NocowCheck,
 }
 
 /// Filler entries per directory with `big_dirs`.
@@ -177,6 +183,8 @@ impl Cfg {
         if self.big_dirs {
             o.meta_cache = stripefs::MetaCacheBytes(stripefs::MetaCacheBytes::MIN_PAGES * 4096);
         }
+        o.nocow_audit = self.nocow_audit;
+        o.nocow_check = self.nocow_check;
         if self.late_writes {
             // The flusher writes back whenever a quarter of a MiB is dirty.
             o.writeback_interval = Some(std::time::Duration::from_millis(1));
@@ -227,6 +235,11 @@ struct Run {
     lent_rewrites: u64,
     /// Inodes read back from the trees after eviction, over every mount.
     meta_inode_loads: u64,
+    /// With `nocow_audit`: the blocks shared or checksummed before the running
+    /// operation; in-place decisions audited and copy decisions, over every mount.
+    forbidden: BTreeMap<(u32, u64), &'static str>,
+    audited_in_place: u64,
+    nocow_cow: u64,
 }
 
 impl Run {
@@ -258,6 +271,18 @@ impl Run {
 
     fn step(&mut self) {
         self.ops += 1;
+        if self.c.nocow_audit {
+            self.forbidden = match self.sut.fs.shared_or_checksummed() {
+                Ok(f) => f,
+                Err(e) => self.fail(&format!("indexes: {e}")),
+            };
+            if self.rng.one_in(8) {
+                self.op_clone();
+                let log = self.sut.fs.take_in_place_log();
+                self.audit_in_place(&log);
+                return;
+            }
+        }
         match self.rng.below(100) {
             0..=21 => self.op_write(),
             22..=24 => self.op_clone(),
@@ -279,6 +304,10 @@ impl Run {
             97 => self.op_clone(),
             _ => self.verify_all(),
         }
+        if self.c.nocow_audit {
+            let log = self.sut.fs.take_in_place_log();
+            self.audit_in_place(&log);
+        }
         self.check_sizes();
         // With the flusher running, writeback may hold allocations not yet recorded: the
         // books balance only at rest, right after a (re)mount. With big directories the
@@ -286,6 +315,45 @@ impl Run {
         // remount only.
         if !self.c.late_writes && !self.c.big_dirs {
             self.check_space();
+        }
+    }
+
+    /// Seed 001 (I-001-1): every in-place decision of the operation passed the file
+    /// system's own look at the indexes under the lock it was acted on under (its audit),
+    /// and, after an operation that changes no count before it writes (writes, reads,
+    /// syncs), landed on no block shared or checksummed before the operation.
+    fn audit_in_place(&mut self, log: &[stripefs::InPlace]) {
+        let last = self.log.last().map_or("", String::as_str);
+        let counts_fixed = [
+            "write ",
+            "dwrite ",
+            "read ",
+            "dread ",
+            "fsync ",
+            "fdatasync ",
+        ]
+        .iter()
+        .any(|p| last.starts_with(p));
+        for d in log {
+            self.audited_in_place += 1;
+            if let Some(v) = &d.violation {
+                self.fail(&format!(
+                    "in-place write of target {} blocks {}..+{}: {v}",
+                    d.target, d.phys, d.blocks
+                ));
+            }
+            if !counts_fixed {
+                continue;
+            }
+            if let Some((b, why)) = (d.phys..d.phys + d.blocks)
+                .find_map(|b| self.forbidden.get(&(d.target, b)).map(|w| (b, *w)))
+            {
+                self.fail(&format!(
+                    "in-place write of target {} blocks {}..+{}: block {b} was {why} before \
+                     the operation",
+                    d.target, d.phys, d.blocks
+                ));
+            }
         }
     }
 
@@ -622,6 +690,7 @@ impl Run {
         self.wb_group_files += st.wb_group_files;
         self.lent_rewrites += st.cache.lent_rewrites;
         self.meta_inode_loads += st.meta_inode_loads;
+        self.nocow_cow += st.nocow_cow;
     }
 
     fn op_sync(&mut self) {
@@ -915,6 +984,10 @@ impl Run {
         if let Err(e) = self.sut.fs.unmount() {
             self.fail(&format!("unmount failed: {e}"));
         }
+        if self.c.nocow_audit {
+            let log = self.sut.fs.take_in_place_log();
+            self.audit_in_place(&log);
+        }
         let mut opts = self.c.mount_options();
         opts.datacow = self.model.datacow;
         let fs = match Fs::mount(self.targets.clone(), opts) {
@@ -1043,6 +1116,9 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
         wb_group_files: 0,
         lent_rewrites: 0,
         meta_inode_loads: 0,
+        forbidden: BTreeMap::new(),
+        audited_in_place: 0,
+        nocow_cow: 0,
     };
     for _ in 0..ops {
         run.step();
@@ -1071,6 +1147,12 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
          the configuration tests nothing",
         run.wb_group_files,
         run.wb_groups
+    );
+    assert!(
+        !c.nocow_audit || (run.audited_in_place > 0 && run.nocow_cow > 0),
+        "({c:?}): {} in-place decisions audited, {} copies: the configuration tests nothing",
+        run.audited_in_place,
+        run.nocow_cow
     );
     run.sut.handles.clear();
     run.sut.fs.unmount().expect("unmount");
@@ -1110,6 +1192,8 @@ fn cfg(stripe_count: u32, block_size: u32, folio_bytes: u32) -> Cfg {
         late_writes: false,
         inodes: None,
         big_dirs: false,
+        nocow_audit: false,
+        nocow_check: stripefs::NocowCheck::Unlocked,
     }
 }
 
@@ -1309,6 +1393,25 @@ model_case!(
         inodes: Some(2),
         big_dirs: true,
         ..cfg(3, 4096, 65536)
+    }
+);
+
+// Seed 001: NOCOW and datacow files (mounts alternate), clones four times as often, and
+// every in-place decision audited against the blocks shared or checksummed before the
+// operation; once with the checks under the lock.
+model_case!(
+    nocow_audit_stripes3,
+    Cfg {
+        nocow_audit: true,
+        ..cfg(3, 4096, 65536)
+    }
+);
+model_case!(
+    nocow_audit_bs1k_locked,
+    Cfg {
+        nocow_audit: true,
+        nocow_check: stripefs::NocowCheck::Locked,
+        ..cfg(1, 1024, 4096)
     }
 );
 

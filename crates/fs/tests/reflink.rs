@@ -8,7 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use stripefs::{CreateParams, DataCow, Fs, FsError, Ino, MkfsOptions, MountOptions, SyncScope};
+use stripefs::{
+    CreateParams, DataCow, FallocMode, Fs, FsError, Ino, MkfsOptions, MountOptions, SyncScope,
+};
 use stripefs_target::{Recorder, SimTarget, UnflushedPolicy};
 
 fn file(fs: &Fs, name: &str) -> Ino {
@@ -427,4 +429,179 @@ fn a_write_over_blocks_whose_other_owner_let_go_uncommitted_keeps_that_owner_int
         fs.unmount().unwrap();
         fsck_clean(&s, &what);
     }
+}
+
+/// Seed 001: a crash at every flush and FUA point of NOCOW writeback and direct writes
+/// falling back to copy on write over cloned blocks, then writing in place: over the
+/// copies, over blocks the clone let go of (unlinked: copied while the unlink is not
+/// durable, decision 94, in place once it is), and into an unwritten extent.
+/// Each file reads, per block, a content it had (blocks written only by copy on write
+/// whole, never mixed; blocks also written in place per sector, which is all a NOCOW
+/// overwrite promises), counts exact, checksums none, fsck clean.
+#[test]
+fn crash_at_every_flush_point_with_nocow_fallback_to_copy_on_write() {
+    let bs = 4096usize;
+    let s = sims(3, 8 << 20);
+    let opts = MkfsOptions {
+        block_size: bs as u32,
+        stripe_unit: 16 << 10,
+        journal_bytes: Some(64 << 10),
+        ..MkfsOptions::default()
+    };
+    Fs::mkfs(&dyns(&s), &opts).unwrap();
+    let initial: Vec<Vec<u8>> = s.iter().map(|t| t.durable_image()).collect();
+    let rec = Recorder::new();
+    let (fs, _) = Fs::mount(recorded(&s, &rec), quiet()).unwrap();
+    let now = || rec.events().len();
+    let a = file(&fs, "a");
+    let b = file(&fs, "b");
+    fs.sync().unwrap();
+    let mut ha = History {
+        name: "a",
+        states: vec![(0, Vec::new())],
+        synced: vec![(now(), 0)],
+    };
+    let mut hb = History {
+        name: "b",
+        states: vec![(0, Vec::new())],
+        synced: vec![(now(), 0)],
+    };
+    let mut ca = pattern(1, 0, 128 << 10);
+    ha.states.push((now(), ca.clone()));
+    fs.write_at(a, 0, &ca).unwrap();
+    fs.fsync(a, SyncScope::All).unwrap();
+    ha.synced.push((now(), ha.states.len() - 1));
+    hb.states.push((now(), ca.clone()));
+    fs.clone_file(a, b).unwrap();
+    fs.fsync(b, SyncScope::All).unwrap();
+    hb.synced.push((now(), hb.states.len() - 1));
+    let before = fs.status();
+
+    let step = |ha: &mut History, ca: &mut Vec<u8>, off: usize, len: usize, direct: bool| {
+        let w = pattern(off as u64 ^ 0x5eed, off as u64, len);
+        if ca.len() < off + len {
+            ca.resize(off + len, 0);
+        }
+        ca[off..off + len].copy_from_slice(&w);
+        ha.states.push((now(), ca.clone()));
+        if direct {
+            fs.write_direct(a, off as u64, &w).unwrap();
+        } else {
+            fs.write_at(a, off as u64, &w).unwrap();
+        }
+    };
+    // Copy on write over the cloned blocks: writeback (partial blocks 1-3, whole 10),
+    // and a direct write (block 20).
+    step(&mut ha, &mut ca, 5000, 9000, false);
+    step(&mut ha, &mut ca, 10 * bs, bs, false);
+    step(&mut ha, &mut ca, 20 * bs, bs, true);
+    fs.fsync(a, SyncScope::All).unwrap();
+    ha.synced.push((now(), ha.states.len() - 1));
+    // In place over a copy (block 10).
+    step(&mut ha, &mut ca, 10 * bs + 512, 2048, false);
+    fs.fsync(a, SyncScope::All).unwrap();
+    ha.synced.push((now(), ha.states.len() - 1));
+    // The clone lets go: a's blocks have one owner, but until the unlink is durable a
+    // crash brings b back, so they are copied (30 buffered, 31 direct; decision 94).
+    let unlinked_at = now();
+    fs.unlink(Ino::ROOT, "b".as_ref()).unwrap();
+    step(&mut ha, &mut ca, 30 * bs, bs, false);
+    step(&mut ha, &mut ca, 31 * bs, bs, true);
+    fs.fsync(a, SyncScope::All).unwrap();
+    ha.synced.push((now(), ha.states.len() - 1));
+    // The unlink is durable now (a's fsync committed it): the other blocks b let go of
+    // are written in place (24 buffered, 25 direct).
+    step(&mut ha, &mut ca, 24 * bs, bs, false);
+    step(&mut ha, &mut ca, 25 * bs, bs, true);
+    fs.fsync(a, SyncScope::All).unwrap();
+    ha.synced.push((now(), ha.states.len() - 1));
+    // Into an unwritten extent past the old end: converted at completion.
+    ca.resize(192 << 10, 0);
+    ha.states.push((now(), ca.clone()));
+    fs.fallocate(a, FallocMode::Allocate, 128 << 10, 64 << 10)
+        .unwrap();
+    step(&mut ha, &mut ca, (128 << 10) + bs, bs, false);
+    fs.fsync(a, SyncScope::All).unwrap();
+    ha.synced.push((now(), ha.states.len() - 1));
+    let st = fs.status();
+    assert_eq!(
+        (
+            st.nocow_cow - before.nocow_cow,
+            st.nocow_in_place - before.nocow_in_place
+        ),
+        (5, 4),
+        "five copies (blocks 1-3 one mapping, 10, 20, 30, 31), four in place (10, 24, 25, 33)"
+    );
+    std::mem::forget(fs);
+
+    // Blocks written only by copy on write: 1-3, 20, 30 and 31 (checked whole).
+    let cow_only = [(bs, 4 * bs), (20 * bs, 21 * bs), (30 * bs, 32 * bs)];
+    let verify = |fs: &Fs, returned: usize, started: usize, what: &str| {
+        fs.check_refcounts()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        fs.check_space_accounting()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        fs.check_csums().unwrap_or_else(|e| panic!("{what}: {e}"));
+        let ia = fs.lookup(Ino::ROOT, "a".as_ref()).expect("a").ino;
+        let got = read_all(fs, ia);
+        let allowed = ha.allowed(returned, started);
+        check_blocks(&got, allowed, 512, &format!("{what}: a"));
+        for &(lo, hi) in &cow_only {
+            let cut: Vec<(usize, Vec<u8>)> = allowed
+                .iter()
+                .filter(|(_, c)| c.len() >= hi)
+                .map(|(at, c)| (*at, c[lo..hi].to_vec()))
+                .collect();
+            if got.len() >= hi && !cut.is_empty() {
+                check_blocks(&got[lo..hi], &cut, bs, &format!("{what}: a copied {lo}"));
+            }
+        }
+        match fs.lookup(Ino::ROOT, "b".as_ref()) {
+            Ok(ib) => {
+                let got = read_all(fs, ib.ino);
+                check_blocks(
+                    &got,
+                    hb.allowed(returned, started),
+                    bs,
+                    &format!("{what}: b"),
+                );
+            }
+            Err(_) => assert!(started >= unlinked_at, "{what}: b gone before its unlink"),
+        }
+    };
+    let mut covered = 0;
+    for p in rec.durability_points() {
+        for policy in [
+            UnflushedPolicy::Drop,
+            UnflushedPolicy::Tear { seed: p as u64 },
+        ] {
+            let images = rec.images_at(&initial, p + 1, policy, 512);
+            let what = format!("crash after event {p} ({policy:?})");
+            let sims: Vec<Arc<SimTarget>> = images
+                .iter()
+                .enumerate()
+                .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("c{i}"), img.clone(), 512)))
+                .collect();
+            let (fs2, _) = Fs::mount(dyns(&sims), quiet()).expect("recovery mount");
+            verify(&fs2, p + 1, p, &what);
+            fs2.unmount().unwrap();
+            fsck_clean(&sims, &what);
+            covered += 1;
+        }
+    }
+    for p in rec.fua_points() {
+        let images = rec.images_in_flight(&initial, p, (p as u64) << 1, 512);
+        let what = format!("crash during FUA write {p}");
+        let sims: Vec<Arc<SimTarget>> = images
+            .iter()
+            .enumerate()
+            .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("f{i}"), img.clone(), 512)))
+            .collect();
+        let (fs2, _) = Fs::mount(dyns(&sims), quiet()).expect("recovery mount");
+        verify(&fs2, p, p, &what);
+        fs2.unmount().unwrap();
+        fsck_clean(&sims, &what);
+        covered += 1;
+    }
+    assert!(covered > 20, "too few crash points: {covered}");
 }
