@@ -20,6 +20,14 @@
 //! count at every moment of the change. Reading the trees under the metadata lock is
 //! I/O under it on a page miss: the documented exception of decision 88.
 //!
+//! The in-place decision's lookup ([`pieces_for_write_of`], and
+//! [`MetaCore::ref_pieces_for_write`] under the lock) reads the overlay under its own
+//! lock instead, runs, pending runs and `trees_may_hold` at one moment, then the trees,
+//! and is re-validated under the metadata lock (`nocow.rs`): a count change logged after
+//! that moment, which could set `trees_may_hold` or add a run, bumps the target's
+//! counter and forces a re-search. A block whose count a transaction after
+//! `Journal::committed` set counts as shared there (decision 94).
+//!
 //! `share` and `release` keep one implementation of the counting rules: a small
 //! `RefcountIndex` holding the counts over just the ranges involved (overlay over trees)
 //! is built and asked, as `RefcountIndex::share`/`release` ask the whole index.
