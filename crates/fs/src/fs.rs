@@ -187,6 +187,7 @@ impl Fs {
             inodes: crate::icache::InodeTable::default(),
             dead: Vec::new(),
             applied: journal.applied(),
+            committed: journal.committed_mark(),
         };
         opts.meta_cache
             .validate(l.geo.page_size().bytes() as u64)

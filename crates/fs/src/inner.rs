@@ -78,6 +78,10 @@ pub(crate) struct MetaCore {
     /// The last transaction the checkpointer applied to the trees (shared with the
     /// journal): an in-core inode changed after it cannot leave core.
     pub applied: Arc<std::sync::atomic::AtomicU64>,
+    /// The highest durable transaction (shared with the journal). Applied is not always
+    /// durable: a transaction larger than the journal is committed by a checkpoint, which
+    /// applies it (and publishes `applied`) before its root record is written.
+    pub committed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A freed inode on its way out: its blocks stay out of the free map until its page cache
@@ -342,7 +346,11 @@ impl Drop for MetaGuard<'_> {
         let applied = self.0.applied.load(Ordering::Acquire);
         self.0.state.settle_overlay(applied);
         self.0.csums.drop_applied(applied);
-        self.0.refs.drop_applied(applied);
+        // A count change stays until it is durable as well as applied: decision 94 reads
+        // the overlay's runs after `committed` as pending, and an oversized transaction
+        // is applied before it is durable.
+        let durable = self.0.committed.load(Ordering::Acquire);
+        self.0.refs.drop_applied(applied.min(durable));
         if self.0.state.sweep_due() {
             self.0.sweep_view();
         }

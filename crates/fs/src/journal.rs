@@ -163,7 +163,7 @@ pub(crate) struct Journal {
     head: Mutex<u64>,
     /// The head as of the last append, readable without waiting for a commit (status).
     head_seen: AtomicU64,
-    committed: AtomicU64,
+    committed: Arc<AtomicU64>,
     /// Commits that found the journal full and waited for a checkpoint.
     pub full_waits: AtomicU64,
     /// Of those, the ones that wrote a checkpoint themselves.
@@ -283,7 +283,7 @@ impl Journal {
         Self {
             head: Mutex::new(pos.head),
             head_seen: AtomicU64::new(pos.head),
-            committed: AtomicU64::new(committed),
+            committed: Arc::new(AtomicU64::new(committed)),
             full_waits: AtomicU64::new(0),
             full_checkpoints: AtomicU64::new(0),
             apply_throttled: AtomicU64::new(0),
@@ -307,6 +307,11 @@ impl Journal {
     /// The last transaction applied to the trees, kept current by the checkpointer.
     pub fn applied(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.applied)
+    }
+
+    /// The highest durable transaction, shared (`MetaCore::committed`).
+    pub fn committed_mark(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.committed)
     }
 
     /// Highest transaction sequence known durable.

@@ -30,9 +30,11 @@
 //! ran is seen. What they read is exact for the moment they read it (decision 89's
 //! argument, without the metadata lock): the overlay is read first, then the trees for
 //! the blocks it does not hold. A block the overlay does not hold has no count change
-//! the trees lack that was logged before that read (runs are dropped only once the
-//! checkpointer's applied mark passed their transaction, which it publishes after the
-//! trees hold it), so the only records the checkpointer can be applying to such a block
+//! the trees lack that was logged before that read (runs are dropped only once their
+//! transaction is applied, a mark the checkpointer publishes after the trees hold it,
+//! and durable, so decision 94's pending runs stay until a crash can no longer undo
+//! them, even for a transaction larger than the journal, applied before its checkpoint
+//! commits it), so the only records the checkpointer can be applying to such a block
 //! while the trees are read were logged after the overlay read, and those bumped the
 //! counter: the answer is then thrown away. Blocks outside a record's range read their
 //! count at every moment of its application (`refcount::set`'s order), as before.

@@ -6,7 +6,9 @@
 //! the [`RefcountOverlay`]: runs of blocks with the count a record gave them and the
 //! transaction that logged it, dropped once the trees hold that transaction (when the
 //! metadata lock is released after the checkpointer's applied mark passed it, as the
-//! checksum and directory overlays). Its size follows the unapplied records (each record
+//! checksum and directory overlays) and it is durable (decision 94 reads the runs after
+//! the durable mark as pending; a transaction larger than the journal is applied before
+//! the checkpoint that commits it is written). Its size follows the unapplied records (each record
 //! adds one run and cuts at most one other in two), never the index.
 //!
 //! Lookups ([`MetaCore::ref_pieces`], [`MetaCore::ref_share`], [`MetaCore::ref_release`],
