@@ -165,6 +165,58 @@ impl History {
 
 /// Per block, the recovered content is that block in one of the allowed states (never a
 /// mix inside a block of data written by copy on write, never a byte never written).
+/// Mounts the images of every crash point the recorder saw (after each durability
+/// point, its unflushed writes dropped or torn; and inside each FUA write), and calls
+/// `verify(fs, returned, started, what)` then fsck on each: the crash sweeps' one loop.
+fn every_crash_point(
+    rec: &Recorder,
+    initial: &[Vec<u8>],
+    opts: &dyn Fn() -> MountOptions,
+    verify: &dyn Fn(&Fs, usize, usize, &str),
+) {
+    let check =
+        |images: Vec<Vec<u8>>, prefix: &str, returned: usize, started: usize, what: &str| {
+            let sims: Vec<Arc<SimTarget>> = images
+                .into_iter()
+                .enumerate()
+                .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("{prefix}{i}"), img, 512)))
+                .collect();
+            let (fs, _) = Fs::mount(dyns(&sims), opts()).expect("recovery mount");
+            verify(&fs, returned, started, what);
+            fs.unmount().unwrap();
+            fsck_clean(&sims, what);
+        };
+    let mut covered = 0;
+    for p in rec.durability_points() {
+        for policy in [
+            UnflushedPolicy::Drop,
+            UnflushedPolicy::Tear { seed: p as u64 },
+        ] {
+            let what = format!("crash after event {p} ({policy:?})");
+            check(
+                rec.images_at(initial, p + 1, policy, 512),
+                "c",
+                p + 1,
+                p,
+                &what,
+            );
+            covered += 1;
+        }
+    }
+    for p in rec.fua_points() {
+        let what = format!("crash during FUA write {p}");
+        check(
+            rec.images_in_flight(initial, p, (p as u64) << 1, 512),
+            "f",
+            p,
+            p,
+            &what,
+        );
+        covered += 1;
+    }
+    assert!(covered > 20, "too few crash points: {covered}");
+}
+
 fn check_blocks(got: &[u8], allowed: &[(usize, Vec<u8>)], bs: usize, what: &str) {
     assert!(
         allowed.iter().any(|(_, c)| c.len() == got.len()),
@@ -300,41 +352,7 @@ fn crash_sweep(datacow: DataCow) {
             );
         }
     };
-    let mut covered = 0;
-    for p in rec.durability_points() {
-        for policy in [
-            UnflushedPolicy::Drop,
-            UnflushedPolicy::Tear { seed: p as u64 },
-        ] {
-            let images = rec.images_at(&initial, p + 1, policy, 512);
-            let what = format!("crash after event {p} ({policy:?})");
-            let sims: Vec<Arc<SimTarget>> = images
-                .iter()
-                .enumerate()
-                .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("c{i}"), img.clone(), 512)))
-                .collect();
-            let (fs2, _) = Fs::mount(dyns(&sims), opts_of()).expect("recovery mount");
-            verify(&fs2, p + 1, p, &what);
-            fs2.unmount().unwrap();
-            fsck_clean(&sims, &what);
-            covered += 1;
-        }
-    }
-    for p in rec.fua_points() {
-        let images = rec.images_in_flight(&initial, p, (p as u64) << 1, 512);
-        let what = format!("crash during FUA write {p}");
-        let sims: Vec<Arc<SimTarget>> = images
-            .iter()
-            .enumerate()
-            .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("f{i}"), img.clone(), 512)))
-            .collect();
-        let (fs2, _) = Fs::mount(dyns(&sims), opts_of()).expect("recovery mount");
-        verify(&fs2, p, p, &what);
-        fs2.unmount().unwrap();
-        fsck_clean(&sims, &what);
-        covered += 1;
-    }
-    assert!(covered > 20, "too few crash points: {covered}");
+    every_crash_point(&rec, &initial, &opts_of, &verify);
 }
 
 /// How the write over the block another owner let go is made, and how its data reaches
@@ -565,41 +583,7 @@ fn crash_at_every_flush_point_with_nocow_fallback_to_copy_on_write() {
             Err(_) => assert!(started >= unlinked_at, "{what}: b gone before its unlink"),
         }
     };
-    let mut covered = 0;
-    for p in rec.durability_points() {
-        for policy in [
-            UnflushedPolicy::Drop,
-            UnflushedPolicy::Tear { seed: p as u64 },
-        ] {
-            let images = rec.images_at(&initial, p + 1, policy, 512);
-            let what = format!("crash after event {p} ({policy:?})");
-            let sims: Vec<Arc<SimTarget>> = images
-                .iter()
-                .enumerate()
-                .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("c{i}"), img.clone(), 512)))
-                .collect();
-            let (fs2, _) = Fs::mount(dyns(&sims), quiet()).expect("recovery mount");
-            verify(&fs2, p + 1, p, &what);
-            fs2.unmount().unwrap();
-            fsck_clean(&sims, &what);
-            covered += 1;
-        }
-    }
-    for p in rec.fua_points() {
-        let images = rec.images_in_flight(&initial, p, (p as u64) << 1, 512);
-        let what = format!("crash during FUA write {p}");
-        let sims: Vec<Arc<SimTarget>> = images
-            .iter()
-            .enumerate()
-            .map(|(i, img)| Arc::new(SimTarget::from_image(&format!("f{i}"), img.clone(), 512)))
-            .collect();
-        let (fs2, _) = Fs::mount(dyns(&sims), quiet()).expect("recovery mount");
-        verify(&fs2, p, p, &what);
-        fs2.unmount().unwrap();
-        fsck_clean(&sims, &what);
-        covered += 1;
-    }
-    assert!(covered > 20, "too few crash points: {covered}");
+    every_crash_point(&rec, &initial, &quiet, &verify);
     assert_eq!(
         decided,
         (5, 4),
