@@ -77,8 +77,8 @@ pub fn check(meta: &MetaState, geo: &Geometry) -> CheckReport {
     }
     check_reachable(meta, &mut r.problems);
     r.problems
-        .extend(meta.refs.first_difference(&derived_refs(meta, geo)));
-    r.problems.extend(csum_problem(meta, geo));
+        .extend(meta.refs.first_difference(&derived_refs(meta)));
+    r.problems.extend(csum_problem(meta));
     r
 }
 
@@ -86,17 +86,16 @@ pub fn check(meta: &MetaState, geo: &Geometry) -> CheckReport {
 /// copy-on-write files' extents: none for a free, unwritten or NOCOW block, none missing
 /// for a written block of a datacow file. The first violation, described.
 #[must_use]
-pub fn csum_problem(meta: &MetaState, geo: &Geometry) -> Option<String> {
+pub fn csum_problem(meta: &MetaState) -> Option<String> {
     let mut want = BTreeSet::new();
     for i in meta.inodes.values() {
         if !crate::csum::datacow(&i.attrs) {
             continue;
         }
-        let l = i.attrs.layout;
-        for (obj, map) in i.objects.iter().enumerate() {
-            let t = l.target_of(obj as u32, geo.target_count());
+        for map in &i.objects {
             for (_, e) in map.iter() {
                 if e.state == crate::extent::ExtentState::Written {
+                    let t = e.target;
                     want.extend((e.phys..e.phys.saturating_add(e.len)).map(|b| (t, b)));
                 }
             }
@@ -274,9 +273,10 @@ pub fn layout_problem(a: &InodeAttrs, objects: usize, geo: &Geometry) -> Option<
     (!ok).then(|| format!("inode {} has an invalid stripe layout {l:?}", a.ino))
 }
 
-/// Rules for one extent on its own: non-empty, no overflow, not shared.
+/// Rules for one extent on its own: non-empty, no overflow, on a target of the file
+/// system's `targets`.
 #[must_use]
-pub fn extent_problem(ino: Ino, obj: u32, block: u64, e: &Extent) -> Option<String> {
+pub fn extent_problem(ino: Ino, obj: u32, block: u64, e: &Extent, targets: u32) -> Option<String> {
     let at = || format!("inode {ino} object {obj} block {block}");
     if e.len == 0 || block.checked_add(e.len).is_none() || e.phys.checked_add(e.len).is_none() {
         return Some(format!(
@@ -286,11 +286,11 @@ pub fn extent_problem(ino: Ino, obj: u32, block: u64, e: &Extent) -> Option<Stri
             e.phys
         ));
     }
-    (e.refcount != 1).then(|| {
+    (e.target.0 >= targets).then(|| {
         format!(
-            "{}: refcount field {} (always 1: counts live in the refcount index)",
+            "{}: extent on target {}, of {targets} targets",
             at(),
-            e.refcount
+            e.target
         )
     })
 }
@@ -307,7 +307,14 @@ fn claim(
     e: &Extent,
     geo: &Geometry,
 ) -> Option<String> {
-    let target = inode.layout.target_of(obj, geo.target_count());
+    let target = e.target;
+    if target.0 >= geo.target_count() {
+        return Some(format!(
+            "inode {} object {obj} block {block}: extent on target {target}, of {} targets",
+            inode.ino,
+            geo.target_count()
+        ));
+    }
     if refs.is_empty() || e.phys.checked_add(e.len).is_none() {
         return alloc
             .mark_used(target, e.phys, e.len)
@@ -345,13 +352,11 @@ fn claim_shared(alloc: &mut Allocator, refs: &RefcountIndex, geo: &Geometry) -> 
 
 /// The index derived from every extent of `meta`.
 #[must_use]
-pub fn derived_refs(meta: &MetaState, geo: &Geometry) -> RefcountIndex {
+pub fn derived_refs(meta: &MetaState) -> RefcountIndex {
     RefcountIndex::derive(meta.inodes.values().flat_map(|i| {
-        let l = i.attrs.layout;
-        i.objects.iter().enumerate().flat_map(move |(obj, map)| {
-            let t = l.target_of(obj as u32, geo.target_count());
-            map.iter().map(move |(_, e)| (t, e.phys, e.len))
-        })
+        i.objects
+            .iter()
+            .flat_map(|map| map.iter().map(|(_, e)| (e.target, e.phys, e.len)))
     }))
 }
 
@@ -365,8 +370,13 @@ fn check_extents(inode: &Inode, refs: &RefcountIndex, geo: &Geometry, r: &mut Ch
         for (block, e) in map.iter() {
             r.extents += 1;
             r.data_blocks_used += e.len;
-            r.problems
-                .extend(extent_problem(a.ino, obj as u32, block, e));
+            r.problems.extend(extent_problem(
+                a.ino,
+                obj as u32,
+                block,
+                e,
+                geo.target_count(),
+            ));
             r.problems
                 .extend(claim(&mut r.allocator, refs, a, obj as u32, block, e, geo));
         }
@@ -499,7 +509,7 @@ impl ReplayCheck {
                 }
                 t.inodes.insert(*ino);
                 if let Some(i) = meta.get(*ino) {
-                    self.release_all(i, &meta.refs, geo);
+                    self.release_all(i, &meta.refs);
                     for e in i.entries.values() {
                         remove_ref(&mut self.refs, *ino, e);
                         t.inodes.insert(e.ino);
@@ -513,19 +523,19 @@ impl ReplayCheck {
                 len,
                 phys,
                 state,
-                refcount,
+                target,
             } => {
                 let i = extent_owner(meta, *ino, *object)?;
                 let e = Extent {
                     len: *len,
                     phys: *phys,
                     state: *state,
-                    refcount: *refcount,
+                    target: *target,
                 };
-                if let Some(p) = extent_problem(*ino, *object, *block, &e) {
+                if let Some(p) = extent_problem(*ino, *object, *block, &e, geo.target_count()) {
                     return Err(p);
                 }
-                self.release(i, &meta.refs, (*object, *block, *len), geo);
+                self.release(i, &meta.refs, (*object, *block, *len));
                 if let Some(p) = claim(
                     &mut self.alloc,
                     &meta.refs,
@@ -550,7 +560,7 @@ impl ReplayCheck {
                         "inode {ino} object {object}: clear of {len} blocks at block {block}"
                     ));
                 }
-                self.release(i, &meta.refs, (*object, *block, *len), geo);
+                self.release(i, &meta.refs, (*object, *block, *len));
             }
             Record::DirAdd {
                 dir,
@@ -611,8 +621,8 @@ impl ReplayCheck {
         Ok(())
     }
 
-    /// New attributes: the layout rule, and the block claims moved if the layout (and so
-    /// the targets of the objects) changes.
+    /// New attributes: the layout rule (a layout change moves no block: extents name
+    /// their targets).
     fn set_attrs(
         &mut self,
         meta: &MetaState,
@@ -633,17 +643,6 @@ impl ReplayCheck {
         if let Some(p) = layout_problem(a, objects, geo) {
             return Err(p);
         }
-        let Some(old) = old.filter(|i| i.attrs.layout != a.layout && i.attrs.kind == a.kind) else {
-            return Ok(());
-        };
-        self.release_all(old, &meta.refs, geo);
-        for (obj, map) in old.objects.iter().enumerate() {
-            for (block, e) in map.iter() {
-                if let Some(p) = claim(&mut self.alloc, &meta.refs, a, obj as u32, block, e, geo) {
-                    return Err(p);
-                }
-            }
-        }
         Ok(())
     }
 
@@ -657,16 +656,9 @@ impl ReplayCheck {
 
     /// Returns the unshared blocks mapped in `[block, block + len)` of an object (shared
     /// ones stay claimed by the index's range).
-    fn release(
-        &mut self,
-        i: &Inode,
-        refs: &RefcountIndex,
-        (obj, block, len): (u32, u64, u64),
-        geo: &Geometry,
-    ) {
-        let target = i.attrs.layout.target_of(obj, geo.target_count());
+    fn release(&mut self, i: &Inode, refs: &RefcountIndex, (obj, block, len): (u32, u64, u64)) {
         for r in i.objects[obj as usize].mapped_in(block, len) {
-            self.free_unshared(refs, target, r.phys, r.len);
+            self.free_unshared(refs, r.target, r.phys, r.len);
         }
     }
 
@@ -679,11 +671,10 @@ impl ReplayCheck {
     }
 
     /// Returns every unshared block of an inode.
-    fn release_all(&mut self, i: &Inode, refs: &RefcountIndex, geo: &Geometry) {
-        for (obj, map) in i.objects.iter().enumerate() {
-            let target = i.attrs.layout.target_of(obj as u32, geo.target_count());
+    fn release_all(&mut self, i: &Inode, refs: &RefcountIndex) {
+        for map in &i.objects {
             for (_, e) in map.iter() {
-                self.free_unshared(refs, target, e.phys, e.len);
+                self.free_unshared(refs, e.target, e.phys, e.len);
             }
         }
     }
@@ -765,7 +756,7 @@ mod tests {
     use crate::geometry::MkfsParams;
     use crate::inode::Timespec;
     use crate::layout::StripeLayout;
-    use crate::{BlockSize, Uuid};
+    use crate::{BlockSize, TargetId, Uuid};
 
     fn geo() -> Geometry {
         Geometry::plan(&MkfsParams {
@@ -841,7 +832,8 @@ mod tests {
         }
     }
 
-    fn ext(object: u32, block: u64, len: u64, phys: u64, refcount: u32) -> Record {
+    /// An extent of `F`'s object `object` on target `target`.
+    fn ext(object: u32, block: u64, len: u64, phys: u64, target: u32) -> Record {
         Record::ExtentSet {
             ino: Ino(F),
             object,
@@ -849,7 +841,7 @@ mod tests {
             len,
             phys,
             state: ExtentState::Written,
-            refcount,
+            target: TargetId(target),
         }
     }
 
@@ -871,7 +863,7 @@ mod tests {
             add(ROOT, "d", D, FileKind::Directory),
             add(ROOT, "f", F, FileKind::Regular),
             add(D, "s", S, FileKind::Symlink),
-            ext(0, 0, 4, d0, 1),
+            ext(0, 0, 4, d0, 0),
             ext(1, 0, 4, d1, 1),
         ];
         for r in &recs {
@@ -948,7 +940,7 @@ mod tests {
                     set(attrs(F, FileKind::Regular, 2, 0)),
                 ],
             ),
-            ("append extent", true, vec![ext(0, 4, 4, free0, 1)]),
+            ("append extent", true, vec![ext(0, 4, 4, free0, 0)]),
             (
                 "unwritten to written",
                 true,
@@ -960,9 +952,9 @@ mod tests {
                         len: 2,
                         phys: d0,
                         state: ExtentState::Unwritten,
-                        refcount: 1,
+                        target: TargetId(0),
                     },
-                    ext(0, 0, 2, d0, 1),
+                    ext(0, 0, 2, d0, 0),
                 ],
             ),
             (
@@ -975,7 +967,7 @@ mod tests {
                         block: 0,
                         len: 2,
                     },
-                    ext(0, 8, 2, d0, 1),
+                    ext(0, 8, 2, d0, 0),
                 ],
             ),
             (
@@ -998,32 +990,36 @@ mod tests {
                     value: b"1".to_vec(),
                 }],
             ),
-            ("refcount field 10241", false, vec![ext(0, 0, 4, d0, 10241)]),
+            (
+                "extent on a target that is not there",
+                false,
+                vec![ext(0, 0, 4, d0, 3)],
+            ),
             (
                 "extent over the metadata area",
                 false,
-                vec![ext(0, 4, 1, 0, 1)],
+                vec![ext(0, 4, 1, 0, 0)],
             ),
             (
                 "extent past the target end",
                 false,
-                vec![ext(0, 4, 4, end0 - 2, 1)],
+                vec![ext(0, 4, 4, end0 - 2, 0)],
             ),
             (
                 "extent claiming used blocks",
                 false,
-                vec![ext(0, 8, 2, d0 + 1, 1)],
+                vec![ext(0, 8, 2, d0 + 1, 0)],
             ),
-            ("zero-length extent", false, vec![ext(0, 8, 0, free0, 1)]),
+            ("zero-length extent", false, vec![ext(0, 8, 0, free0, 0)]),
             (
                 "extent overflowing the object",
                 false,
-                vec![ext(0, u64::MAX - 1, 4, free0, 1)],
+                vec![ext(0, u64::MAX - 1, 4, free0, 0)],
             ),
             (
                 "extent of a missing object",
                 false,
-                vec![ext(2, 0, 1, free0, 1)],
+                vec![ext(2, 0, 1, free0, 0)],
             ),
             (
                 "extent of a directory",
@@ -1035,7 +1031,7 @@ mod tests {
                     len: 1,
                     phys: free0,
                     state: ExtentState::Written,
-                    refcount: 1,
+                    target: TargetId(0),
                 }],
             ),
             (
@@ -1048,7 +1044,7 @@ mod tests {
                     len: 1,
                     phys: free0,
                     state: ExtentState::Written,
-                    refcount: 1,
+                    target: TargetId(0),
                 }],
             ),
             ("layout losing an object", false, vec![set(wider)]),
@@ -1057,10 +1053,10 @@ mod tests {
                 false,
                 vec![set(huge), add(ROOT, "x", 6, FileKind::Regular)],
             ),
-            // fsck has no rule against a layout change as such: the objects swap targets and
-            // their blocks are claimed there, which here collide with nothing.
+            // fsck has no rule against a layout change as such: extents name their targets,
+            // so a new home target moves no block.
             (
-                "layout moving blocks to free ones",
+                "layout changing the home targets",
                 true,
                 vec![set(moved_first)],
             ),
@@ -1139,13 +1135,13 @@ mod tests {
                         len: 4,
                         count: 2,
                     },
-                    ext(0, 8, 4, d0, 1),
+                    ext(0, 8, 4, d0, 0),
                 ],
             ),
             (
                 "blocks mapped again without a count",
                 false,
-                vec![ext(0, 8, 4, d0, 1)],
+                vec![ext(0, 8, 4, d0, 0)],
             ),
         ]
     }
@@ -1169,7 +1165,7 @@ mod tests {
             "a count no second extent backs: {:?}",
             r.problems
         );
-        m.apply(&ext(0, 8, 4, d0, 1)).unwrap();
+        m.apply(&ext(0, 8, 4, d0, 0)).unwrap();
         assert!(check(&m, &g).is_clean());
         m.apply(&count(3)).unwrap();
         assert!(!check(&m, &g).is_clean(), "count 3, two extents");
@@ -1201,12 +1197,12 @@ mod tests {
             })
             .expect("a file with extents");
         let mut a = m.get(ino).unwrap().attrs.clone();
-        let t = a.layout.target_of(obj, g.target_count());
         let e = *m.get(ino).unwrap().objects[obj as usize]
             .iter()
             .next()
             .unwrap()
             .1;
+        let t = e.target;
         // NOCOW: no checksum allowed.
         m.apply(&Record::CsumSet {
             target: t,
@@ -1214,7 +1210,7 @@ mod tests {
             csums: vec![BlockCsum(1)],
         })
         .unwrap();
-        assert!(csum_problem(&m, &g).is_some_and(|p| p.contains("no written extent")));
+        assert!(csum_problem(&m).is_some_and(|p| p.contains("no written extent")));
         // Datacow: every written block needs one.
         a.flags = 0;
         m.apply(&Record::InodeSet(a)).unwrap();
@@ -1228,12 +1224,12 @@ mod tests {
             .map(|(_, e)| e.len)
             .sum();
         if written > 1 {
-            assert!(csum_problem(&m, &g).is_some_and(|p| p.contains("without a checksum")));
+            assert!(csum_problem(&m).is_some_and(|p| p.contains("without a checksum")));
         }
         let i = m.get(ino).unwrap().clone();
-        for (o, map) in i.objects.iter().enumerate() {
-            let t = i.attrs.layout.target_of(o as u32, g.target_count());
+        for map in &i.objects {
             for (_, e) in map.iter() {
+                let t = e.target;
                 if e.state == ExtentState::Written {
                     let csums = vec![BlockCsum(7); e.len as usize];
                     m.csums.set(t, e.phys, &csums);
@@ -1242,12 +1238,12 @@ mod tests {
                 }
             }
         }
-        assert_eq!(csum_problem(&m, &g), None);
+        assert_eq!(csum_problem(&m), None);
         assert!(check(&m, &g).is_clean(), "{:?}", check(&m, &g).problems);
         // A checksum on a free block.
         m.csums
             .set(t, g.targets[t.index()].blocks - 1, &[BlockCsum(3)]);
-        assert!(csum_problem(&m, &g).is_some());
+        assert!(csum_problem(&m).is_some());
     }
 
     #[test]
@@ -1304,7 +1300,7 @@ mod tests {
                 len: 4,
                 phys: d0,
                 state: ExtentState::Written,
-                refcount: 1,
+                target: TargetId(0),
             },
         ];
         rc.apply_txn(&mut m, &g, &reuse).unwrap();
@@ -1312,7 +1308,7 @@ mod tests {
         let mut again = m.clone();
         let err = rc
             .clone()
-            .apply_txn(&mut again, &g, &[ext(0, 0, 1, d0, 1)])
+            .apply_txn(&mut again, &g, &[ext(0, 0, 1, d0, 0)])
             .unwrap_err();
         assert!(err.contains("overlaps blocks already in use"), "{err}");
         // Unlink g and free it; its name can be reused for a new hard link of f.

@@ -2,13 +2,17 @@
 //!
 //! An extent is unwritten (allocated, reads as zeros, converted to written at I/O
 //! completion) or written. Delalloc exists only in memory (in the page cache layer) and is
-//! never stored here. Each extent carries a reference count so that shared (copy-on-write)
-//! extents can come without a format change; today every extent has refcount 1.
+//! never stored here. Each extent names the target its blocks are on (format version 3):
+//! an object's blocks usually lie on its home target (`StripeLayout::target_of`), but a
+//! write whose home target is read-only, or an evacuation, puts them on another one.
+//! How many files own a block is the reference-count index's (`crate::refcount`).
 //!
 //! Invariants (checked by `debug_check` in tests and by fsck): extents do not overlap,
 //! have non-zero length, and adjacent extents that could merge are merged.
 
 use std::collections::BTreeMap;
+
+use crate::TargetId;
 
 /// The state of an allocated extent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,16 +49,17 @@ impl ExtentState {
 pub struct Extent {
     /// Length in blocks (> 0).
     pub len: u64,
-    /// First physical block on the object's target.
+    /// First physical block on `target`.
     pub phys: u64,
     pub state: ExtentState,
-    /// Owners of these blocks (1 until shared extents exist).
-    pub refcount: u32,
+    /// The target holding the blocks.
+    pub target: TargetId,
 }
 
 /// A physical range released from a map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PhysRange {
+    pub target: TargetId,
     pub phys: u64,
     pub len: u64,
 }
@@ -135,6 +140,7 @@ impl ExtentMap {
             let e = self.map.remove(&k).expect("key just listed");
             let stop = (k + e.len).min(end);
             out.push(PhysRange {
+                target: e.target,
                 phys: e.phys,
                 len: stop - k,
             });
@@ -187,7 +193,7 @@ impl ExtentMap {
             a_start + a.len == b_start
                 && a.phys + a.len == b.phys
                 && a.state == b.state
-                && a.refcount == b.refcount
+                && a.target == b.target
         };
         let cur = self.map[&start];
         let mut s = start;
@@ -242,6 +248,7 @@ impl ExtentMap {
                 let lo = s.max(start);
                 let hi = (s + e.len).min(end);
                 PhysRange {
+                    target: e.target,
                     phys: e.phys + (lo - s),
                     len: hi - lo,
                 }
@@ -296,7 +303,7 @@ mod tests {
             len,
             phys,
             state,
-            refcount: 1,
+            target: TargetId(0),
         }
     }
 
@@ -319,7 +326,14 @@ mod tests {
         m.set(4, ext(4, 104, Written));
         assert_eq!(m.len(), 1, "contiguous extents merge");
         let freed = m.clear(2, 3);
-        assert_eq!(freed, vec![PhysRange { phys: 102, len: 3 }]);
+        assert_eq!(
+            freed,
+            vec![PhysRange {
+                target: TargetId(0),
+                phys: 102,
+                len: 3
+            }]
+        );
         assert_eq!(m.len(), 2);
         assert_eq!(
             m.lookup(6),
@@ -329,7 +343,7 @@ mod tests {
                     len: 3,
                     phys: 105,
                     state: Written,
-                    refcount: 1
+                    target: TargetId(0)
                 }
             }
         );
@@ -342,7 +356,14 @@ mod tests {
         let mut m = ExtentMap::new();
         m.set(10, ext(8, 500, Unwritten));
         let d = m.set(12, ext(2, 502, Written));
-        assert_eq!(d, vec![PhysRange { phys: 502, len: 2 }]);
+        assert_eq!(
+            d,
+            vec![PhysRange {
+                target: TargetId(0),
+                phys: 502,
+                len: 2
+            }]
+        );
         assert_eq!(m.len(), 3);
         m.set(10, ext(2, 500, Written));
         m.set(14, ext(4, 504, Written));
@@ -358,8 +379,16 @@ mod tests {
         assert_eq!(
             f,
             vec![
-                PhysRange { phys: 1005, len: 5 },
-                PhysRange { phys: 2000, len: 5 }
+                PhysRange {
+                    target: TargetId(0),
+                    phys: 1005,
+                    len: 5
+                },
+                PhysRange {
+                    target: TargetId(0),
+                    phys: 2000,
+                    len: 5
+                }
             ]
         );
         assert_eq!(m.mapped_blocks(), 5);

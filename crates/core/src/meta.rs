@@ -162,7 +162,7 @@ pub fn apply_to(i: &mut Inode, rec: &Record) -> Result<(), CoreError> {
             len,
             phys,
             state,
-            refcount,
+            target,
         } => {
             let map = i
                 .objects
@@ -174,7 +174,7 @@ pub fn apply_to(i: &mut Inode, rec: &Record) -> Result<(), CoreError> {
                     len: *len,
                     phys: *phys,
                     state: *state,
-                    refcount: *refcount,
+                    target: *target,
                 },
             );
         }

@@ -23,8 +23,8 @@ pub enum Record {
     InodeSet(InodeAttrs),
     /// Delete an inode and everything it owns.
     InodeFree(Ino),
-    /// Map object blocks `[block, block + len)` to physical `phys..` in `state`, owned by
-    /// `refcount` files (1 until shared extents exist).
+    /// Map object blocks `[block, block + len)` to physical `phys..` of `target` in
+    /// `state`.
     ExtentSet {
         ino: Ino,
         object: u32,
@@ -32,7 +32,7 @@ pub enum Record {
         len: u64,
         phys: u64,
         state: ExtentState,
-        refcount: u32,
+        target: TargetId,
     },
     /// Unmap object blocks `[block, block + len)`.
     ExtentClear {
@@ -267,7 +267,7 @@ impl Record {
                 len,
                 phys,
                 state,
-                refcount,
+                target,
             } => {
                 b.u64(ino.0);
                 b.u32(*object);
@@ -275,7 +275,7 @@ impl Record {
                 b.u64(*len);
                 b.u64(*phys);
                 b.u8(state.code());
-                b.u32(*refcount);
+                b.u32(target.0);
                 T_EXTENT_SET
             }
             Record::ExtentClear {
@@ -387,10 +387,7 @@ impl Record {
                 let code = b.u8()?;
                 let state = ExtentState::from_code(code)
                     .ok_or_else(|| b.err(format!("extent state {code}")))?;
-                let refcount = b.u32()?;
-                if refcount == 0 {
-                    return Err(b.err(format!("inode {ino} extent at {block} has refcount 0")));
-                }
+                let target = TargetId(b.u32()?);
                 if len == 0 || block.checked_add(len).is_none() || !phys_run_fits(phys, len) {
                     return Err(b.err(format!(
                         "inode {ino} extent at {block} has impossible length {len}"
@@ -403,7 +400,7 @@ impl Record {
                     len,
                     phys,
                     state,
-                    refcount,
+                    target,
                 }
             }
             T_EXTENT_CLEAR => {
@@ -568,7 +565,7 @@ mod tests {
                 len: 4,
                 phys: 99,
                 state: ExtentState::Unwritten,
-                refcount: 1,
+                target: TargetId(0),
             },
             Record::ExtentClear {
                 ino: Ino(9),
@@ -700,7 +697,7 @@ mod tests {
                 len: 2,
                 phys: max - 1,
                 state: ExtentState::Written,
-                refcount: 1,
+                target: TargetId(0),
             },
         ];
         for rec in bad {

@@ -26,7 +26,7 @@ pub const SB_BYTES: usize = 512;
 /// Magic at byte 0.
 pub const SB_MAGIC: [u8; 8] = *b"STRIPEFS";
 /// The format version this code writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Incompatible features this code understands (none defined yet).
 pub const INCOMPAT_SUPPORTED: u64 = 0;
 
@@ -259,16 +259,20 @@ mod tests {
     }
 
     #[test]
-    fn version_1_is_refused_naming_both_versions() {
-        let mut buf = sample().encode();
-        buf[8..12].copy_from_slice(&1u32.to_le_bytes());
-        let crc = crc32c(&buf[..SB_BYTES - 4]);
-        buf[SB_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
-        let e = Superblock::decode(&buf, "t").unwrap_err().to_string();
-        assert!(
-            e.contains("format version 1, this build reads 2; there is no migration: mkfs again"),
-            "{e}"
-        );
+    fn older_versions_are_refused_naming_both_versions() {
+        for old in [1u32, 2] {
+            let mut buf = sample().encode();
+            buf[8..12].copy_from_slice(&old.to_le_bytes());
+            let crc = crc32c(&buf[..SB_BYTES - 4]);
+            buf[SB_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
+            let e = Superblock::decode(&buf, "t").unwrap_err().to_string();
+            assert!(
+                e.contains(&format!(
+                    "format version {old}, this build reads 3; there is no migration: mkfs again"
+                )),
+                "{e}"
+            );
+        }
     }
 
     /// Guards decision 93's bound: no target holds 2^54 blocks, so a superblock whose

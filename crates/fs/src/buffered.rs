@@ -455,7 +455,9 @@ impl Fs {
             }
             let target = l.target_of(object, n);
             let goal = match block.checked_sub(1).map(|b| map.lookup(b)) {
-                Some(stripefs_core::extent::Lookup::Mapped { start, ext }) => {
+                Some(stripefs_core::extent::Lookup::Mapped { start, ext })
+                    if ext.target == target =>
+                {
                     Some(ext.phys + (block - start))
                 }
                 _ => None,
@@ -470,7 +472,7 @@ impl Fs {
                 len: got,
                 phys,
                 state: ExtentState::Unwritten,
-                refcount: 1,
+                target,
             });
         }
         let added = recs.len();

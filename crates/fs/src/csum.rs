@@ -520,18 +520,16 @@ impl Fs {
     /// The first difference, described, or a read error.
     pub fn check_csums(&self) -> std::result::Result<(), String> {
         let m = self.inner.meta.lock();
-        let n = self.inner.geo.target_count();
         let mut want = std::collections::BTreeSet::new();
         m.state
             .each_inode(&mut |i| {
                 if !stripefs_core::csum::datacow(&i.attrs) {
                     return;
                 }
-                let l = i.attrs.layout;
-                for (object, map) in i.objects.iter().enumerate() {
-                    let t = l.target_of(object as u32, n);
+                for map in &i.objects {
                     for (_, e) in map.iter() {
                         if e.state == stripefs_core::extent::ExtentState::Written {
+                            let t = e.target;
                             want.extend((e.phys..e.phys + e.len).map(|b| (t, b)));
                         }
                     }

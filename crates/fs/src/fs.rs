@@ -813,10 +813,11 @@ impl Fs {
         let seen = m.state.each_inode(&mut |i| {
             let l = i.attrs.layout;
             for (object, map) in i.objects.iter().enumerate() {
-                let t = l.target_of(object as u32, n).index();
-                books[t].extent_blocks += map.mapped_blocks();
+                for (_, e) in map.iter() {
+                    books[e.target.index()].extent_blocks += e.len;
+                }
                 if let Some(da) = m.delalloc_of(i.attrs.ino, object) {
-                    books[t].delalloc_blocks += da.total();
+                    books[l.target_of(object as u32, n).index()].delalloc_blocks += da.total();
                 }
             }
         });
@@ -857,10 +858,8 @@ impl Fs {
         let mut pieces = Vec::new();
         m.state
             .each_inode(&mut |i| {
-                let l = i.attrs.layout;
-                for (object, map) in i.objects.iter().enumerate() {
-                    let t = l.target_of(object as u32, n);
-                    pieces.extend(map.iter().map(|(_, e)| (t, e.phys, e.len)));
+                for map in &i.objects {
+                    pieces.extend(map.iter().map(|(_, e)| (e.target, e.phys, e.len)));
                 }
             })
             .map_err(|e| e.to_string())?;
@@ -1017,10 +1016,6 @@ impl Fs {
         recs: &mut Vec<Record>,
     ) -> Result<Vec<Freed>> {
         let i = m.state.get(ino)?.ok_or(FsError::Stale(ino.0))?;
-        let target = i
-            .attrs
-            .layout
-            .target_of(object, self.inner.geo.target_count());
         let end = from.saturating_add(len);
         let mut freed = Vec::new();
         for (s, e) in i.objects[object as usize].range(from, end - from) {
@@ -1036,7 +1031,7 @@ impl Fs {
                 len: n,
             });
             freed.push(Freed {
-                target,
+                target: e.target,
                 phys: e.phys + (block - s),
                 len: n,
             });

@@ -329,8 +329,7 @@ fn replayed_eof_tails(
         if e.state != ExtentState::Written || ob - k.b >= e.len {
             continue;
         }
-        let target = a.layout.target_of(piece.object, c.geo.target_count());
-        if c.eof_tail_dirty(target, e.phys + (ob - k.b), a.size)? {
+        if c.eof_tail_dirty(e.target, e.phys + (ob - k.b), a.size)? {
             out.push(ino.0);
         }
     }

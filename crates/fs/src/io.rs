@@ -245,7 +245,7 @@ impl Fs {
                     let replaced = match shared {
                         SharedBlocks::Replaced if e.state == ExtentState::Written => self
                             .inner
-                            .refs_ok(m.ref_pieces(t, e.phys + (from - s), to - from))?
+                            .refs_ok(m.ref_pieces(e.target, e.phys + (from - s), to - from))?
                             .into_iter()
                             .filter(|&(_, _, c)| c >= 2)
                             .map(|(_, len, _)| len)
@@ -379,14 +379,8 @@ impl Fs {
                     self.clear_object_range(&mut m, ino, object, (block, blocks), None)?
                 }
                 BlockFate::Unwritten => {
-                    let t = l.target_of(object, n);
-                    let (conv, shared) = self.unwritten_records(
-                        &m,
-                        ino,
-                        (object, t),
-                        (block, blocks),
-                        mapper.datacow,
-                    )?;
+                    let (conv, shared) =
+                        self.unwritten_records(&m, ino, object, (block, blocks), mapper.datacow)?;
                     recs.extend(conv);
                     // Shared blocks are not turned unwritten (a later write would land on
                     // them in place): this file lets go of them; the range is a hole. A
@@ -408,7 +402,7 @@ impl Fs {
         &self,
         m: &crate::inner::MetaCore,
         ino: Ino,
-        (object, target): (u32, stripefs_core::TargetId),
+        object: u32,
         (block, blocks): (u64, u64),
         datacow: bool,
     ) -> Result<(Vec<Record>, Vec<ObjectRange>)> {
@@ -422,7 +416,7 @@ impl Fs {
             let from = s.max(block);
             let len = (s + e.len).min(block + blocks) - from;
             let phys = e.phys + (from - s);
-            for (p, l, c) in self.inner.refs_ok(m.ref_pieces(target, phys, len))? {
+            for (p, l, c) in self.inner.refs_ok(m.ref_pieces(e.target, phys, len))? {
                 let at = from + (p - phys);
                 if c >= 2 || datacow {
                     shared.push((at, l));
@@ -435,7 +429,7 @@ impl Fs {
                     len: l,
                     phys: p,
                     state: ExtentState::Unwritten,
-                    refcount: 1,
+                    target: e.target,
                 });
             }
         }
@@ -582,8 +576,8 @@ impl Fs {
         let unit = u64::from(l.unit_bytes);
         let mut out = Vec::new();
         for (object, map) in i.objects.iter().enumerate() {
-            let target = l.target_of(object as u32, self.inner.geo.target_count()).0;
             for (block, e) in map.iter() {
+                let target = e.target.0;
                 let (mut obj_off, end) = (bs.to_bytes(block), bs.to_bytes(block + e.len));
                 while obj_off < end {
                     let len = (unit - obj_off % unit).min(end - obj_off);

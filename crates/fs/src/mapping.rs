@@ -68,7 +68,7 @@ pub(crate) fn piece_record(
         len: bs.blocks_for(len),
         phys: map.addr.phys + skip,
         state,
-        refcount: 1,
+        target: map.addr.target,
     }
 }
 
@@ -265,8 +265,9 @@ pub(crate) struct FileMapper<'a> {
     pub fs: &'a Fs,
     pub ino: Ino,
     pub layout: StripeLayout,
-    /// Per object: where the last allocation of this operation ended (object block, phys).
-    hint: RefCell<HashMap<u32, (u64, u64)>>,
+    /// Per object: where the last allocation of this operation ended (object block,
+    /// target, phys).
+    hint: RefCell<HashMap<u32, (u64, TargetId, u64)>>,
     /// Every allocation made by this operation and not recorded yet (freed unless
     /// committed).
     pub allocated: Allocated<'a>,
@@ -343,16 +344,32 @@ impl<'a> FileMapper<'a> {
         *self.dio_reserved.borrow_mut() = Some(Box::new(r));
     }
 
-    fn goal(&self, m: &MetaCore, object: u32, obj_block: u64) -> Result<Option<u64>> {
+    /// The home target of `object` (`StripeLayout::target_of`): where its delayed
+    /// allocations are reserved and its new blocks placed.
+    pub(crate) fn home(&self, object: u32) -> TargetId {
+        self.layout
+            .target_of(object, self.fs.inner.geo.target_count())
+    }
+
+    /// Where on `target` to look for free blocks first: right after the previous object
+    /// block's extent, if that is on `target`, else where this operation's last
+    /// allocation for the object ended.
+    fn goal(
+        &self,
+        m: &MetaCore,
+        (target, object, obj_block): (TargetId, u32, u64),
+    ) -> Result<Option<u64>> {
         let map = &inode(m, self.ino)?.objects[object as usize];
         Ok(match obj_block.checked_sub(1).map(|b| map.lookup(b)) {
-            Some(Lookup::Mapped { start, ext }) => Some(ext.phys + (obj_block - start)),
+            Some(Lookup::Mapped { start, ext }) if ext.target == target => {
+                Some(ext.phys + (obj_block - start))
+            }
             _ => self
                 .hint
                 .borrow()
                 .get(&object)
-                .filter(|(b, _)| *b == obj_block)
-                .map(|&(_, p)| p),
+                .filter(|&&(b, t, _)| b == obj_block && t == target)
+                .map(|&(_, _, p)| p),
         })
     }
 
@@ -369,7 +386,7 @@ impl<'a> FileMapper<'a> {
         self.fs.inner.alloc_fault(target)?;
         // A file's own neighbour first; in a writeback group, right after the group's
         // previous allocation on this target, so the group's writes are contiguous.
-        let goal = match (self.goal(m, object, obj_block)?, self.plug) {
+        let goal = match (self.goal(m, (target, object, obj_block))?, self.plug) {
             (Some(g), _) => Some(g),
             (None, Some(p)) => {
                 let bs = self.fs.inner.geo.block_size;
@@ -394,7 +411,7 @@ impl<'a> FileMapper<'a> {
         }
         self.hint
             .borrow_mut()
-            .insert(object, (obj_block + len, phys + len));
+            .insert(object, (obj_block + len, target, phys + len));
         if let Some(p) = self.plug {
             p.allocated(target, phys + len);
         }
@@ -457,18 +474,17 @@ impl IomapOps for FileMapper<'_> {
         let start = bs.round_down(pos);
         let piece = self.layout.piece(start, bs.round_up(pos + len) - start);
         let object = piece.object;
-        let target = self
-            .layout
-            .target_of(object, self.fs.inner.geo.target_count());
+        let home = self.home(object);
         let obj_block = bs.block_of(piece.obj_off);
         let want = bs.block_of(piece.len);
         self.fs.inner.map_lookups.fetch_add(1, Ordering::Relaxed);
         // The in-place or copy decision's checks run without the metadata lock (I-001-2,
         // `nocow.rs`); `m` is held from the last look at the extent on.
-        let (mut m, seq, found) = self.lookup_decided(op, (target, object, obj_block), want)?;
-        let (kind, flags, phys, blocks) = match found {
+        let (mut m, seq, found) = self.lookup_decided(op, (object, obj_block), want)?;
+        let (kind, flags, target, phys, blocks) = match found {
             Found::Mapped {
                 state,
+                target,
                 phys,
                 blocks,
                 copy,
@@ -482,7 +498,14 @@ impl IomapOps for FileMapper<'_> {
                 // written in place (I-001-1; a datacow file's checksums could not be kept
                 // crash-consistent, decision 70).
                 if copy {
-                    self.map_shared(&mut m, op, (target, object, obj_block), kind, phys, blocks)?
+                    self.map_shared(
+                        &mut m,
+                        op,
+                        (home, object, obj_block),
+                        kind,
+                        (target, phys),
+                        blocks,
+                    )?
                 } else {
                     if op == IomapOp::Writeback {
                         // A copy-on-write reservation whose blocks stopped being shared
@@ -490,15 +513,17 @@ impl IomapOps for FileMapper<'_> {
                         let da = m.delalloc_mut(self.ino, object, self.layout.count);
                         if da.covering(obj_block).is_some() {
                             let n = da.remove(obj_block, blocks);
-                            m.alloc.unreserve(target, n);
+                            m.alloc.unreserve(home, n);
                         }
                     }
-                    (kind, IomapFlags::NONE, phys, blocks)
+                    (kind, IomapFlags::NONE, target, phys, blocks)
                 }
             }
             Found::Hole { next } => {
                 let hole = next.map_or(want, |n| (n - obj_block).min(want));
-                self.map_hole(&mut m, op, target, object, obj_block, hole)?
+                let (kind, flags, phys, blocks) =
+                    self.map_hole(&mut m, op, home, object, obj_block, hole)?;
+                (kind, flags, home, phys, blocks)
             }
         };
         let unit = u64::from(self.layout.unit_bytes);
@@ -571,7 +596,7 @@ impl IomapOps for FileMapper<'_> {
             let removed = m
                 .delalloc_mut(self.ino, map.addr.object, objects)
                 .remove(map.addr.obj_block + first, count);
-            m.alloc.unreserve(map.addr.target, removed);
+            m.alloc.unreserve(self.home(map.addr.object), removed);
             return Ok(());
         }
         let phys = map.addr.phys + first;
@@ -628,22 +653,22 @@ impl FileMapper<'_> {
         op: IomapOp,
         (target, object, obj_block): (TargetId, u32, u64),
         kind: IomapKind,
-        phys: u64,
+        (at, phys): (TargetId, u64),
         blocks: u64,
-    ) -> Result<(IomapKind, IomapFlags, u64, u64)> {
+    ) -> Result<(IomapKind, IomapFlags, TargetId, u64, u64)> {
         let objects = self.layout.count;
         match op {
-            IomapOp::Read | IomapOp::Report => Ok((kind, IomapFlags::SHARED, phys, blocks)),
+            IomapOp::Read | IomapOp::Report => Ok((kind, IomapFlags::SHARED, at, phys, blocks)),
             // `Write` without a direct write's lock is preallocation (`fallocate`): the
             // blocks are allocated already and stay shared.
             IomapOp::Write if self.dio_lock.is_none() => {
-                Ok((kind, IomapFlags::SHARED, phys, blocks))
+                Ok((kind, IomapFlags::SHARED, at, phys, blocks))
             }
             IomapOp::BufferedWrite => {
                 let da = m.delalloc_mut(self.ino, object, objects);
                 if let Some((s, l)) = da.covering(obj_block) {
                     let n = (s + l - obj_block).min(blocks);
-                    return Ok((kind, IomapFlags::SHARED, phys, n));
+                    return Ok((kind, IomapFlags::SHARED, at, phys, n));
                 }
                 let n = da
                     .next_after(obj_block)
@@ -657,7 +682,7 @@ impl FileMapper<'_> {
                 m.delalloc_mut(self.ino, object, objects)
                     .insert(obj_block, got);
                 let flags = IomapFlags::SHARED.with(IomapFlags::RESERVED);
-                Ok((kind, flags, phys, got))
+                Ok((kind, flags, at, phys, got))
             }
             IomapOp::Writeback | IomapOp::Write => {
                 let da = m.delalloc_mut(self.ino, object, objects);
@@ -676,7 +701,7 @@ impl FileMapper<'_> {
                         self.allocate_unreserved(m, target, object, obj_block, n)?
                     }
                 };
-                Ok((IomapKind::Mapped, IomapFlags::NEW, new, got))
+                Ok((IomapKind::Mapped, IomapFlags::NEW, target, new, got))
             }
         }
     }

@@ -161,6 +161,7 @@ fn counted(op: IomapOp, purpose: Purpose) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Cheap {
     extent_start: u64,
+    target: TargetId,
     phys: u64,
     len: u64,
     state: ExtentState,
@@ -175,6 +176,8 @@ pub(crate) enum Found {
     },
     Mapped {
         state: ExtentState,
+        /// The target holding the extent.
+        target: TargetId,
         /// Physical block of the mapping's first block.
         phys: u64,
         /// Blocks from `phys` the decision covers.
@@ -203,7 +206,7 @@ impl<'a> FileMapper<'a> {
     pub(crate) fn lookup_decided(
         &self,
         op: IomapOp,
-        (target, object, obj_block): (TargetId, u32, u64),
+        (object, obj_block): (u32, u64),
         want: u64,
     ) -> Result<(MetaGuard<'a>, u64, Found)> {
         let inner = &self.fs.inner;
@@ -223,10 +226,12 @@ impl<'a> FileMapper<'a> {
                     Lookup::Mapped { start, ext } => (start, ext),
                 };
             let off_in = obj_block - es;
+            let target = ext.target;
             let phys = ext.phys + off_in;
             let span = (ext.len - off_in).min(want);
             let cheap = Cheap {
                 extent_start: es,
+                target,
                 phys: ext.phys,
                 len: ext.len,
                 state: ext.state,
@@ -251,6 +256,7 @@ impl<'a> FileMapper<'a> {
                 }
                 Found::Mapped {
                     state: ext.state,
+                    target,
                     phys,
                     blocks: c.blocks,
                     copy,

@@ -118,15 +118,11 @@ impl Fs {
             stripefs_iomap::invalidate_range(&self.inner.cache, &fc, dst_off, dst_end);
         }
         drop((smapper, dmapper));
-        let copies = {
+        {
             let mut m = self.inner.meta.lock();
-            self.clone_extents(&mut m, (src, src_off), (dst, dst_off), len)?
-        };
-        // The copies go through the ordinary write path, which takes the inode locks.
-        drop((g1, g2, change));
-        for (so, d, n) in copies {
-            self.copy_bytes(src, so, dst, d, n)?;
+            self.clone_extents(&mut m, (src, src_off), (dst, dst_off), len)?;
         }
+        drop((g1, g2, change));
         Ok(len)
     }
 
@@ -240,16 +236,15 @@ impl Fs {
 
     /// The metadata side of a clone, in one transaction under the metadata lock: the
     /// destination range's delayed allocations and extents released, the source's
-    /// written extents over the same target shared (increments, then the destination's
-    /// extent records), the size grown. Returns the pieces to copy instead:
-    /// `(source offset, destination offset, bytes)`.
+    /// written extents shared (increments, then the destination's extent records, which
+    /// name the source's targets whatever the destination's layout), the size grown.
     fn clone_extents(
         &self,
         m: &mut MetaCore,
         (src, src_off): (Ino, u64),
         (dst, dst_off): (Ino, u64),
         len: u64,
-    ) -> Result<Vec<(u64, u64, u64)>> {
+    ) -> Result<()> {
         let bs = self.inner.geo.block_size;
         let n = self.inner.geo.target_count();
         let span = bs.round_up(len);
@@ -281,39 +276,33 @@ impl Fs {
         let si = inode(m, src)?;
         let mut share = Vec::new();
         let mut sets = Vec::new();
-        let mut copies = Vec::new();
         let mut off = 0;
         while off < span {
             let sp = sl.piece(src_off + off, span - off);
             let dp = dl.piece(dst_off + off, span - off);
             let step = sp.len.min(dp.len);
-            let (st, dt) = (sl.target_of(sp.object, n), dl.target_of(dp.object, n));
             let (sb, db, nb) = (
                 bs.block_of(sp.obj_off),
                 bs.block_of(dp.obj_off),
                 bs.block_of(step),
             );
-            if st == dt {
-                for (s, e) in si.objects[sp.object as usize].range(sb, nb) {
-                    if e.state != ExtentState::Written {
-                        continue; // unwritten: the destination gets a hole (zeros)
-                    }
-                    let lo = s.max(sb);
-                    let hi = (s + e.len).min(sb + nb);
-                    let phys = e.phys + (lo - s);
-                    share.push((st, phys, hi - lo));
-                    sets.push(Record::ExtentSet {
-                        ino: dst,
-                        object: dp.object,
-                        block: db + (lo - sb),
-                        len: hi - lo,
-                        phys,
-                        state: ExtentState::Written,
-                        refcount: 1,
-                    });
+            for (s, e) in si.objects[sp.object as usize].range(sb, nb) {
+                if e.state != ExtentState::Written {
+                    continue; // unwritten: the destination gets a hole (zeros)
                 }
-            } else {
-                copies.push((src_off + off, dst_off + off, step.min(len - off)));
+                let lo = s.max(sb);
+                let hi = (s + e.len).min(sb + nb);
+                let phys = e.phys + (lo - s);
+                share.push((e.target, phys, hi - lo));
+                sets.push(Record::ExtentSet {
+                    ino: dst,
+                    object: dp.object,
+                    block: db + (lo - sb),
+                    len: hi - lo,
+                    phys,
+                    state: ExtentState::Written,
+                    target: e.target,
+                });
             }
             off += step;
         }
@@ -327,7 +316,7 @@ impl Fs {
         }
         recs.push(Record::InodeSet(a));
         self.inner.log_all(m, recs)?;
-        Ok(copies)
+        Ok(())
     }
 
     /// Logs `recs`, the records of completed writes of `ino`, and releases the blocks
@@ -335,7 +324,6 @@ impl Fs {
     /// shared ones lose this owner (decrements logged after the extent records), others
     /// are freed once the transaction is durable. In one transaction.
     pub(crate) fn log_remapped(&self, m: &mut MetaCore, ino: Ino, recs: Vec<Record>) -> Result<()> {
-        let n = self.inner.geo.target_count();
         let seq = m.txn.seq;
         let datacow = m
             .state
@@ -351,12 +339,13 @@ impl Fs {
                     block,
                     len,
                     phys,
+                    target: t,
                     ..
                 },
                 Some(i),
             ) = (&rec, m.state.get(ino)?)
             {
-                let t = i.attrs.layout.target_of(*object, n);
+                let t = *t;
                 if datacow
                     && matches!(rec, Record::ExtentSet { state, .. } if state == ExtentState::Written)
                 {
@@ -369,9 +358,9 @@ impl Fs {
                         let lo = s.max(*block);
                         let hi = (s + e.len).min(block + len);
                         let (was, now) = (e.phys + (lo - s), phys + (lo - block));
-                        if lo < hi && was != now {
+                        if lo < hi && (e.target, was) != (t, now) {
                             old.push(Freed {
-                                target: t,
+                                target: e.target,
                                 phys: was,
                                 len: hi - lo,
                             });
@@ -478,7 +467,7 @@ impl Fs {
             len: 1,
             phys: new,
             state: ExtentState::Written,
-            refcount: 1,
+            target: map.addr.target,
         };
         let mut recs = vec![rec];
         if let Some(end) = grow_to {

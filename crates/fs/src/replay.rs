@@ -239,15 +239,16 @@ impl<'a> Replayer<'a> {
                 len,
                 phys,
                 state,
-                refcount,
+                target,
             } => {
                 let e = Extent {
                     len: *len,
                     phys: *phys,
                     state: *state,
-                    refcount: *refcount,
+                    target: *target,
                 };
-                if let Some(p) = extent_problem(*ino, *object, *block, &e) {
+                if let Some(p) = extent_problem(*ino, *object, *block, &e, self.geo.target_count())
+                {
                     return Err(p);
                 }
                 self.in_data_area(*ino, *object, *block, &e)
@@ -259,12 +260,12 @@ impl<'a> Replayer<'a> {
 
     /// An extent's blocks lie in its target's data area.
     fn in_data_area(&mut self, ino: Ino, obj: u32, block: u64, e: &Extent) -> Broken {
-        let Some(i) = self.partial.get(ino) else {
+        if self.partial.get(ino).is_none() {
             return Ok(()); // `apply` names the missing inode
-        };
-        let target = i.attrs.layout.target_of(obj, self.geo.target_count());
+        }
+        let target = e.target;
         if target.index() >= self.geo.targets.len() {
-            return Ok(()); // `apply` or the layout rule names it
+            return Ok(()); // `extent_problem` names it
         }
         match self.area.mark_used(target, e.phys, e.len) {
             Ok(()) => {

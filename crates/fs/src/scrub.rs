@@ -199,14 +199,13 @@ impl Fs {
             return Ok(None);
         }
         let l = i.attrs.layout;
-        let n = self.inner.geo.target_count();
         let mut runs = Vec::new();
         let mut left = budget;
         for (object, map) in i.objects.iter().enumerate().skip(at.object as usize) {
             let object = u32::try_from(object).expect("object index");
             let start = if object == at.object { at.block } else { 0 };
-            let target = l.target_of(object, n);
             for (s, e) in map.range(start, u64::MAX - start) {
+                let target = e.target;
                 if e.state != ExtentState::Written {
                     continue;
                 }

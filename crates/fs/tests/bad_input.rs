@@ -122,21 +122,22 @@ fn populated_twice() -> Vec<Arc<SimTarget>> {
 }
 
 #[test]
-fn version_1_superblock_is_refused_naming_the_version() {
-    let s = populated();
-    for t in &s {
-        let mut sb = t.durable_image()[..512].to_vec();
-        sb[8..12].copy_from_slice(&1u32.to_le_bytes());
-        let crc = stripefs_core::crc32c(&sb[..508]);
-        sb[508..].copy_from_slice(&crc.to_le_bytes());
-        t.write_sync(0, stripefs_target::IoBuf::from_slice(&sb))
-            .unwrap();
-    }
-    for msg in [mount_err(dyns(&s)), fsck_err(dyns(&s))] {
-        assert!(
-            msg.contains("format version 1, this build reads 2; there is no migration: mkfs again"),
-            "{msg}"
-        );
+fn older_format_versions_are_refused_naming_the_version() {
+    for old in [1u32, 2] {
+        let s = populated();
+        for t in &s {
+            let mut sb = t.durable_image()[..512].to_vec();
+            sb[8..12].copy_from_slice(&old.to_le_bytes());
+            let crc = stripefs_core::crc32c(&sb[..508]);
+            sb[508..].copy_from_slice(&crc.to_le_bytes());
+            t.write_sync(0, stripefs_target::IoBuf::from_slice(&sb))
+                .unwrap();
+        }
+        let want =
+            format!("format version {old}, this build reads 3; there is no migration: mkfs again");
+        for msg in [mount_err(dyns(&s)), fsck_err(dyns(&s))] {
+            assert!(msg.contains(&want), "{msg}");
+        }
     }
 }
 
@@ -424,11 +425,11 @@ fn journal_records_that_fsck_rejects_are_refused_by_mount() {
     type Alter = Box<dyn Fn(&mut Record)>;
     let cases: Vec<(&str, &str, Alter)> = vec![
         (
-            "refcount",
-            "refcount field 10241 (always 1",
+            "target",
+            "extent on target 10241, of 2 targets",
             Box::new(|r| {
-                if let Record::ExtentSet { refcount, .. } = r {
-                    *refcount = 10241;
+                if let Record::ExtentSet { target, .. } = r {
+                    *target = stripefs_core::TargetId(10241);
                 }
             }),
         ),

@@ -356,13 +356,13 @@ impl<'a> Items<'a> {
                 len,
                 phys,
                 state,
-                refcount,
+                target,
             } => {
                 let e = Extent {
                     len: *len,
                     phys: *phys,
                     state: *state,
-                    refcount: *refcount,
+                    target: *target,
                 };
                 self.extent_op(rec, *ino, *object, *block, *len, &ExtentOp::Set(e))
             }
@@ -520,9 +520,9 @@ impl<'a> Items<'a> {
 
     /// Removes every item of `ino`, in batches.
     fn inode_free(&self, ino: Ino) -> Result<(), MetaError> {
-        let Some(attrs) = self.attrs(ino)? else {
+        if self.attrs(ino)?.is_none() {
             return Err(bad(format!("free of missing inode {ino}")));
-        };
+        }
         let mut c = self.counter()?;
         c.inodes = c
             .inodes
@@ -547,11 +547,9 @@ impl<'a> Items<'a> {
             for (k, v) in items {
                 self.store.remove(&k)?;
                 // Extents left to the free (a record stream normally clears them first).
-                let object = u32::try_from(k.a).ok();
-                let space = object.and_then(|o| self.store.space_target(&attrs, o));
-                if let (Some(t), true) = (space, k.kind == KeyKind::Extent as u8) {
+                if self.store.keeps_space() && k.kind == KeyKind::Extent as u8 {
                     let e = decode_extent(&k, &v)?;
-                    crate::space::give_unshared(self.store, t, e.phys, e.len)?;
+                    crate::space::give_unshared(self.store, e.target, e.phys, e.len)?;
                 }
             }
         }
@@ -586,9 +584,10 @@ impl<'a> Items<'a> {
             }
         }
         self.write_extent_diff(ino, object, &before, &after)?;
-        match self.store.space_target(&a, object) {
-            Some(t) => crate::space::extent_change(self.store, t, &before, &after),
-            None => Ok(()),
+        if self.store.keeps_space() {
+            crate::space::extent_change(self.store, &before, &after)
+        } else {
+            Ok(())
         }
     }
 

@@ -18,7 +18,6 @@ use stripefs_core::btree::pagelog::{self as codec, LogEntry, LogOp, PageLog};
 use stripefs_core::btree::root::{LogRef, RootRecord};
 use stripefs_core::btree::tree::Frozen;
 use stripefs_core::btree::{Generation, PageAddr};
-use stripefs_core::inode::InodeAttrs;
 use stripefs_core::{CoreError, TargetId};
 use stripefs_target::IoBuf;
 
@@ -78,11 +77,9 @@ fn bad_count(t: TargetId) -> MetaError {
 }
 
 impl Store {
-    /// The target whose free space object `object` of `a` changes, when the store keeps
-    /// free space.
-    pub(crate) fn space_target(&self, a: &InodeAttrs, object: u32) -> Option<TargetId> {
-        let n = u32::try_from(self.targets.len()).ok()?;
-        (self.cfg.space == SpaceBooks::Kept).then(|| a.layout.target_of(object, n))
+    /// Whether extent changes change the space tree (the store keeps free space).
+    pub(crate) fn keeps_space(&self) -> bool {
+        self.cfg.space == SpaceBooks::Kept
     }
 
     /// Blocks of one page.

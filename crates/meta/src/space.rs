@@ -207,9 +207,13 @@ fn tree_runs(store: &Store) -> Result<Vec<(TargetId, u64, u64)>, MetaError> {
     }
 }
 
-/// Physical runs of an extent map window, sorted and merged.
-fn phys_runs(map: &ExtentMap) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = map.iter().map(|(_, e)| (e.phys, e.phys + e.len)).collect();
+/// Physical runs of an extent map window on target `t`, sorted and merged.
+fn phys_runs(map: &ExtentMap, t: TargetId) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = map
+        .iter()
+        .filter(|(_, e)| e.target == t)
+        .map(|(_, e)| (e.phys, e.phys + e.len))
+        .collect();
     v.sort_unstable();
     merged(v)
 }
@@ -259,11 +263,30 @@ fn minus(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// extents claiming a block, or an extent over a metadata page).
 pub(crate) fn extent_change(
     store: &Store,
+    before: &ExtentMap,
+    after: &ExtentMap,
+) -> Result<(), MetaError> {
+    let mut targets: Vec<TargetId> = before
+        .iter()
+        .chain(after.iter())
+        .map(|(_, e)| e.target)
+        .collect();
+    targets.sort_unstable();
+    targets.dedup();
+    for t in targets {
+        target_change(store, t, before, after)?;
+    }
+    Ok(())
+}
+
+/// [`extent_change`] on one target.
+fn target_change(
+    store: &Store,
     t: TargetId,
     before: &ExtentMap,
     after: &ExtentMap,
 ) -> Result<(), MetaError> {
-    let (old, new) = (phys_runs(before), phys_runs(after));
+    let (old, new) = (phys_runs(before, t), phys_runs(after, t));
     let mut all: Vec<(u64, u64)> = old.iter().chain(new.iter()).copied().collect();
     all.sort_unstable();
     let shared = crate::refcount::shared_runs(store, t, &merged(all))?;

@@ -132,7 +132,7 @@ fn extent(len: u64, phys: u64) -> Extent {
         len,
         phys,
         state: ExtentState::Written,
-        refcount: 1,
+        target: TargetId(0),
     }
 }
 
@@ -153,7 +153,7 @@ fn an_extent_whose_physical_run_overflows_is_named() {
             len: 1,
             phys: 100,
             state: ExtentState::Written,
-            refcount: 1,
+            target: TargetId(0),
         };
         named(apply_record(&s, &next), &k);
     }
@@ -205,7 +205,7 @@ fn records_past_every_target_are_refused_before_any_item_is_read() {
             len: 2,
             phys: PHYS_BLOCKS_MAX - 1,
             state: ExtentState::Written,
-            refcount: 1,
+            target: TargetId(0),
         },
     ];
     for rec in recs {

@@ -403,7 +403,13 @@ impl Run {
         } else {
             ExtentState::Unwritten
         };
-        let refcount = if self.rng.one_in(10) { 2 } else { 1 };
+        // Mostly the home target, sometimes another (written there while the home target
+        // was read-only, or moved by an evacuation).
+        let target = TargetId(if self.rng.one_in(4) {
+            self.rng.below(3) as u32
+        } else {
+            0
+        });
         self.apply(Record::ExtentSet {
             ino,
             object,
@@ -411,7 +417,7 @@ impl Run {
             len,
             phys,
             state,
-            refcount,
+            target,
         });
     }
 

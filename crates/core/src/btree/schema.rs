@@ -283,14 +283,14 @@ pub fn encode_extent(e: &Extent) -> Vec<u8> {
     v.u64(e.len);
     v.u64(e.phys);
     v.u8(e.state.code());
-    v.u32(e.refcount);
+    v.u32(e.target.0);
     v.buf
 }
 
 /// Decodes an extent item.
 ///
 /// # Errors
-/// `Corrupted` naming the key: wrong length, zero length, unknown state, zero count, an
+/// `Corrupted` naming the key: wrong length, zero length, unknown state, an
 /// object run past `u64::MAX` or a physical run past every target's end
 /// ([`crate::units::phys_run_fits`]; past *its* target's end is `check`'s, which knows
 /// the geometry).
@@ -304,11 +304,10 @@ pub fn decode_extent(key: &Key, value: &[u8]) -> Result<Extent, CoreError> {
             let c = d.u8()?;
             ExtentState::from_code(c).ok_or_else(|| d.err(format!("extent state {c}")))?
         },
-        refcount: d.u32()?,
+        target: TargetId(d.u32()?),
     };
     if d.remaining() != 0
         || e.len == 0
-        || e.refcount == 0
         || key.b.checked_add(e.len).is_none()
         || !phys_run_fits(e.phys, e.len)
     {
@@ -570,7 +569,7 @@ mod tests {
             len: 9,
             phys: 1000,
             state: ExtentState::Written,
-            refcount: 1,
+            target: TargetId(0),
         };
         let k = extent_key(Ino(4), 2, 50);
         assert_eq!(decode_extent(&k, &encode_extent(&e)).unwrap(), e);

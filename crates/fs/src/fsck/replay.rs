@@ -119,8 +119,8 @@ impl Txn<'_, '_, '_> {
 
     /// Frees the blocks mapped in `start..end` of an object in the block map.
     fn release(&mut self, a: &InodeAttrs, obj: u32, range: Option<(u64, u64)>) -> Result<()> {
-        let target = a.layout.target_of(obj, self.c.geo.target_count());
         for (s, e) in self.extents(a.ino, obj, range)? {
+            let target = e.target;
             let (lo, hi) = range.unwrap_or((0, u64::MAX));
             let from = s.max(lo);
             let to = (s + e.len).min(hi);
@@ -228,7 +228,7 @@ impl Txn<'_, '_, '_> {
                 len,
                 phys,
                 state,
-                refcount,
+                target,
             } => {
                 let a = match self.owner(*ino, *object)? {
                     Ok(a) => a,
@@ -238,9 +238,10 @@ impl Txn<'_, '_, '_> {
                     len: *len,
                     phys: *phys,
                     state: *state,
-                    refcount: *refcount,
+                    target: *target,
                 };
-                if let Some(p) = extent_problem(*ino, *object, *block, &e) {
+                let n = self.c.geo.target_count();
+                if let Some(p) = extent_problem(*ino, *object, *block, &e, n) {
                     return Ok(Err(p));
                 }
                 self.release(&a, *object, Some((*block, *block + *len)))?;
@@ -248,8 +249,7 @@ impl Txn<'_, '_, '_> {
                     .c
                     .extents
                     .saturating_sub(self.window(&a, *object, *block, *len)?);
-                let target = a.layout.target_of(*object, self.c.geo.target_count());
-                if let Err(err) = self.claim(target, *phys, *len) {
+                if let Err(err) = self.claim(*target, *phys, *len) {
                     return Ok(Err(format!(
                         "inode {ino} object {object} block {block}: {err}"
                     )));
@@ -377,29 +377,13 @@ impl Txn<'_, '_, '_> {
         Ok(())
     }
 
-    /// New attributes: the layout rule, and the block claims moved if the layout (and so
-    /// the targets of the objects) changes.
+    /// New attributes: the layout rule (a layout change moves no block: extents name
+    /// their targets).
     fn set_attrs(&mut self, a: &InodeAttrs) -> Result<Broken> {
         let old = self.attrs(a.ino)?;
         let objects = old.as_ref().map_or_else(|| Self::objects(a), Self::objects);
         if let Some(p) = layout_problem(a, objects as usize, self.c.geo) {
             return Ok(Err(p));
-        }
-        let Some(old) = old.filter(|o| o.layout != a.layout && o.kind == a.kind) else {
-            return Ok(Ok(()));
-        };
-        for obj in 0..Self::objects(&old) {
-            let moved = self.extents(old.ino, obj, None)?;
-            self.release(&old, obj, None)?;
-            let target = a.layout.target_of(obj, self.c.geo.target_count());
-            for (s, e) in moved {
-                if let Err(err) = self.claim(target, e.phys, e.len) {
-                    return Ok(Err(format!(
-                        "inode {} object {obj} block {s}: {err}",
-                        a.ino
-                    )));
-                }
-            }
         }
         Ok(Ok(()))
     }

@@ -237,10 +237,10 @@ impl<'a> Checker<'a> {
                 ) else {
                     continue;
                 };
-                if l.first_target >= n || obj >= l.count {
+                if obj >= l.count || e.target.0 >= n {
                     continue;
                 }
-                let target = l.target_of(obj, n);
+                let target = e.target;
                 for (t, b, len, page) in &pages {
                     let overlaps =
                         *t == target && e.phys < b + len && *b < e.phys.saturating_add(e.len);
@@ -514,11 +514,11 @@ impl<'a> Checker<'a> {
             );
             self.problem(Some(a.ino), p);
         }
-        if let Some(p) = extent_problem(a.ino, obj, block, &e) {
+        if let Some(p) = extent_problem(a.ino, obj, block, &e, geo.target_count()) {
             return self.problem(Some(a.ino), p);
         }
         self.group().ext_end[obj as usize] = block + e.len;
-        let target = a.layout.target_of(obj, geo.target_count());
+        let target = e.target;
         if e.state == ExtentState::Written && stripefs_core::csum::datacow(&a) {
             self.blocks.want_csum(target, e.phys, e.len);
         }
