@@ -3,6 +3,7 @@
 mod bench;
 mod bench_dio;
 mod bench_meta;
+mod evacuate;
 mod fsck;
 mod inspect;
 mod io;
@@ -36,6 +37,7 @@ enum Cmd {
     Umount(mount::UmountArgs),
     Remount(remount::RemountArgs),
     Scrub(scrub::ScrubArgs),
+    Evacuate(evacuate::EvacuateArgs),
 }
 
 /// One malloc arena for the whole process (glibc; decisions.md, 83). glibc gives each
@@ -83,6 +85,7 @@ fn main() {
         Cmd::Umount(a) => mount::run_umount(a),
         Cmd::Remount(a) => remount::run(a),
         Cmd::Scrub(a) => scrub::run(a),
+        Cmd::Evacuate(a) => evacuate::run(a),
     };
     match res {
         Ok(code) => std::process::exit(code),

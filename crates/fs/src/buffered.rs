@@ -391,7 +391,8 @@ impl Fs {
             let rec = piece_record(bs, ino, &e.map, e.pos, e.len, ExtentState::Written);
             if let (true, Record::ExtentSet { block, len, .. }) = (new, &rec) {
                 m.delalloc_mut(ino, e.map.addr.object, objects)
-                    .remove(*block, *len);
+                    .remove(*block, *len)
+                    .unreserve(&mut m.alloc);
             }
             recs.push(rec);
         }
@@ -453,7 +454,7 @@ impl Fs {
             if !free {
                 continue;
             }
-            let target = l.target_of(object, n);
+            let target = self.inner.place(l.target_of(object, n))?;
             let goal = match block.checked_sub(1).map(|b| map.lookup(b)) {
                 Some(stripefs_core::extent::Lookup::Mapped { start, ext })
                     if ext.target == target =>
@@ -535,7 +536,7 @@ impl Fs {
         // Folio locks are taken without the metadata lock (folio before metadata).
         let mut orphaned = Vec::new();
         for (object, da) in maps.iter().enumerate() {
-            for (start, len) in da.ranges() {
+            for (start, len, _) in da.ranges() {
                 for b in start..start + len {
                     let pos = l.file_off(object as u32, b * bs);
                     if !fc
@@ -547,11 +548,10 @@ impl Fs {
                 }
             }
         }
-        let n = self.inner.geo.target_count();
         let mut m = self.inner.meta.lock();
         for (object, b) in orphaned {
             let removed = m.delalloc_mut(ino, object, l.count).remove(b, 1);
-            m.alloc.unreserve(l.target_of(object, n), removed);
+            removed.unreserve(&mut m.alloc);
         }
     }
 
@@ -567,13 +567,12 @@ impl Fs {
             return;
         };
         let l = i.attrs.layout;
-        let n = self.inner.geo.target_count();
         for object in 0..l.count {
             let keep = bs.blocks_for(l.object_len(object, from));
             let removed = m
                 .delalloc_mut(ino, object, l.count)
                 .remove(keep, u64::MAX / 2);
-            m.alloc.unreserve(l.target_of(object, n), removed);
+            removed.unreserve(&mut m.alloc);
         }
     }
 }

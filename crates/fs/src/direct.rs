@@ -330,8 +330,9 @@ impl Fs {
     }
 
     /// True when every mapping of `[off, off + len)` holds written blocks, or unwritten
-    /// blocks the write covers whole: the write then writes only its own sectors and
-    /// allocates nothing.
+    /// blocks the write covers whole, on targets that admit the write in place (I-001-3:
+    /// admitted here, for the mapper's life, so a target going read-only meanwhile waits
+    /// for this write): the write then writes only its own sectors and allocates nothing.
     fn overwrites_only(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<bool> {
         let bs = self.inner.geo.block_size.bytes_u64();
         let mut only = true;
@@ -343,7 +344,7 @@ impl Fs {
                 IomapKind::Mapped => !shared,
                 IomapKind::Unwritten => whole_blocks && !shared,
                 IomapKind::Hole | IomapKind::Delalloc | IomapKind::Shared => false,
-            };
+            } && mapper.in_place.enter(map.addr.target);
             Ok(if only {
                 Step::Advance(n)
             } else {

@@ -742,6 +742,8 @@ impl Fs {
             nocow_cow: self.inner.nocow.cow.load(Ordering::Relaxed),
             nocow_researches: self.inner.nocow.researches.load(Ordering::Relaxed),
             nocow_locked_fallbacks: self.inner.nocow.locked_fallbacks.load(Ordering::Relaxed),
+            nocow_read_only: self.inner.nocow.read_only.load(Ordering::Relaxed),
+            evacuated_blocks: self.inner.evacuated_blocks.load(Ordering::Relaxed),
             map_lookups: self.inner.map_lookups.load(Ordering::Relaxed),
             incore_inodes: m.inodes.len(),
             incore_inodes_peak: m.inodes.peak(),
@@ -789,6 +791,11 @@ impl Fs {
     #[must_use]
     pub fn space_accounting(&self) -> Vec<SpaceAccount> {
         let m = self.inner.meta.lock();
+        self.space_books(&m)
+    }
+
+    /// [`Fs::space_accounting`] under a metadata lock the caller holds.
+    pub(crate) fn space_books(&self, m: &MetaCore) -> Vec<SpaceAccount> {
         let n = self.inner.geo.target_count();
         let mut books: Vec<SpaceAccount> = (0..n)
             .map(|t| {
@@ -811,13 +818,14 @@ impl Fs {
             books[f.target.index()].dead_blocks += f.len;
         }
         let seen = m.state.each_inode(&mut |i| {
-            let l = i.attrs.layout;
             for (object, map) in i.objects.iter().enumerate() {
                 for (_, e) in map.iter() {
                     books[e.target.index()].extent_blocks += e.len;
                 }
                 if let Some(da) = m.delalloc_of(i.attrs.ino, object) {
-                    books[l.target_of(object as u32, n).index()].delalloc_blocks += da.total();
+                    for (_, len, t) in da.ranges() {
+                        books[t.index()].delalloc_blocks += len;
+                    }
                 }
             }
         });
@@ -1052,11 +1060,9 @@ impl Fs {
         // Shared blocks lose this owner; only the others are the dead inode's to free.
         let blocks = self.log_released(m, batch)?;
         self.inner.log_all(m, vec![Record::InodeFree(ino)])?;
-        let n = self.inner.geo.target_count();
-        let l = inode.attrs.layout;
         if let Some(c) = m.inodes.remove(ino) {
-            for (object, da) in c.delalloc.iter().enumerate() {
-                m.alloc.unreserve(l.target_of(object as u32, n), da.total());
+            for da in &c.delalloc {
+                da.all().unreserve(&mut m.alloc);
             }
         }
         let seq = m.txn.seq;

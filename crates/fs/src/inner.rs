@@ -465,6 +465,10 @@ pub(crate) struct FsInner {
     pub write_csums: crate::csum::WriteCsums,
     /// Checksum mismatches met by reads.
     pub csum_errors: Arc<crate::csum::CsumErrors>,
+    /// Per target: read-only, and in-place writers admitted (`placement.rs`).
+    pub states: crate::placement::TargetStates,
+    /// File blocks moved off evacuated targets since mount (`evacuate.rs`).
+    pub evacuated_blocks: std::sync::atomic::AtomicU64,
 }
 
 /// An [`crate::AccessSource`] (a closure, so without `Debug`).
@@ -492,6 +496,7 @@ impl FsInner {
         let faults = opts.faults.clone();
         let cache = stripefs_iomap::cache::PageCache::new(opts.cache, geo.block_size.bytes());
         let dirty = DirtyTargets::new(targets.len());
+        let states = crate::placement::TargetStates::new(targets.len());
         let csum_overlay = Arc::clone(&meta.csums);
         let ref_overlay = Arc::clone(&meta.refs);
         Self {
@@ -534,6 +539,8 @@ impl FsInner {
             nocow: crate::nocow::NocowStats::default(),
             write_csums: crate::csum::WriteCsums::default(),
             csum_errors: Arc::default(),
+            states,
+            evacuated_blocks: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -808,6 +815,19 @@ impl FsInner {
         };
         let name = self.targets[0].info().name.clone();
         Err(TargetError::new(name, OpKind::Write, 0, kind).into())
+    }
+
+    /// Where new blocks whose home target is `home` go (`placement.rs`): `home` unless it
+    /// is read-only. Call under the metadata lock and allocate under the same hold.
+    ///
+    /// # Errors
+    /// `NoSpace` when every target is read-only.
+    pub fn place(&self, home: stripefs_core::TargetId) -> Result<stripefs_core::TargetId> {
+        self.states.place(home).ok_or_else(|| {
+            FsError::NoSpace(format!(
+                "no writable target for new blocks (home target {home})"
+            ))
+        })
     }
 
     /// Consults the fault injector at the allocator's fault point: whatever kind is armed,

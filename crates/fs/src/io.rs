@@ -237,7 +237,7 @@ impl Fs {
             if b0 >= b1 {
                 continue;
             }
-            let t = l.target_of(object, n);
+            let t = self.inner.place(l.target_of(object, n))?;
             let mapped: u64 = i.objects[object as usize]
                 .range(b0, b1 - b0)
                 .map(|(s, e)| -> Result<u64> {
@@ -361,7 +361,6 @@ impl Fs {
         }
         let bs = self.inner.geo.block_size;
         let l = mapper.layout;
-        let n = self.inner.geo.target_count();
         let mut m = self.inner.meta.lock();
         let mut recs = Vec::new();
         // Per object, `[a, b)` is one contiguous object range (every stripe unit between
@@ -373,7 +372,7 @@ impl Fs {
                 continue;
             }
             let removed = m.delalloc_mut(ino, object, l.count).remove(block, blocks);
-            m.alloc.unreserve(l.target_of(object, n), removed);
+            removed.unreserve(&mut m.alloc);
             match fate {
                 BlockFate::Free => {
                     self.clear_object_range(&mut m, ino, object, (block, blocks), None)?

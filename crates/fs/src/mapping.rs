@@ -284,6 +284,10 @@ pub(crate) struct FileMapper<'a> {
     /// its written blocks are never written in place, its writes' checksums are kept
     /// for their completion, its reads are verified.
     pub datacow: bool,
+    /// The in-place writes this operation was admitted for (I-001-3), left when the
+    /// mapper is dropped, after the operation submitted them. Declared last: dropped
+    /// after everything else the operation holds.
+    pub(crate) in_place: crate::placement::InPlaceWriters<'a>,
 }
 
 impl<'a> FileMapper<'a> {
@@ -311,6 +315,7 @@ impl<'a> FileMapper<'a> {
             dio_reserved: RefCell::new(None),
             dio_lock: None,
             plug: None,
+            in_place: crate::placement::InPlaceWriters::new(&fs.inner.states),
         })
     }
 
@@ -406,8 +411,14 @@ impl<'a> FileMapper<'a> {
             // Placed: these blocks stop being delalloc now, since their reservation is
             // spent. Success records them written; failure frees them (the cache data
             // they carried is gone either way).
-            m.delalloc_mut(self.ino, object, self.layout.count)
+            let spent = m
+                .delalloc_mut(self.ino, object, self.layout.count)
                 .remove(obj_block, len);
+            debug_assert_eq!(
+                spent.on(target),
+                spent.total(),
+                "a reservation spent elsewhere"
+            );
         }
         self.hint
             .borrow_mut()
@@ -481,6 +492,8 @@ impl IomapOps for FileMapper<'_> {
         // The in-place or copy decision's checks run without the metadata lock (I-001-2,
         // `nocow.rs`); `m` is held from the last look at the extent on.
         let (mut m, seq, found) = self.lookup_decided(op, (object, obj_block), want)?;
+        // Under the hold the allocation happens in (`placement.rs`).
+        let place = self.fs.inner.place(home)?;
         let (kind, flags, target, phys, blocks) = match found {
             Found::Mapped {
                 state,
@@ -501,7 +514,7 @@ impl IomapOps for FileMapper<'_> {
                     self.map_shared(
                         &mut m,
                         op,
-                        (home, object, obj_block),
+                        (place, object, obj_block),
                         kind,
                         (target, phys),
                         blocks,
@@ -512,8 +525,7 @@ impl IomapOps for FileMapper<'_> {
                         // (the other owners let go): written in place, the promise goes back.
                         let da = m.delalloc_mut(self.ino, object, self.layout.count);
                         if da.covering(obj_block).is_some() {
-                            let n = da.remove(obj_block, blocks);
-                            m.alloc.unreserve(home, n);
+                            da.remove(obj_block, blocks).unreserve(&mut m.alloc);
                         }
                     }
                     (kind, IomapFlags::NONE, target, phys, blocks)
@@ -521,9 +533,7 @@ impl IomapOps for FileMapper<'_> {
             }
             Found::Hole { next } => {
                 let hole = next.map_or(want, |n| (n - obj_block).min(want));
-                let (kind, flags, phys, blocks) =
-                    self.map_hole(&mut m, op, home, object, obj_block, hole)?;
-                (kind, flags, home, phys, blocks)
+                self.map_hole(&mut m, op, (place, object, obj_block), hole)?
             }
         };
         let unit = u64::from(self.layout.unit_bytes);
@@ -593,10 +603,9 @@ impl IomapOps for FileMapper<'_> {
             debug_assert_eq!(op, IomapOp::BufferedWrite, "only buffered writes reserve");
             // I-002-6: reservations no dirty block keeps go back.
             let objects = self.layout.count;
-            let removed = m
-                .delalloc_mut(self.ino, map.addr.object, objects)
-                .remove(map.addr.obj_block + first, count);
-            m.alloc.unreserve(self.home(map.addr.object), removed);
+            m.delalloc_mut(self.ino, map.addr.object, objects)
+                .remove(map.addr.obj_block + first, count)
+                .unreserve(&mut m.alloc);
             return Ok(());
         }
         let phys = map.addr.phys + first;
@@ -642,16 +651,18 @@ impl FileMapper<'_> {
         }
     }
 
-    /// Maps `blocks` shared blocks at `obj_block` (from `phys`) for `op`
-    /// (`docs/design/reflink.md`, "Copy on write"): reads use them; a buffered write
-    /// reserves a block for each (kept as a delayed allocation over the mapped blocks, so
-    /// writeback never meets `ENOSPC`); writeback and direct writes get new blocks, which
-    /// their completion records in place of the shared ones (`Fs::log_remapped`).
+    /// Maps `blocks` blocks at `obj_block` (from `phys` of `at`) that `op` must not write
+    /// in place (shared, checksummed, a datacow file's, or on a read-only target) for
+    /// `op` (`docs/design/reflink.md`, "Copy on write"): reads use them; a buffered write
+    /// reserves a block for each on `place` (kept as a delayed allocation over the mapped
+    /// blocks, so writeback never meets `ENOSPC`); writeback and direct writes get new
+    /// blocks, which their completion records in place of the old ones
+    /// (`Fs::log_remapped`).
     fn map_shared(
         &self,
         m: &mut MetaCore,
         op: IomapOp,
-        (target, object, obj_block): (TargetId, u32, u64),
+        (place, object, obj_block): (TargetId, u32, u64),
         kind: IomapKind,
         (at, phys): (TargetId, u64),
         blocks: u64,
@@ -666,39 +677,36 @@ impl FileMapper<'_> {
             }
             IomapOp::BufferedWrite => {
                 let da = m.delalloc_mut(self.ino, object, objects);
-                if let Some((s, l)) = da.covering(obj_block) {
+                if let Some((s, l, _)) = da.covering(obj_block) {
                     let n = (s + l - obj_block).min(blocks);
                     return Ok((kind, IomapFlags::SHARED, at, phys, n));
                 }
                 let n = da
                     .next_after(obj_block)
                     .map_or(blocks, |x| (x - obj_block).min(blocks));
-                let got = n.min(m.alloc.available_blocks(target));
-                if got == 0 {
-                    return Err(FsError::NoSpace(format!("target {target} is full")));
-                }
-                self.fs.inner.alloc_fault(target)?;
-                assert!(m.alloc.reserve(target, got));
-                m.delalloc_mut(self.ino, object, objects)
-                    .insert(obj_block, got);
+                let got = self.reserve_delayed(m, (place, object, obj_block), n)?;
                 let flags = IomapFlags::SHARED.with(IomapFlags::RESERVED);
                 Ok((kind, flags, at, phys, got))
             }
             IomapOp::Writeback | IomapOp::Write => {
                 let da = m.delalloc_mut(self.ino, object, objects);
                 let (covered, next) = (da.covering(obj_block), da.next_after(obj_block));
-                let (new, got) = match covered {
-                    Some((s, l)) => {
+                let (target, (new, got)) = match covered {
+                    Some((s, l, rt)) => {
                         let n = (s + l - obj_block).min(blocks);
-                        self.allocate(m, target, object, obj_block, n, Funding::Reserved)?
+                        self.allocate_delayed(m, (rt, object, obj_block), n)?
                     }
                     // Up to the next reserved block: that one is paid for by its
                     // reservation, which completion would otherwise leave promised.
                     // A direct write draws on its reservation, which counted these
-                    // blocks (`Fs::reserve_dio_space`).
+                    // blocks (`Fs::reserve_dio_space`); blocks written in place until
+                    // now take free space (I-001-5).
                     None => {
                         let n = next.map_or(blocks, |x| (x - obj_block).min(blocks));
-                        self.allocate_unreserved(m, target, object, obj_block, n)?
+                        (
+                            place,
+                            self.allocate_unreserved(m, place, object, obj_block, n)?,
+                        )
                     }
                 };
                 Ok((IomapKind::Mapped, IomapFlags::NEW, target, new, got))
@@ -706,48 +714,82 @@ impl FileMapper<'_> {
         }
     }
 
-    /// Maps `hole` blocks of hole at `obj_block` (possibly covered by delalloc) for `op`.
+    /// Reserves up to `want` blocks on `place` for a buffered write at `obj_block` of
+    /// `object`, kept as a delayed allocation there. Returns how many.
+    fn reserve_delayed(
+        &self,
+        m: &mut MetaCore,
+        (place, object, obj_block): (TargetId, u32, u64),
+        want: u64,
+    ) -> Result<u64> {
+        let got = want.min(m.alloc.available_blocks(place));
+        if got == 0 {
+            return Err(FsError::NoSpace(format!("target {place} is full")));
+        }
+        self.fs.inner.alloc_fault(place)?;
+        assert!(m.alloc.reserve(place, got));
+        m.delalloc_mut(self.ino, object, self.layout.count)
+            .insert(obj_block, got, place);
+        Ok(got)
+    }
+
+    /// Allocates up to `want` blocks for the delayed allocation at `obj_block`, whose
+    /// reservation is on `reserved_on`: out of it while that target is writable; if it
+    /// went read-only since, the promise is given back there and the blocks come from
+    /// free space on the target placement picks (decision 101). Returns the target and
+    /// `(phys, blocks)`.
+    fn allocate_delayed(
+        &self,
+        m: &mut MetaCore,
+        (reserved_on, object, obj_block): (TargetId, u32, u64),
+        want: u64,
+    ) -> Result<(TargetId, (u64, u64))> {
+        let place = self.fs.inner.place(reserved_on)?;
+        if place == reserved_on {
+            let got = self.allocate(m, place, object, obj_block, want, Funding::Reserved)?;
+            return Ok((place, got));
+        }
+        let (phys, got) = self.allocate(m, place, object, obj_block, want, Funding::Free)?;
+        m.delalloc_mut(self.ino, object, self.layout.count)
+            .remove(obj_block, got)
+            .unreserve(&mut m.alloc);
+        Ok((place, (phys, got)))
+    }
+
+    /// Maps `hole` blocks of hole at `obj_block` (possibly covered by delalloc) for `op`;
+    /// new blocks and reservations go to `place`.
     fn map_hole(
         &self,
         m: &mut MetaCore,
         op: IomapOp,
-        target: TargetId,
-        object: u32,
-        obj_block: u64,
+        (place, object, obj_block): (TargetId, u32, u64),
         hole: u64,
-    ) -> Result<(IomapKind, IomapFlags, u64, u64)> {
+    ) -> Result<(IomapKind, IomapFlags, TargetId, u64, u64)> {
         let objects = self.layout.count;
         let da = m.delalloc_mut(self.ino, object, objects);
-        if let Some((s, l)) = da.covering(obj_block) {
+        if let Some((s, l, rt)) = da.covering(obj_block) {
             let blocks = (s + l - obj_block).min(hole);
             if op == IomapOp::Writeback {
-                let (phys, got) =
-                    self.allocate(m, target, object, obj_block, blocks, Funding::Reserved)?;
-                return Ok((IomapKind::Mapped, IomapFlags::NEW, phys, got));
+                let (t, (phys, got)) = self.allocate_delayed(m, (rt, object, obj_block), blocks)?;
+                return Ok((IomapKind::Mapped, IomapFlags::NEW, t, phys, got));
             }
-            return Ok((IomapKind::Delalloc, IomapFlags::NONE, 0, blocks));
+            return Ok((IomapKind::Delalloc, IomapFlags::NONE, rt, 0, blocks));
         }
         let blocks = da
             .next_after(obj_block)
             .map_or(hole, |n| (n - obj_block).min(hole));
         match op {
             IomapOp::Write | IomapOp::Writeback => {
-                let (phys, got) = self.allocate_unreserved(m, target, object, obj_block, blocks)?;
-                Ok((IomapKind::Mapped, IomapFlags::NEW, phys, got))
+                let (phys, got) = self.allocate_unreserved(m, place, object, obj_block, blocks)?;
+                Ok((IomapKind::Mapped, IomapFlags::NEW, place, phys, got))
             }
             IomapOp::BufferedWrite => {
-                let avail = m.alloc.available_blocks(target);
-                let got = blocks.min(avail);
-                if got == 0 {
-                    return Err(FsError::NoSpace(format!("target {target} is full")));
-                }
-                self.fs.inner.alloc_fault(target)?;
-                assert!(m.alloc.reserve(target, got));
-                m.delalloc_mut(self.ino, object, objects)
-                    .insert(obj_block, got);
-                Ok((IomapKind::Delalloc, IomapFlags::RESERVED, 0, got))
+                let got = self.reserve_delayed(m, (place, object, obj_block), blocks)?;
+                Ok((IomapKind::Delalloc, IomapFlags::RESERVED, place, 0, got))
             }
-            IomapOp::Read | IomapOp::Report => Ok((IomapKind::Hole, IomapFlags::NONE, 0, blocks)),
+            IomapOp::Read | IomapOp::Report => {
+                Ok((IomapKind::Hole, IomapFlags::NONE, place, 0, blocks))
+            }
         }
     }
 }

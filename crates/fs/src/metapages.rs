@@ -97,15 +97,20 @@ impl MetaPages {
         self.live.iter().map(|l| l.load(Ordering::Relaxed)).sum()
     }
 
-    fn with_alloc<R>(&self, f: impl FnOnce(&mut Allocator) -> R) -> Result<R, MetaError> {
+    /// Runs `f` on the allocator, with whether a target is read-only (no page goes to
+    /// one: `placement.rs`; read under the same metadata lock hold as the allocation).
+    fn with_alloc<R>(
+        &self,
+        f: impl FnOnce(&mut Allocator, &dyn Fn(TargetId) -> bool) -> R,
+    ) -> Result<R, MetaError> {
         match &self.space {
-            Space::Own(a) => Ok(f(&mut a.lock())),
+            Space::Own(a) => Ok(f(&mut a.lock(), &|_| false)),
             Space::Mounted(cell) => {
                 let fs = cell.get().and_then(Weak::upgrade).ok_or_else(|| {
                     MetaError::NoSpace("the file system's allocator is not attached".into())
                 })?;
                 let mut m = fs.meta.lock();
-                Ok(f(&mut m.alloc))
+                Ok(f(&mut m.alloc, &|t| fs.states.is_read_only(t)))
             }
         }
     }
@@ -140,14 +145,16 @@ impl PageAlloc for MetaPages {
     fn alloc(&self, n: usize) -> Result<Vec<PageAddr>, MetaError> {
         let targets = self.live.len() as u32;
         let share = (n as u64).div_ceil(u64::from(targets)).max(1);
-        self.with_alloc(|a| {
+        self.with_alloc(|a, read_only| {
             let mut out = Vec::with_capacity(n);
             let mut idle = 0;
             while out.len() < n {
                 let t = TargetId(self.rotor.fetch_add(1, Ordering::Relaxed) % targets);
                 let before = out.len();
                 let want = share.min((n - out.len()) as u64);
-                self.take_on(a, t, want, &mut out);
+                if !read_only(t) {
+                    self.take_on(a, t, want, &mut out);
+                }
                 idle = if out.len() == before { idle + 1 } else { 0 };
                 if idle == targets {
                     self.free_all(a, &out);
@@ -163,6 +170,6 @@ impl PageAlloc for MetaPages {
 
     fn free(&self, pages: &[PageAddr]) {
         // Unattached (the file system is gone): the allocator is rebuilt at the next mount.
-        let _ = self.with_alloc(|a| self.free_all(a, pages));
+        let _ = self.with_alloc(|a, _| self.free_all(a, pages));
     }
 }

@@ -88,6 +88,9 @@ pub(crate) struct NocowStats {
     pub researches: AtomicU64,
     /// Decisions taken under the lock after [`NOCOW_RETRIES`] re-searches.
     pub locked_fallbacks: AtomicU64,
+    /// Writes that would have been in place but copy because their target is read-only
+    /// (counted in `cow` too).
+    pub read_only: AtomicU64,
     /// With `MountOptions::nocow_audit`: every in-place decision, until
     /// [`crate::Fs::take_in_place_log`] takes them.
     pub audit: parking_lot::Mutex<Vec<InPlace>>,
@@ -102,6 +105,7 @@ impl std::fmt::Debug for NocowStats {
             .field("cow", &self.cow)
             .field("researches", &self.researches)
             .field("locked_fallbacks", &self.locked_fallbacks)
+            .field("read_only", &self.read_only)
             .finish_non_exhaustive()
     }
 }
@@ -243,7 +247,7 @@ impl<'a> FileMapper<'a> {
                     datacow: self.datacow,
                     state: ext.state,
                     checked: c,
-                });
+                }) || !self.admitted_in_place(op, purpose, target);
                 self.count(op, purpose, copy);
                 if !copy && inner.opts.nocow_audit && counted(op, purpose) {
                     let violation = self.audit(m, target, ext.state, phys, c.blocks);
@@ -318,6 +322,29 @@ impl<'a> FileMapper<'a> {
             Err(e) => Some(format!("checksum lookup: {e}")),
             Ok(true) => Some("a block has a checksum".into()),
             Ok(false) => None,
+        }
+    }
+
+    /// I-001-3, for a decision to write in place on `target`: a write that reaches the
+    /// device is admitted as an in-place writer there (checked against read-only and
+    /// counted in one step, left when the mapper is dropped); a buffered write's
+    /// reservation only asks whether `target` is read-only. False: the write copies.
+    fn admitted_in_place(&self, op: IomapOp, purpose: Purpose, target: TargetId) -> bool {
+        let states = &self.fs.inner.states;
+        match (purpose, op) {
+            (Purpose::Report, _) => true,
+            (Purpose::DataWrite, IomapOp::BufferedWrite) => !states.is_read_only(target),
+            (Purpose::DataWrite, _) => {
+                let ok = self.in_place.enter(target);
+                if !ok {
+                    self.fs
+                        .inner
+                        .nocow
+                        .read_only
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                ok
+            }
         }
     }
 

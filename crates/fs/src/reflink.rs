@@ -246,7 +246,6 @@ impl Fs {
         len: u64,
     ) -> Result<()> {
         let bs = self.inner.geo.block_size;
-        let n = self.inner.geo.target_count();
         let span = bs.round_up(len);
         let sl = inode(m, src)?.attrs.layout;
         // An empty destination takes the source's layout: then everything is shared.
@@ -269,7 +268,7 @@ impl Fs {
             let b1 = bs.block_of(dl.object_len(object, dst_off + span));
             if b1 > b0 {
                 let removed = m.delalloc_mut(dst, object, dl.count).remove(b0, b1 - b0);
-                m.alloc.unreserve(dl.target_of(object, n), removed);
+                removed.unreserve(&mut m.alloc);
                 self.clear_object_range(m, dst, object, (b0, b1 - b0), None)?;
             }
         }
@@ -432,19 +431,20 @@ impl Fs {
         modify(&mut block);
         let csum = stripefs_core::csum::BlockCsum::of(&block);
         self.inner.alloc_fault(t)?;
-        let new = self.alloc_copy_block(t)?;
-        if let Err(e) = target.write_sync(bs.to_bytes(new), block) {
-            self.inner.meta.lock().alloc.free_now(t, new, 1);
+        let (nt, new) = self.alloc_copy_block(t)?;
+        let dest = self.inner.targets[nt.index()].as_ref();
+        if let Err(e) = dest.write_sync(bs.to_bytes(new), block) {
+            self.inner.meta.lock().alloc.free_now(nt, new, 1);
             return Err(e.into());
         }
-        self.inner.mark_dirty(t.index());
+        self.inner.mark_dirty(nt.index());
         if datacow {
-            self.inner.write_csums.put(t, new, csum);
+            self.inner.write_csums.put(nt, new, csum);
         }
-        let r = self.log_cow_block(ino, map, skip, new, grow_to);
+        let r = self.log_cow_block(ino, map, skip, (nt, new), grow_to);
         if r.is_err() && datacow {
             // Never logged: forget it (decision 91).
-            self.inner.write_csums.forget(t, new, 1);
+            self.inner.write_csums.forget(nt, new, 1);
         }
         r
     }
@@ -456,7 +456,7 @@ impl Fs {
         ino: Ino,
         map: &Iomap<DevAddr>,
         skip: u64,
-        new: u64,
+        (nt, new): (stripefs_core::TargetId, u64),
         grow_to: Option<u64>,
     ) -> Result<()> {
         let mut m = self.inner.meta.lock();
@@ -467,7 +467,7 @@ impl Fs {
             len: 1,
             phys: new,
             state: ExtentState::Written,
-            target: map.addr.target,
+            target: nt,
         };
         let mut recs = vec![rec];
         if let Some(end) = grow_to {
@@ -489,24 +489,30 @@ impl Fs {
     /// One block on `t` for a copy (`cow_block`): out of free space, or, when the only free
     /// blocks are busy (freed by a transaction not yet durable), after a commit, retried
     /// once (decision 90).
-    fn alloc_copy_block(&self, t: stripefs_core::TargetId) -> Result<u64> {
-        let take = || {
-            self.inner
-                .meta
-                .lock()
-                .alloc
+    /// One free block for a copy of a block of `near`: on `near` unless it is read-only
+    /// (`placement.rs`). Returns where.
+    fn alloc_copy_block(
+        &self,
+        near: stripefs_core::TargetId,
+    ) -> Result<(stripefs_core::TargetId, u64)> {
+        let take = || -> Result<Option<(stripefs_core::TargetId, u64)>> {
+            let mut m = self.inner.meta.lock();
+            let t = self.inner.place(near)?;
+            Ok(m.alloc
                 .alloc_from(t, None, 1, Draw::Data)
-                .map(|(p, _)| p)
+                .map(|(p, _)| (t, p)))
         };
-        if let Some(p) = take() {
+        if let Some(p) = take()? {
             return Ok(p);
         }
         if self.commit_for_space()? {
-            if let Some(p) = take() {
+            if let Some(p) = take()? {
                 return Ok(p);
             }
         }
-        Err(FsError::NoSpace(format!("target {t} is full")))
+        Err(FsError::NoSpace(format!(
+            "no room for a copy of a block of target {near}"
+        )))
     }
 }
 

@@ -125,7 +125,7 @@ impl Fs {
         let mut out = ScrubStep::default();
         let mut at = from;
         loop {
-            let (next_ino, limit) = self.scrub_next_ino(at.ino)?;
+            let (next_ino, limit) = self.next_ino_from(at.ino)?;
             out.ino_limit = limit;
             let Some(ino) = next_ino else {
                 out.next = None;
@@ -161,7 +161,7 @@ impl Fs {
     /// fs tree's next inode item or an inode in core (created since the checkpoint).
     /// `None`: no more inodes. The tree is read without the metadata lock. Also returns
     /// the next inode number to be handed out.
-    fn scrub_next_ino(&self, from: u64) -> Result<(Option<Ino>, u64)> {
+    pub(crate) fn next_ino_from(&self, from: u64) -> Result<(Option<Ino>, u64)> {
         let from = from.max(Ino::ROOT.0);
         let tree = self
             .inner

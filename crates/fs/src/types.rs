@@ -331,6 +331,11 @@ pub struct FsStatus {
     pub nocow_cow: u64,
     pub nocow_researches: u64,
     pub nocow_locked_fallbacks: u64,
+    /// Of the copies, those made because the extent's target is read-only (an
+    /// evacuation, I-001-3).
+    pub nocow_read_only: u64,
+    /// File blocks moved off evacuated targets since mount (`Fs::evacuate`).
+    pub evacuated_blocks: u64,
     /// In-core inodes now, the most at once since mount, and those evicted since mount
     /// (see `docs/design/cache.md`, "In-core inodes").
     pub incore_inodes: usize,

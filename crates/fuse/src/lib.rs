@@ -6,6 +6,7 @@
 
 mod convert;
 mod counts;
+pub mod evacuate_ioctl;
 mod kernel_refs;
 mod options;
 mod privs;
@@ -246,6 +247,56 @@ impl StripeFuse {
                 }
             },
             Err(e) => reply.error(err(&e)),
+        }
+    }
+
+    /// The online evacuation's ioctl (`evacuate_ioctl`): one part of the evacuation of a
+    /// target, a step's budget capped. Only on the root directory, only for root.
+    fn evacuate_part(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        use evacuate_ioctl::{Part, Reply};
+        if ino(i) != Ino::ROOT {
+            return reply.error(Errno::ENOTTY);
+        }
+        if req.uid() != 0 {
+            return reply.error(Errno::EPERM);
+        }
+        let Some(r) = evacuate_ioctl::decode_request(in_data)
+            .filter(|_| out_size as usize >= evacuate_ioctl::BYTES)
+        else {
+            return reply.error(Errno::EINVAL);
+        };
+        let t = r.target;
+        let answer = match r.part {
+            Part::Begin => self.fs.evacuate_begin(t).map(|()| Reply::default()),
+            Part::Step { from, budget } => self
+                .fs
+                .evacuate_step(t, from, budget.clamp(1, evacuate_ioctl::MAX_BUDGET))
+                .map(|step| Reply {
+                    step,
+                    meta_paths: 0,
+                }),
+            Part::Finish => self.fs.evacuate_finish(t).map(|meta_paths| Reply {
+                meta_paths,
+                ..Reply::default()
+            }),
+            Part::Cancel => {
+                self.fs.evacuate_cancel(t);
+                Ok(Reply::default())
+            }
+        };
+        match answer {
+            Ok(a) => reply.ioctl(0, &evacuate_ioctl::encode_reply(&a)),
+            Err(e) => {
+                tracing::warn!(target = t.0, error = %e, "evacuation");
+                reply.error(err(&e))
+            }
         }
     }
 
@@ -1004,6 +1055,9 @@ impl Filesystem for StripeFuse {
     ) {
         if cmd == scrub_ioctl::SCRUB_STEP {
             return self.scrub_step(req, i, in_data, out_size, reply);
+        }
+        if cmd == evacuate_ioctl::EVACUATE {
+            return self.evacuate_part(req, i, in_data, out_size, reply);
         }
         match convert::flags_ioctl(cmd) {
             Some(convert::FlagsIoctl::Get) if out_size >= 4 => match self.fs.file_flags(ino(i)) {

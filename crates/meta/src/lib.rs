@@ -486,6 +486,33 @@ impl Store {
         self.write_op(tree_of(key), |t, src| t.remove(src, key))
     }
 
+    /// Relocates the pages of `tree` on `target`, at most `leaves` leaf paths from `from`:
+    /// every path with such a page is made dirty (`Tree::relocate_path`), so the next
+    /// checkpoint writes it wherever the page allocator places pages (which must no longer
+    /// pick `target`) and frees the old pages. Returns the paths dirtied and where to
+    /// resume (`None`: the tree is done).
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    pub fn relocate_pages(
+        &self,
+        tree: TreeId,
+        target: TargetId,
+        from: Key,
+        leaves: usize,
+    ) -> Result<(usize, Option<Key>), MetaError> {
+        let off = |a: PageAddr| a.target == target;
+        let mut at = Some(from);
+        let mut dirtied = 0;
+        for _ in 0..leaves.max(1) {
+            let Some(k) = at else { break };
+            let (picked, next) = self.write_op(tree, |t, src| t.relocate_path(src, &k, &off))?;
+            dirtied += usize::from(picked);
+            at = next;
+        }
+        Ok((dirtied, at))
+    }
+
     /// The file system's uuid (it seeds the name hash of directory entries and xattrs).
     #[must_use]
     pub fn uuid(&self) -> Uuid {

@@ -533,6 +533,33 @@ impl Tree {
         }
     }
 
+    /// Relocation of the pages `off` picks (a target being emptied): looks at the path
+    /// to the leaf whose range holds `at` and, if a written page on it is one `off`
+    /// picks, makes the whole path dirty, so the next checkpoint writes copies wherever
+    /// the page allocator places them and frees these pages. Nothing else changes.
+    /// Returns whether it dirtied the path and the low bound of the next leaf (`None`:
+    /// this was the last). Called leaf by leaf from `Key::MIN`, it reaches every written
+    /// page of the tree: each lies on the path to some leaf.
+    ///
+    /// # Errors
+    /// [`Miss`] when a page on the path is not in memory (nothing was changed).
+    pub fn relocate_path(
+        &mut self,
+        src: &dyn PageSource,
+        at: &Key,
+        off: &dyn Fn(PageAddr) -> bool,
+    ) -> Result<(bool, Option<Key>), Miss> {
+        let path = self.descend(src, at)?;
+        let next = path.last().expect("a path reaches a leaf").high;
+        let picked = path
+            .iter()
+            .any(|h| matches!(h.child, Child::Page(r) if off(r.addr)));
+        if picked {
+            self.cow_path(path);
+        }
+        Ok((picked, next))
+    }
+
     /// Inserts or replaces; returns the previous value.
     ///
     /// # Errors

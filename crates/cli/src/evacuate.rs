@@ -1,0 +1,119 @@
+//! `stripefs evacuate MOUNTPOINT TARGET`: move every block off one target of a mounted
+//! file system while it stays in use, so the disk can be retired (`docs/design/reflink.md`,
+//! "Evacuation"). The daemon does the work, one part per ioctl on the mount's root
+//! (`evacuate_ioctl`): begin (the target goes read-only, in-place writers drain, dirty
+//! data is written back), steps over the inodes with a progress bar (passes until no file
+//! has blocks there), finish (metadata pages moved, the target checked empty).
+
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use stripefs::TargetId;
+use stripefs_fuse::evacuate_ioctl::{self, Part, Reply, Request};
+
+use crate::progress::count_bar;
+
+/// Passes over the inodes before giving up on a target that keeps getting blocks back.
+const MAX_PASSES: u32 = 8;
+
+/// Move every block off one target of a mounted file system (online, as root).
+#[derive(Debug, clap::Args)]
+#[command(after_help = AFTER_HELP)]
+pub struct EvacuateArgs {
+    /// The mount point.
+    mountpoint: PathBuf,
+    /// The target's index (0-based, as `stripefs inspect` lists them).
+    target: u32,
+    /// Give up an evacuation begun before: the target takes new blocks again.
+    #[arg(long)]
+    cancel: bool,
+}
+
+const AFTER_HELP: &str = "The target stays read-only until unmount: nothing new is \
+written to it. Target 0 (journal, root records) cannot be evacuated. Blocks that several \
+files share are copied once per file. An interrupted evacuation is resumed by running \
+the command again. The daemon's log has the reason of a refusal.";
+
+/// Runs the evacuation; returns the exit status.
+pub fn run(a: &EvacuateArgs) -> Result<i32, String> {
+    let dir = std::fs::File::open(&a.mountpoint)
+        .map_err(|e| format!("{}: {e}", a.mountpoint.display()))?;
+    let target = TargetId(a.target);
+    let part = |p: Part| ask(&dir, &a.mountpoint, Request { target, part: p });
+    if a.cancel {
+        part(Part::Cancel)?;
+        println!("target {target}: evacuation cancelled, it takes new blocks again");
+        return Ok(0);
+    }
+    let started = Instant::now();
+    eprintln!("target {target}: going read-only, writing back dirty data");
+    part(Part::Begin)?;
+    let bar = count_bar("evacuating");
+    let (mut blocks, mut files, mut passes) = (0u64, 0u64, 0u32);
+    loop {
+        passes += 1;
+        let moved_before = blocks;
+        let mut at = Some(stripefs::Ino::ROOT.0);
+        while let Some(from) = at {
+            let r = part(Part::Step {
+                from,
+                budget: evacuate_ioctl::MAX_BUDGET,
+            })
+            .inspect_err(|_| bar.finish_and_clear())?;
+            blocks += r.step.blocks;
+            files += r.step.files;
+            at = r.step.next;
+            bar.set_length(r.step.ino_limit.max(1));
+            bar.set_position(at.unwrap_or(r.step.ino_limit).min(r.step.ino_limit));
+            bar.set_message(format!("{} blocks", blocks));
+        }
+        if blocks == moved_before || passes >= MAX_PASSES {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    eprintln!("target {target}: moving metadata pages, checking it is empty");
+    let fin = part(Part::Finish)?;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "target {target} evacuated: {blocks} blocks of {files} files moved, {} metadata paths \
+         rewritten, {passes} passes, {secs:.1} s",
+        fin.meta_paths
+    );
+    Ok(0)
+}
+
+/// One ioctl.
+fn ask(dir: &std::fs::File, mnt: &Path, r: Request) -> Result<Reply, String> {
+    let mut b = evacuate_ioctl::encode_request(r);
+    // SAFETY: the command's size field is `b.len()` (`BYTES`), so the kernel copies
+    // exactly that many bytes in and out of `b`, which lives across the call.
+    let rc = unsafe {
+        libc::ioctl(
+            dir.as_raw_fd(),
+            libc::c_ulong::from(evacuate_ioctl::EVACUATE),
+            b.as_mut_ptr(),
+        )
+    };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        let t = r.target;
+        return Err(match e.raw_os_error() {
+            Some(libc::ENOTTY) => format!(
+                "{}: not the root of a stripefs mount (or its daemon is older): {e}",
+                mnt.display()
+            ),
+            Some(libc::EPERM) => format!("{}: evacuation needs root: {e}", mnt.display()),
+            Some(libc::EINVAL) => format!(
+                "target {t}: refused ({e}): target 0 cannot be evacuated, the target must \
+                 exist, and a step needs a begun evacuation (the daemon's log says which)"
+            ),
+            Some(libc::ENOSPC) => {
+                format!("target {t}: the other targets have no room for what it holds ({e})")
+            }
+            _ => format!("target {t}: {e}"),
+        });
+    }
+    evacuate_ioctl::decode_reply(&b)
+}
