@@ -13,6 +13,12 @@
 //!   1, 4 and 8 targets; `dio_submit = parallel` vs `serial`, and the raw backing files.
 //!   With `--target` it runs on the given targets (files, devices or NBD URIs) instead of
 //!   files it creates; `--counts` and `--sizes` choose the rows.
+//! - `w5-nocow` (seed 001, issue 13): 4 KiB random buffered overwrites of NOCOW files with
+//!   an fsync every 2 writes from several writers while other threads create, stat and
+//!   rename files in the same directories, over a small metadata cache and non-empty
+//!   checksum and reference-count trees; `nocow_check = unlocked` vs `locked`, see
+//!   `bench_nocow.rs`; `--writers`, `--meta-threads`, `--file-size`, `--seconds`,
+//!   `--meta-cache`.
 //! - `meta` (issue 11): metadata at scale, see `bench_meta.rs`; `--files`, `--dirs`,
 //!   `--file-size`, `--target-size`, `--steps`, `--plot`. One run, not variants.
 //! - `plot`: only draws `--plot` from `--plot-series` files (what `scripts/bench-meta`
@@ -35,12 +41,12 @@ use crate::targets::open_one;
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// Workloads: w2-subblock-dirty, w4-metamix (default: both), w1-unaligned-dio,
-    /// w3-striped-dio, meta, plot.
+    /// w3-striped-dio, w5-nocow, meta, plot.
     #[arg(short = 'w', long = "workload")]
     workloads: Vec<String>,
-    /// Runs per variant; the median is reported.
-    #[arg(long, default_value_t = 5)]
-    runs: usize,
+    /// Runs per variant; the median is reported (default 5; w5-nocow: 3).
+    #[arg(long)]
+    runs: Option<usize>,
     /// Directory for the target files (created; the files are removed afterwards).
     #[arg(long, default_value = "bench-data")]
     dir: PathBuf,
@@ -71,7 +77,8 @@ pub struct BenchArgs {
     /// meta: directories the files are spread over.
     #[arg(long, default_value_t = 1000)]
     dirs: u64,
-    /// meta: bytes written to each file (0: empty files).
+    /// meta: bytes written to each file (0: empty files). w5-nocow: bytes of each
+    /// writer's NOCOW file (0: 64 MiB).
     #[arg(long, default_value = "0", value_parser = crate::size::parse_size)]
     file_size: u64,
     /// meta: number of targets.
@@ -103,6 +110,18 @@ pub struct BenchArgs {
     /// default: the seeds' in-place overwrites).
     #[arg(long, default_value = "off", value_parser = parse_datacow)]
     datacow: stripefs::DataCow,
+    /// w5-nocow: writer threads (fio jobs), one NOCOW file each.
+    #[arg(long, default_value_t = 4)]
+    writers: usize,
+    /// w5-nocow: threads creating, stating, renaming and unlinking files.
+    #[arg(long, default_value_t = 2)]
+    meta_threads: usize,
+    /// w5-nocow: timed seconds per variant and run.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// w5-nocow: the metadata page cache budget of the timed mounts (`-o meta_cache`).
+    #[arg(long, default_value = "1m", value_parser = crate::size::parse_size)]
+    meta_cache: u64,
 }
 
 fn parse_datacow(s: &str) -> Result<stripefs::DataCow, String> {
@@ -140,6 +159,22 @@ impl BenchArgs {
             inode_cache: self.inode_cache,
         }
     }
+
+    /// The `w5-nocow` workload's parameters.
+    fn nocow_params(&self) -> crate::bench_nocow::NocowParams {
+        crate::bench_nocow::NocowParams {
+            writers: self.writers,
+            meta_threads: self.meta_threads,
+            file_size: if self.file_size == 0 {
+                64 << 20
+            } else {
+                self.file_size
+            },
+            seconds: self.seconds,
+            runs: self.runs.unwrap_or(3).max(1),
+            meta_cache: self.meta_cache,
+        }
+    }
 }
 
 /// One variant's results over all runs.
@@ -175,7 +210,7 @@ pub fn run(a: &BenchArgs) -> Result<i32, String> {
         a.workloads.iter().map(String::as_str).collect()
     };
     std::fs::create_dir_all(&a.dir).map_err(|e| format!("{}: {e}", a.dir.display()))?;
-    let runs = a.runs.max(1);
+    let runs = a.runs.unwrap_or(5).max(1);
     let output = if a.json { Output::Json } else { Output::Table };
     let mut json = Vec::new();
     if output == Output::Table {
@@ -189,11 +224,12 @@ pub fn run(a: &BenchArgs) -> Result<i32, String> {
                 crate::bench_dio::w1(&a.dir, runs, a.threads.max(1), a.datacow, output)?
             }
             "w3-striped-dio" => crate::bench_dio::w3(&a.dir, &w3_params(a)?, runs, output)?,
+            "w5-nocow" => crate::bench_nocow::w5(&a.dir, &a.nocow_params(), output)?,
             "meta" => crate::bench_meta::run(&a.dir, &a.meta_params(), output)?,
             "plot" => crate::bench_meta::plot_only(&a.meta_params())?,
             other => {
                 return Err(format!(
-                    "unknown workload {other:?} (w2-subblock-dirty, w4-metamix, w1-unaligned-dio, w3-striped-dio, meta, plot)"
+                    "unknown workload {other:?} (w2-subblock-dirty, w4-metamix, w1-unaligned-dio, w3-striped-dio, w5-nocow, meta, plot)"
                 ))
             }
         };
@@ -605,6 +641,54 @@ mod tests {
             (&["--target-size", "1m"][..], "--target-size"),
         ] {
             let e = parse(args).unwrap().meta_params().check().unwrap_err();
+            assert!(e.contains(msg), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn nocow_arguments() {
+        let p = parse(&[
+            "-w",
+            "w5-nocow",
+            "--writers",
+            "8",
+            "--meta-threads",
+            "3",
+            "--file-size",
+            "32m",
+            "--seconds",
+            "2.5",
+            "--meta-cache",
+            "512k",
+            "--runs",
+            "5",
+        ])
+        .unwrap()
+        .nocow_params();
+        assert_eq!(
+            (p.writers, p.meta_threads, p.file_size, p.runs, p.meta_cache),
+            (8, 3, 32 << 20, 5, 512 << 10)
+        );
+        assert!((p.seconds - 2.5).abs() < 1e-9);
+        assert!(p.check().is_ok());
+
+        // Defaults: the issue's shape, 3 runs.
+        let p = parse(&["-w", "w5-nocow"]).unwrap().nocow_params();
+        assert_eq!(
+            (p.writers, p.meta_threads, p.file_size, p.runs, p.meta_cache),
+            (4, 2, 64 << 20, 3, 1 << 20)
+        );
+        assert!((p.seconds - 10.0).abs() < 1e-9);
+
+        let e = parse(&["-w", "w5-nocow", "--meta-cache", "lots"]).unwrap_err();
+        assert!(e.to_string().contains("--meta-cache"), "{e}");
+        for (args, msg) in [
+            (&["--writers", "0"][..], "--writers"),
+            (&["--file-size", "5000"][..], "--file-size"),
+            (&["--seconds", "0"][..], "--seconds"),
+            (&["--meta-cache", "64k"][..], "--meta-cache"),
+        ] {
+            let e = parse(args).unwrap().nocow_params().check().unwrap_err();
             assert!(e.contains(msg), "{args:?}: {e}");
         }
     }

@@ -3,6 +3,7 @@
 mod bench;
 mod bench_dio;
 mod bench_meta;
+mod bench_nocow;
 mod evacuate;
 mod fsck;
 mod inspect;
@@ -32,7 +33,7 @@ enum Cmd {
     Fsck(fsck::FsckArgs),
     Io(io::IoArgs),
     Inspect(inspect::InspectArgs),
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     Mount(mount::MountArgs),
     Umount(mount::UmountArgs),
     Remount(remount::RemountArgs),
