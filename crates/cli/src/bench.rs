@@ -18,7 +18,7 @@
 //!   rename files in the same directories, over a small metadata cache and non-empty
 //!   checksum and reference-count trees; `nocow_check = unlocked` vs `locked`, see
 //!   `bench_nocow.rs`; `--writers`, `--meta-threads`, `--file-size`, `--seconds`,
-//!   `--meta-cache`.
+//!   `--meta-cache`, `--meta-rate`.
 //! - `meta` (issue 11): metadata at scale, see `bench_meta.rs`; `--files`, `--dirs`,
 //!   `--file-size`, `--target-size`, `--steps`, `--plot`. One run, not variants.
 //! - `plot`: only draws `--plot` from `--plot-series` files (what `scripts/bench-meta`
@@ -122,6 +122,10 @@ pub struct BenchArgs {
     /// w5-nocow: the metadata page cache budget of the timed mounts (`-o meta_cache`).
     #[arg(long, default_value = "1m", value_parser = crate::size::parse_size)]
     meta_cache: u64,
+    /// w5-nocow: metadata operations per second each metadata thread starts (0: as fast
+    /// as it can, which on a small machine takes the cores from the writers).
+    #[arg(long, default_value_t = 1000.0)]
+    meta_rate: f64,
 }
 
 fn parse_datacow(s: &str) -> Result<stripefs::DataCow, String> {
@@ -173,6 +177,7 @@ impl BenchArgs {
             seconds: self.seconds,
             runs: self.runs.unwrap_or(3).max(1),
             meta_cache: self.meta_cache,
+            meta_rate: self.meta_rate,
         }
     }
 }
@@ -662,6 +667,8 @@ mod tests {
             "512k",
             "--runs",
             "5",
+            "--meta-rate",
+            "0",
         ])
         .unwrap()
         .nocow_params();
@@ -670,6 +677,7 @@ mod tests {
             (8, 3, 32 << 20, 5, 512 << 10)
         );
         assert!((p.seconds - 2.5).abs() < 1e-9);
+        assert_eq!(p.meta_rate, 0.0);
         assert!(p.check().is_ok());
 
         // Defaults: the issue's shape, 3 runs.
@@ -679,6 +687,7 @@ mod tests {
             (4, 2, 64 << 20, 3, 1 << 20)
         );
         assert!((p.seconds - 10.0).abs() < 1e-9);
+        assert!((p.meta_rate - 1000.0).abs() < 1e-9);
 
         let e = parse(&["-w", "w5-nocow", "--meta-cache", "lots"]).unwrap_err();
         assert!(e.to_string().contains("--meta-cache"), "{e}");
@@ -687,6 +696,7 @@ mod tests {
             (&["--file-size", "5000"][..], "--file-size"),
             (&["--seconds", "0"][..], "--seconds"),
             (&["--meta-cache", "64k"][..], "--meta-cache"),
+            (&["--meta-rate=-5"][..], "--meta-rate"),
         ] {
             let e = parse(args).unwrap().nocow_params().check().unwrap_err();
             assert!(e.contains(msg), "{args:?}: {e}");

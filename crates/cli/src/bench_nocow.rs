@@ -60,6 +60,8 @@ pub(crate) struct NocowParams {
     pub runs: usize,
     /// The metadata page cache budget of the timed mounts (`-o meta_cache`).
     pub meta_cache: u64,
+    /// Operations per second each metadata thread starts (0: as fast as it can).
+    pub meta_rate: f64,
 }
 
 impl NocowParams {
@@ -82,6 +84,9 @@ impl NocowParams {
         }
         if !(self.seconds > 0.0 && self.seconds.is_finite()) {
             return Err("--seconds must be positive".into());
+        }
+        if !(self.meta_rate >= 0.0 && self.meta_rate.is_finite()) {
+            return Err("--meta-rate must be 0 or positive".into());
         }
         MetaCacheBytes(self.meta_cache)
             .validate(4096)
@@ -258,16 +263,27 @@ fn deltas(r: &mut RunResult, before: &FsStatus, after: &FsStatus) {
 
 /// One metadata thread: in directory `d`, cycles of create, stat, rename, stat of the
 /// renamed file and of a data file of the directory, unlink of the file made `KEEP`
-/// cycles before; every operation's latency in seconds.
+/// cycles before; every operation's latency in seconds. With `rate` > 0 the `n`th
+/// operation starts no earlier than `n / rate` seconds after the first (a paced client,
+/// as dbench's are, rather than a loop that takes both cores from the writers); its
+/// latency is measured from its start.
 fn meta_thread(
     fs: &Fs,
     d: Ino,
     data_name: &str,
-    k: usize,
+    (k, rate): (usize, f64),
     deadline: Instant,
 ) -> Result<Vec<f64>, String> {
     let mut lat = Vec::with_capacity(1 << 16);
+    let start = Instant::now();
     let mut timed = |f: &mut dyn FnMut() -> Result<(), String>| -> Result<(), String> {
+        if rate > 0.0 {
+            let at = start + Duration::from_secs_f64(lat.len() as f64 / rate);
+            let now = Instant::now();
+            if at > now {
+                std::thread::sleep(at - now);
+            }
+        }
         let t = Instant::now();
         f()?;
         lat.push(t.elapsed().as_secs_f64());
@@ -361,7 +377,7 @@ fn timed_run(
                 let fs = &fs;
                 let d = dirs[k % DIRS];
                 let data_name = format!("nocow-{}", k % DIRS % p.writers);
-                sc.spawn(move || meta_thread(fs, d, &data_name, k, deadline))
+                sc.spawn(move || meta_thread(fs, d, &data_name, (k, p.meta_rate), deadline))
             })
             .collect();
         for h in writers {
@@ -433,10 +449,15 @@ pub(crate) fn w5(dir: &Path, p: &NocowParams, output: Output) -> Result<String, 
     let max = u.meta_max / l.meta_max;
     if output == Output::Table {
         println!(
-            "\nw5-nocow: {} writers, each 4 KiB random buffered overwrites of its own {} MiB NOCOW file with an fsync every {FSYNC_EVERY} writes, while {} threads create/stat/rename/unlink files in the same {DIRS} directories; copy-on-write files and clones interleaved with the NOCOW files fill the checksum and reference-count trees; meta_cache {} KiB; {} s per run, 4 targets, median of {} runs",
+            "\nw5-nocow: {} writers, each 4 KiB random buffered overwrites of its own {} MiB NOCOW file with an fsync every {FSYNC_EVERY} writes, while {} threads create/stat/rename/unlink files in the same {DIRS} directories ({}); copy-on-write files and clones interleaved with the NOCOW files fill the checksum and reference-count trees; meta_cache {} KiB; {} s per run, 4 targets, median of {} runs",
             p.writers,
             p.file_size >> 20,
             p.meta_threads,
+            if p.meta_rate > 0.0 {
+                format!("{} ops/s each", p.meta_rate)
+            } else {
+                "unpaced".to_string()
+            },
             p.meta_cache >> 10,
             p.seconds,
             p.runs.max(1)
@@ -494,12 +515,13 @@ pub(crate) fn w5(dir: &Path, p: &NocowParams, output: Output) -> Result<String, 
         )
     };
     Ok(format!(
-        "{{\"workload\":\"w5-nocow\",\"writers\":{},\"meta_threads\":{},\"file_size\":{},\"seconds\":{},\"meta_cache\":{},\"runs\":{},\"fsync_every\":{FSYNC_EVERY},\"io\":{IO},\"variants\":[{},{}],\"throughput_ratio\":{:.4},\"max_latency_ratio\":{:.4}}}",
+        "{{\"workload\":\"w5-nocow\",\"writers\":{},\"meta_threads\":{},\"file_size\":{},\"seconds\":{},\"meta_cache\":{},\"meta_rate\":{},\"runs\":{},\"fsync_every\":{FSYNC_EVERY},\"io\":{IO},\"variants\":[{},{}],\"throughput_ratio\":{:.4},\"max_latency_ratio\":{:.4}}}",
         p.writers,
         p.meta_threads,
         p.file_size,
         p.seconds,
         p.meta_cache,
+        p.meta_rate,
         p.runs.max(1),
         variant(&u),
         variant(&l),
@@ -530,6 +552,7 @@ mod tests {
             seconds: 0.3,
             runs: 1,
             meta_cache: 256 << 10,
+            meta_rate: 0.0,
         };
         let r = measure(&dir, &p);
         let _ = std::fs::remove_dir_all(&dir);
@@ -554,6 +577,7 @@ mod tests {
             seconds: 10.0,
             runs: 3,
             meta_cache: 1 << 20,
+            meta_rate: 1000.0,
         };
         assert!(ok.check().is_ok());
         for (p, msg) in [
@@ -577,6 +601,13 @@ mod tests {
                     ..ok.clone()
                 },
                 "--seconds",
+            ),
+            (
+                NocowParams {
+                    meta_rate: -1.0,
+                    ..ok.clone()
+                },
+                "--meta-rate",
             ),
             (
                 NocowParams {
