@@ -375,8 +375,11 @@ fn timed_run(
         let meta: Vec<_> = (0..p.meta_threads)
             .map(|k| {
                 let fs = &fs;
-                let d = dirs[k % DIRS];
-                let data_name = format!("nocow-{}", k % DIRS % p.writers);
+                // The directory of writer `j`'s file, so that with fewer writers than
+                // directories every metadata thread still works beside a data file.
+                let j = k % p.writers;
+                let d = dirs[j % DIRS];
+                let data_name = format!("nocow-{j}");
                 sc.spawn(move || meta_thread(fs, d, &data_name, (k, p.meta_rate), deadline))
             })
             .collect();
@@ -545,9 +548,10 @@ mod tests {
     fn smoke_both_variants_write_in_place() {
         let dir = std::env::temp_dir().join(format!("stripefs-w5-smoke-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        // One writer, two metadata threads: both threads work in the writer's directory.
         let p = NocowParams {
-            writers: 2,
-            meta_threads: 1,
+            writers: 1,
+            meta_threads: 2,
             file_size: 1 << 20,
             seconds: 0.3,
             runs: 1,
