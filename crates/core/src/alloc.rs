@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::geometry::Geometry;
+use crate::geometry::{Geometry, TargetGeometry};
 use crate::{BlockSize, CoreError, TargetId};
 
 /// Whose free blocks an allocation draws on.
@@ -97,26 +97,48 @@ pub struct Allocator {
     unapplied: Vec<Busy>,
 }
 
+impl TargetSpace {
+    /// A target whose whole data area is free.
+    fn all_free(t: TargetGeometry) -> Self {
+        let mut free = BTreeMap::new();
+        free.insert(t.data_start, t.data_blocks());
+        TargetSpace {
+            free,
+            free_blocks: t.data_blocks(),
+            reserved: 0,
+            meta_reserve: 0,
+            data_start: t.data_start,
+            blocks: t.blocks,
+        }
+    }
+}
+
 impl Allocator {
+    /// Target `target` joins with its whole data area free (`Record::TargetAdd`).
+    ///
+    /// # Errors
+    /// `Limit` unless `target` is the next index.
+    pub fn add_target(&mut self, target: TargetId, geo: TargetGeometry) -> Result<(), CoreError> {
+        if target.index() != self.targets.len() {
+            return Err(CoreError::Limit(format!(
+                "target {target} added to an allocator of {} targets",
+                self.targets.len()
+            )));
+        }
+        self.targets.push(TargetSpace::all_free(geo));
+        Ok(())
+    }
+
+    /// Targets the allocator knows.
+    #[must_use]
+    pub fn target_count(&self) -> u32 {
+        self.targets.len() as u32
+    }
+
     /// Every data block of every target free.
     #[must_use]
     pub fn new(geo: &Geometry) -> Self {
-        let targets = geo
-            .targets
-            .iter()
-            .map(|t| {
-                let mut free = BTreeMap::new();
-                free.insert(t.data_start, t.data_blocks());
-                TargetSpace {
-                    free,
-                    free_blocks: t.data_blocks(),
-                    reserved: 0,
-                    meta_reserve: 0,
-                    data_start: t.data_start,
-                    blocks: t.blocks,
-                }
-            })
-            .collect();
+        let targets = geo.targets.iter().map(|t| TargetSpace::all_free(*t)).collect();
         Self {
             targets,
             busy: Vec::new(),

@@ -616,7 +616,13 @@ impl ReplayCheck {
                     ));
                 }
             }
-            Record::XattrSet { .. } | Record::XattrRemove { .. } => {}
+            Record::TargetAdd { target, .. } if target.0 != geo.target_count() => {
+                return Err(format!(
+                    "adds target {target} to a file system of {} targets",
+                    geo.target_count()
+                ));
+            }
+            Record::XattrSet { .. } | Record::XattrRemove { .. } | Record::TargetAdd { .. } => {}
         }
         Ok(())
     }

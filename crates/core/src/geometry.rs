@@ -172,9 +172,10 @@ impl Geometry {
             .first()
             .ok_or_else(|| CoreError::Limit("no targets".into()))?;
         for (i, sb) in sbs.iter().enumerate() {
+            // The count is not compared: a target added later says how many targets
+            // there were with it (`targets.md`); membership is the caller's.
             let same = sb.uuid == first.uuid
                 && sb.block_size == first.block_size
-                && sb.target_count == first.target_count
                 && sb.root_slots == first.root_slots
                 && sb.journal_start == first.journal_start
                 && sb.journal_blocks == first.journal_blocks;
@@ -205,6 +206,26 @@ impl Geometry {
             journal_blocks: first.journal_blocks,
             journal_unit: first.journal_unit,
             mkfs_time_sec: first.mkfs_time_sec,
+        })
+    }
+
+    /// The layout of a target of `bytes` bytes added to this file system: its data area
+    /// starts at the same alignment as mkfs gives targets past the first.
+    ///
+    /// # Errors
+    /// `Limit` when the target leaves no data blocks.
+    pub fn plan_added(&self, bytes: u64) -> Result<TargetGeometry, CoreError> {
+        let bs = self.block_size;
+        let blocks = bytes / bs.bytes_u64();
+        let align = bs.blocks_for(DATA_ALIGN_BYTES).max(1);
+        if blocks <= align {
+            return Err(CoreError::Limit(format!(
+                "the new target is too small: {bytes} bytes leave no data blocks after {align} metadata blocks"
+            )));
+        }
+        Ok(TargetGeometry {
+            blocks,
+            data_start: align,
         })
     }
 

@@ -92,6 +92,8 @@ impl MetaState {
                 csums,
             } => self.csums.set(*target, *phys, csums),
             Record::CsumClear { target, phys, len } => self.csums.clear(*target, *phys, *len),
+            // Membership is not part of the model (its geometry is the runtime's).
+            Record::TargetAdd { .. } => {}
             _ => {
                 let ino = rec.subject().expect("every other record names an inode");
                 apply_to(self.get_mut(ino, rec)?, rec)?;
@@ -222,7 +224,10 @@ pub fn apply_to(i: &mut Inode, rec: &Record) -> Result<(), CoreError> {
             }
         }
         Record::SymlinkSet { target, .. } => i.symlink.clone_from(target),
-        Record::RefcountSet { .. } | Record::CsumSet { .. } | Record::CsumClear { .. } => {
+        Record::RefcountSet { .. }
+        | Record::CsumSet { .. }
+        | Record::CsumClear { .. }
+        | Record::TargetAdd { .. } => {
             return Err(misfit(format!("{rec:?} applied to inode {}", i.attrs.ino)));
         }
     }

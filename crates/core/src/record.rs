@@ -84,6 +84,14 @@ pub enum Record {
         phys: u64,
         len: u64,
     },
+    /// Target `target` joins the file system (the commit point of `add-target`,
+    /// `docs/design/targets.md`): its data area `[data_start, blocks)` becomes free
+    /// space. `target` is the member count before it (members are `0..count`).
+    TargetAdd {
+        target: TargetId,
+        blocks: u64,
+        data_start: u64,
+    },
 }
 
 const T_INODE_SET: u8 = 1;
@@ -98,6 +106,7 @@ const T_SYMLINK_SET: u8 = 9;
 const T_REFCOUNT_SET: u8 = 10;
 const T_CSUM_SET: u8 = 11;
 const T_CSUM_CLEAR: u8 = 12;
+const T_TARGET_ADD: u8 = 13;
 
 fn enc_time(e: &mut Enc, t: Timespec) {
     e.i64(t.sec);
@@ -245,6 +254,7 @@ impl Record {
             Record::RefcountSet { .. } => "refcount",
             Record::CsumSet { .. } => "checksum set",
             Record::CsumClear { .. } => "checksum clear",
+            Record::TargetAdd { .. } => "target add",
         }
     }
 
@@ -353,6 +363,16 @@ impl Record {
                 b.u64(*phys);
                 b.u64(*len);
                 T_CSUM_CLEAR
+            }
+            Record::TargetAdd {
+                target,
+                blocks,
+                data_start,
+            } => {
+                b.u32(target.0);
+                b.u64(*blocks);
+                b.u64(*data_start);
+                T_TARGET_ADD
             }
         };
         e.u8(tag);
@@ -487,6 +507,19 @@ impl Record {
                 }
                 Record::CsumClear { target, phys, len }
             }
+            T_TARGET_ADD => {
+                let (target, blocks, data_start) = (TargetId(b.u32()?), b.u64()?, b.u64()?);
+                if data_start == 0 || data_start >= blocks || !phys_run_fits(0, blocks) {
+                    return Err(b.err(format!(
+                        "target {target} added with data area {data_start}..{blocks}"
+                    )));
+                }
+                Record::TargetAdd {
+                    target,
+                    blocks,
+                    data_start,
+                }
+            }
             other => return Err(d.err(format!("unknown record type {other}"))),
         };
         if b.remaining() != 0 {
@@ -524,7 +557,10 @@ impl Record {
             | Record::XattrRemove { ino, .. }
             | Record::SymlinkSet { ino, .. } => Some(*ino),
             Record::DirAdd { dir, .. } | Record::DirRemove { dir, .. } => Some(*dir),
-            Record::RefcountSet { .. } | Record::CsumSet { .. } | Record::CsumClear { .. } => None,
+            Record::RefcountSet { .. }
+            | Record::CsumSet { .. }
+            | Record::CsumClear { .. }
+            | Record::TargetAdd { .. } => None,
         }
     }
 }
@@ -611,6 +647,11 @@ mod tests {
                 target: TargetId(0),
                 phys: 4,
                 len: 9,
+            },
+            Record::TargetAdd {
+                target: TargetId(3),
+                blocks: 4096,
+                data_start: 256,
             },
             Record::InodeFree(Ino(9)),
         ];

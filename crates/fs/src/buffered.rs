@@ -440,7 +440,7 @@ impl Fs {
             return Ok(0);
         }
         let l = i.attrs.layout;
-        let n = self.inner.geo.target_count();
+        let n = self.inner.target_count();
         let mut recs = Vec::new();
         let mut pos = from;
         while pos < from + want {

@@ -8,9 +8,8 @@
 //! record that references the data cannot become durable before the data (ordered data).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
-use stripefs_target::{Batch, IoOp, Target, TargetError};
+use stripefs_target::{Batch, IoOp, TargetError, TargetSet};
 
 /// Per-target write and flush generations (see the module documentation).
 #[derive(Debug)]
@@ -37,7 +36,7 @@ impl DirtyTargets {
     ///
     /// # Errors
     /// The first flush error (the caller decides whether it poisons).
-    pub fn flush(&self, targets: &[Arc<dyn Target>]) -> Result<(), TargetError> {
+    pub fn flush(&self, targets: &TargetSet) -> Result<(), TargetError> {
         let batch = Batch::new();
         let mut issued = Vec::new();
         for (i, t) in targets.iter().enumerate() {

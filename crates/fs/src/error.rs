@@ -108,6 +108,7 @@ impl From<stripefs_meta::MetaError> for FsError {
             MetaError::Poisoned => {
                 FsError::Poisoned("metadata store poisoned by an earlier failed checkpoint".into())
             }
+            e @ MetaError::TargetNotGiven { .. } => FsError::invalid(e.to_string()),
         }
     }
 }

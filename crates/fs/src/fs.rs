@@ -10,7 +10,7 @@ use stripefs_core::layout::StripeLayout;
 use stripefs_core::record::Record;
 use stripefs_core::{BlockSize, CoreError, Ino, TargetId, Uuid};
 use stripefs_meta::{items, JournalMark, Store};
-use stripefs_target::{IoBuf, Target};
+use stripefs_target::{IoBuf, Target, TargetSet};
 
 use crate::error::{FsError, Result};
 use crate::inner::{DeadInode, Freed, FsInner, MetaCore, Txn};
@@ -56,7 +56,7 @@ fn zero_journal(t0: &dyn Target, geo: &Geometry) -> Result<()> {
 }
 
 /// What mount found and did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MountReport {
     /// Journal transactions replayed.
     pub replayed_txns: u64,
@@ -64,6 +64,9 @@ pub struct MountReport {
     pub replayed_records: u64,
     /// Unlinked-but-open inodes freed (orphans left by a crash).
     pub orphans_freed: u64,
+    /// Targets given that are not members: formatted for this file system by an
+    /// `add-target` that never committed (`docs/design/targets.md`), left unused.
+    pub ignored_targets: Vec<String>,
 }
 
 impl Fs {
@@ -194,9 +197,11 @@ impl Fs {
             .map_err(FsError::Invalid)?;
         let pages = Arc::clone(&l.pages);
         let trees = (store, l.pages);
+        let members = TargetSet::new(stripefs_core::btree::pagelog::MAX_TARGETS, l.targets)
+            .map_err(|e| FsError::invalid(e.to_string()))?;
         let inner = Arc::new(FsInner::new(
             l.geo,
-            l.targets,
+            members,
             meta,
             journal,
             trees,
@@ -234,6 +239,7 @@ impl Fs {
             replayed_txns: l.replayed_txns,
             replayed_records,
             orphans_freed: orphans,
+            ignored_targets: l.ignored,
         };
         Ok((fs, report))
     }
@@ -508,7 +514,7 @@ impl Fs {
         let waiting = inner.journal.queued_records() as u64;
         let (room, reserve, running) = {
             let m = inner.meta.lock();
-            let targets = (0..inner.geo.target_count()).map(TargetId);
+            let targets = (0..inner.target_count()).map(TargetId);
             let room: u64 = targets
                 .clone()
                 .map(|t| {
@@ -575,7 +581,7 @@ impl Fs {
     /// Makes the in-memory state complete: direct writes in flight finish, dirty data is
     /// written back, the speculative preallocation of the inodes `trim` selects is
     /// trimmed, and access times kept under `lazytime` are logged. The caller commits.
-    fn settle(&self, trim: impl Fn(&MetaCore, Ino) -> bool) -> Result<()> {
+    pub(crate) fn settle(&self, trim: impl Fn(&MetaCore, Ino) -> bool) -> Result<()> {
         let ios: Vec<_> = {
             let m = self.inner.meta.lock();
             m.inodes.iter().map(|(_, c)| Arc::clone(&c.io)).collect()
@@ -639,8 +645,8 @@ impl Fs {
 
     /// The targets in index order.
     #[must_use]
-    pub fn targets(&self) -> &[Arc<dyn Target>] {
-        &self.inner.targets
+    pub fn targets(&self) -> Vec<Arc<dyn Target>> {
+        self.inner.targets.to_vec()
     }
 
     /// True once a failed flush or metadata write shut the file system down.
@@ -656,7 +662,7 @@ impl Fs {
     pub fn statfs(&self) -> Result<StatFs> {
         self.inner.check()?;
         let m = self.inner.meta.lock();
-        let n = self.inner.geo.target_count();
+        let n = self.inner.target_count();
         let blocks = (0..n).map(|t| m.alloc.data_blocks(TargetId(t))).sum();
         // Busy blocks are free: the allocator commits to reuse them (`commit_for_space`).
         // The metadata reserve is not (XFS's reserved blocks).
@@ -770,7 +776,7 @@ impl Fs {
     #[doc(hidden)]
     pub fn debug_set_meta_reserve(&self, blocks: u64) {
         let mut m = self.inner.meta.lock();
-        for t in 0..self.inner.geo.target_count() {
+        for t in 0..self.inner.target_count() {
             m.alloc.set_meta_reserve(TargetId(t), blocks);
         }
     }
@@ -796,7 +802,7 @@ impl Fs {
 
     /// [`Fs::space_accounting`] under a metadata lock the caller holds.
     pub(crate) fn space_books(&self, m: &MetaCore) -> Vec<SpaceAccount> {
-        let n = self.inner.geo.target_count();
+        let n = self.inner.target_count();
         let mut books: Vec<SpaceAccount> = (0..n)
             .map(|t| {
                 let id = TargetId(t);
@@ -862,7 +868,7 @@ impl Fs {
     /// The first difference, worded as fsck words it, or an inode that could not be read.
     pub fn check_refcounts(&self) -> std::result::Result<(), String> {
         let m = self.inner.meta.lock();
-        let n = self.inner.geo.target_count();
+        let n = self.inner.target_count();
         let mut pieces = Vec::new();
         m.state
             .each_inode(&mut |i| {
@@ -880,7 +886,7 @@ impl Fs {
     #[must_use]
     pub fn shared_blocks(&self) -> u64 {
         let m = self.inner.meta.lock();
-        match m.ref_index(self.inner.geo.target_count()) {
+        match m.ref_index(self.inner.target_count()) {
             Ok(refs) => refs.shared_blocks(),
             Err(e) => {
                 tracing::warn!(error = %e, "shared blocks: the refcount tree could not be read");
@@ -943,7 +949,7 @@ impl Fs {
     /// Default layout for a new regular file.
     pub(crate) fn default_layout(&self, m: &mut MetaCore) -> StripeLayout {
         let g = &self.inner.geo;
-        let first = m.rotor % g.target_count();
+        let first = m.rotor % self.inner.target_count();
         m.rotor = m.rotor.wrapping_add(1);
         StripeLayout {
             count: g.stripe_count,

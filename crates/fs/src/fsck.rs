@@ -131,14 +131,16 @@ pub fn fsck(
 
 /// The walk, the journal and every rule.
 fn check(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) -> Result<Checked> {
-    let opened = recovery::open(targets, MetaCacheBytes::DEFAULT)?;
-    let (geo, store) = (&opened.geo, &opened.store);
-    let mark = store.journal_mark();
+    let mut opened = recovery::open(targets, MetaCacheBytes::DEFAULT)?;
+    let mark = opened.store.journal_mark();
     let mut txns: Vec<(TxnAt, Vec<Record>)> = Vec::new();
-    let end = recovery::read_journal(opened.targets[0].as_ref(), geo, mark, &mut |at, r| {
+    let t0 = Arc::clone(&opened.targets[0]);
+    let end = recovery::read_journal(t0.as_ref(), &opened.geo, mark, &mut |at, r| {
         txns.push((at, r));
         Ok(())
     })?;
+    join_added(&mut opened, &txns)?;
+    let (geo, store) = (&opened.geo, &opened.store);
     progress(FsckStage::Loaded {
         journal_txns: end.txns,
     });
@@ -167,7 +169,7 @@ fn check(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) -> 
     }
     c.page_owners(store)?;
     c.persisted_free_space(store)?;
-    c.free_space_complement();
+    c.free_space_complement(store.members());
     links::link_problems(&mut c);
     links::reachability(&mut c, store)?;
     links::bad_entries(&mut c, store)?;
@@ -250,6 +252,34 @@ fn check(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) -> 
         opened,
     })
 }
+/// The targets the journal's `TargetAdd` records add, given before the walk so that its
+/// block map covers their blocks (the replay below applies the records themselves).
+///
+/// # Errors
+/// As [`recovery::Candidates::take`]; a target past the store's capacity.
+fn join_added(o: &mut recovery::Opened, txns: &[(TxnAt, Vec<Record>)]) -> Result<()> {
+    for (at, recs) in txns {
+        for rec in recs {
+            if let Record::TargetAdd {
+                target,
+                blocks,
+                data_start,
+            } = rec
+            {
+                let area = (*data_start, *blocks);
+                let (_, t) = o.candidates.take(&at.to_string(), *target, area)?;
+                o.store.give_target(Arc::clone(&t))?;
+                o.geo.targets.push(stripefs_core::geometry::TargetGeometry {
+                    data_start: area.0,
+                    blocks: area.1,
+                });
+                o.targets.push(t);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Walks tree `tree`: every page verified and its blocks claimed, every item checked in
 /// key order. Returns the number of pages.
 ///

@@ -18,7 +18,7 @@ use stripefs_core::geometry::Geometry;
 use stripefs_core::record::Record;
 use stripefs_core::Ino;
 use stripefs_target::{
-    BufPool, FaultInjector, FaultPoint, OpKind, Target, TargetError, TargetErrorKind,
+    BufPool, FaultInjector, FaultPoint, OpKind, TargetError, TargetErrorKind, TargetSet,
 };
 
 use crate::dirty::DirtyTargets;
@@ -395,8 +395,12 @@ pub(crate) struct BgControl {
 /// The shared state of a mounted file system.
 #[derive(Debug)]
 pub(crate) struct FsInner {
+    /// The geometry as mounted; its `targets` are the members at mount. The members now
+    /// are [`FsInner::targets`] ([`FsInner::target_count`]): `add-target` grows them.
     pub geo: Geometry,
-    pub targets: Vec<Arc<dyn Target>>,
+    /// The members in index order; grows (never shrinks) while others read it, changed
+    /// only by `Fs::add_target` with every change excluded (`docs/design/targets.md`).
+    pub targets: TargetSet,
     pub meta: MetaLock,
     pub journal: Journal,
     /// The metadata trees, the persistent form of the metadata: the checkpoint applies
@@ -487,7 +491,7 @@ pub(crate) const IDLE_BUFFER_BYTES: usize = 64 << 20;
 impl FsInner {
     pub fn new(
         geo: Geometry,
-        targets: Vec<Arc<dyn Target>>,
+        targets: TargetSet,
         meta: MetaCore,
         journal: Journal,
         trees: (Arc<stripefs_meta::Store>, Arc<crate::metapages::MetaPages>),
@@ -495,8 +499,8 @@ impl FsInner {
     ) -> Self {
         let faults = opts.faults.clone();
         let cache = stripefs_iomap::cache::PageCache::new(opts.cache, geo.block_size.bytes());
-        let dirty = DirtyTargets::new(targets.len());
-        let states = crate::placement::TargetStates::new(targets.len());
+        let dirty = DirtyTargets::new(stripefs_core::btree::pagelog::MAX_TARGETS);
+        let states = crate::placement::TargetStates::new(stripefs_core::btree::pagelog::MAX_TARGETS);
         let csum_overlay = Arc::clone(&meta.csums);
         let ref_overlay = Arc::clone(&meta.refs);
         Self {
@@ -542,6 +546,13 @@ impl FsInner {
             states,
             evacuated_blocks: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The members now. Stable for a call that holds [`FsInner::begin_change`]'s guard
+    /// (an add excludes every change while it publishes a member): what such a call
+    /// computes from it, home targets above all, agrees from its start to its end.
+    pub fn target_count(&self) -> u32 {
+        self.targets.len() as u32
     }
 
     /// Takes the metadata lock with `inos` in core, reading each one that is not from the
@@ -796,7 +807,7 @@ impl FsInner {
     /// lock for a moment.
     pub fn meta_reserve_bytes(&self) -> u64 {
         let m = self.meta.lock();
-        let blocks: u64 = (0..self.geo.target_count())
+        let blocks: u64 = (0..self.target_count())
             .map(|t| m.alloc.meta_reserve(stripefs_core::TargetId(t)))
             .sum();
         self.geo.block_size.to_bytes(blocks)
@@ -823,7 +834,7 @@ impl FsInner {
     /// # Errors
     /// `NoSpace` when every target is read-only.
     pub fn place(&self, home: stripefs_core::TargetId) -> Result<stripefs_core::TargetId> {
-        self.states.place(home).ok_or_else(|| {
+        self.states.place(home, self.target_count()).ok_or_else(|| {
             FsError::NoSpace(format!(
                 "no writable target for new blocks (home target {home})"
             ))

@@ -227,7 +227,7 @@ impl Fs {
     ) -> Result<()> {
         let bs = self.inner.geo.block_size;
         let l = mapper.layout;
-        let n = self.inner.geo.target_count();
+        let n = self.inner.target_count();
         let m = self.inner.meta.lock();
         let i = inode(&m, mapper.ino)?;
         let mut need = vec![0u64; n as usize];

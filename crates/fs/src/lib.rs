@@ -53,6 +53,7 @@ mod refcount;
 mod reflink;
 mod replay;
 mod scrub;
+mod targets;
 mod types;
 mod wbgroup;
 

@@ -353,7 +353,7 @@ impl<'a> FileMapper<'a> {
     /// allocations are reserved and its new blocks placed.
     pub(crate) fn home(&self, object: u32) -> TargetId {
         self.layout
-            .target_of(object, self.fs.inner.geo.target_count())
+            .target_of(object, self.fs.inner.target_count())
     }
 
     /// Where on `target` to look for free blocks first: right after the previous object

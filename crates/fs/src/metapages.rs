@@ -44,8 +44,12 @@ pub(crate) struct MetaPages {
     space: Space,
     page_blocks: u64,
     rotor: AtomicU32,
-    /// Blocks held by pages (allocated and not yet freed by the store), per target.
+    /// Blocks held by pages (allocated and not yet freed by the store), per target, with
+    /// room for every target a file system may have.
     live: Vec<AtomicU64>,
+    /// Targets pages may go to: the trees' members (`Store::members`), grown when a
+    /// `TargetAdd` is applied to the trees (`PageAlloc::add_member`).
+    members: AtomicU32,
 }
 
 impl MetaPages {
@@ -54,7 +58,10 @@ impl MetaPages {
             space,
             page_blocks: geo.page_blocks(),
             rotor: AtomicU32::new(0),
-            live: geo.targets.iter().map(|_| AtomicU64::new(0)).collect(),
+            live: (0..stripefs_core::btree::pagelog::MAX_TARGETS)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            members: AtomicU32::new(geo.target_count()),
         }
     }
 
@@ -67,6 +74,11 @@ impl MetaPages {
     /// called; until then the trees are only read.
     pub fn for_mount(geo: &Geometry) -> MetaPages {
         MetaPages::with_space(geo, Space::Mounted(OnceLock::new()))
+    }
+
+    /// The trees' members as the store opened them (the page log's count).
+    pub fn set_members(&self, members: u32) {
+        self.members.store(members, Ordering::Release);
     }
 
     /// Connects a mount's pages to its file system's allocator.
@@ -143,7 +155,7 @@ impl MetaPages {
 
 impl PageAlloc for MetaPages {
     fn alloc(&self, n: usize) -> Result<Vec<PageAddr>, MetaError> {
-        let targets = self.live.len() as u32;
+        let targets = self.members.load(Ordering::Acquire);
         let share = (n as u64).div_ceil(u64::from(targets)).max(1);
         self.with_alloc(|a, read_only| {
             let mut out = Vec::with_capacity(n);
@@ -166,6 +178,10 @@ impl PageAlloc for MetaPages {
             }
             Ok(out)
         })?
+    }
+
+    fn add_member(&self, target: TargetId) {
+        self.members.store(target.0 + 1, Ordering::Release);
     }
 
     fn free(&self, pages: &[PageAddr]) {

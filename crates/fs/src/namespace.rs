@@ -419,18 +419,19 @@ impl Fs {
 
     fn check_layout(&self, l: StripeLayout) -> Result<StripeLayout> {
         let g = &self.inner.geo;
+        let n = self.inner.target_count();
         let ok = l.count >= 1
-            && l.count <= g.target_count()
+            && l.count <= n
             && l.unit_bytes > 0
             && l.unit_bytes.is_multiple_of(g.block_size.bytes())
-            && l.first_target < g.target_count();
+            && l.first_target < n;
         if !ok {
             return Err(FsError::invalid(format!(
                 "stripe layout {}x{} from target {} does not fit {} targets of {}-byte blocks",
                 l.count,
                 l.unit_bytes,
                 l.first_target,
-                g.target_count(),
+                n,
                 g.block_size.bytes()
             )));
         }

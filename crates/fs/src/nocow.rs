@@ -425,7 +425,7 @@ impl crate::Fs {
             .map(|(t, b)| ((t.0, b), "checksummed"))
             .collect();
         let refs = m
-            .ref_index(self.inner.geo.target_count())
+            .ref_index(self.inner.target_count())
             .map_err(|e| e.to_string())?;
         for (t, start, e) in refs.iter() {
             if e.count >= 2 {

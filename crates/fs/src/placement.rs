@@ -101,10 +101,12 @@ impl TargetStates {
         }
     }
 
-    /// Where new blocks whose home is `home` go: `home` unless it is read-only, else the
-    /// next writable target after it (`None` if every target is read-only).
-    pub fn place(&self, home: TargetId) -> Option<TargetId> {
-        let n = self.words.len() as u32;
+    /// Where new blocks whose home is `home` go, among the file system's `targets`:
+    /// `home` unless it is read-only, else the next writable target after it (`None` if
+    /// every target is read-only).
+    pub fn place(&self, home: TargetId, targets: u32) -> Option<TargetId> {
+        debug_assert!(targets as usize <= self.words.len() && home.0 < targets);
+        let n = targets;
         (0..n)
             .map(|k| TargetId((home.0 + k) % n))
             .find(|&t| !self.is_read_only(t))
@@ -166,7 +168,7 @@ mod tests {
         assert!(!s.set_read_only(t), "already read-only");
         assert!(!s.enter_in_place(t), "no writer admitted once read-only");
         assert_eq!(s.writers(t), 1);
-        assert_eq!(s.place(t), Some(TargetId(2)));
+        assert_eq!(s.place(t, 3), Some(TargetId(2)));
         let s2 = std::sync::Arc::clone(&s);
         let leaver = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(30));
@@ -176,7 +178,7 @@ mod tests {
         assert_eq!(s.writers(t), 0);
         leaver.join().unwrap();
         s.clear_read_only(t);
-        assert_eq!(s.place(t), Some(t));
+        assert_eq!(s.place(t, 3), Some(t));
         assert!(s.enter_in_place(t));
     }
 
@@ -184,8 +186,8 @@ mod tests {
     fn placement_wraps_and_fails_only_when_everything_is_read_only() {
         let s = TargetStates::new(2);
         assert!(s.set_read_only(TargetId(1)));
-        assert_eq!(s.place(TargetId(1)), Some(TargetId(0)));
+        assert_eq!(s.place(TargetId(1), 2), Some(TargetId(0)));
         assert!(s.set_read_only(TargetId(0)));
-        assert_eq!(s.place(TargetId(0)), None);
+        assert_eq!(s.place(TargetId(0), 2), None);
     }
 }

@@ -29,8 +29,11 @@ use crate::replay::Replayer;
 #[derive(Debug)]
 pub(crate) struct Loaded {
     pub geo: Geometry,
-    /// Targets sorted by their superblock index.
+    /// The members sorted by index.
     pub targets: Vec<Arc<dyn Target>>,
+    /// Targets given that are not members: formatted by an `add-target` that never
+    /// committed (ignored, `targets.md`).
+    pub ignored: Vec<String>,
     /// The metadata trees as the durable root record leaves them, with the replayed
     /// transactions applied in memory (not yet written: the mount's checkpoint does).
     pub store: Store,
@@ -85,7 +88,7 @@ pub(crate) fn read_superblocks(targets: Vec<Arc<dyn Target>>) -> Result<Ordered>
         }
         found.push((sb, t));
     }
-    let (uuid, count) = (found[0].0.uuid, found[0].0.target_count as usize);
+    let uuid = found[0].0.uuid;
     for (sb, t) in &found[1..] {
         if sb.uuid != uuid {
             return Err(FsError::invalid(format!(
@@ -107,24 +110,71 @@ pub(crate) fn read_superblocks(targets: Vec<Arc<dyn Target>>) -> Result<Ordered>
             )));
         }
     }
-    if found.len() != count {
-        let have: Vec<u32> = found.iter().map(|(sb, _)| sb.target_index.0).collect();
-        let missing: Vec<String> = (0..count as u32)
-            .filter(|i| !have.contains(i))
-            .map(|i| i.to_string())
-            .collect();
+    // Target 0's superblock counts the targets of mkfs; targets added later
+    // (`targets.md`) follow them in index order, members once their `TargetAdd` is.
+    let have: Vec<u32> = found.iter().map(|(sb, _)| sb.target_index.0).collect();
+    let count = if have[0] == 0 {
+        found[0].0.target_count
+    } else {
+        1
+    };
+    let missing: Vec<String> = (0..count.max(have.len() as u32))
+        .filter(|i| !have.contains(i))
+        .map(|i| i.to_string())
+        .collect();
+    if !missing.is_empty() {
         return Err(FsError::invalid(format!(
-            "file system {uuid} has {count} targets but {} were given (missing target index {})",
-            found.len(),
-            if missing.is_empty() {
-                "none".to_string()
+            "file system {uuid} has {count} targets from mkfs{} but {} were given (missing target index {})",
+            if have.len() as u32 > count {
+                " and more added"
             } else {
-                missing.join(", ")
-            }
+                ""
+            },
+            found.len(),
+            missing.join(", ")
         )));
     }
     let (sbs, ts) = found.into_iter().unzip();
     Ok((ts, sbs))
+}
+
+/// Targets given at mount past the trees' members: each becomes a member if the
+/// journal replays its `TargetAdd`; the rest are adds that never committed.
+#[derive(Debug, Default)]
+pub(crate) struct Candidates {
+    pub list: Vec<(Superblock, Arc<dyn Target>)>,
+}
+
+impl Candidates {
+    /// Target `index` for a replayed `TargetAdd` of `(data_start, blocks)`.
+    ///
+    /// # Errors
+    /// `Invalid` when it was not given (naming the transaction); `Corrupted` when its
+    /// superblock does not describe what the record adds.
+    pub fn take(
+        &mut self,
+        at: &str,
+        index: stripefs_core::TargetId,
+        (data_start, blocks): (u64, u64),
+    ) -> Result<(Superblock, Arc<dyn Target>)> {
+        let Some(pos) = self.list.iter().position(|(sb, _)| sb.target_index == index) else {
+            return Err(FsError::invalid(format!(
+                "{at} adds target {index} ({blocks} blocks) to this file system, and no target with index {index} was given: give its path too"
+            )));
+        };
+        let (sb, t) = self.list.remove(pos);
+        if sb.data_start != data_start || sb.target_blocks != blocks {
+            return Err(CoreError::corrupted(
+                format!("superblock of target {}", t.info().name),
+                format!(
+                    "says data blocks {}..{} but {at} adds target {index} with {data_start}..{blocks}",
+                    sb.data_start, sb.target_blocks
+                ),
+            )
+            .into());
+        }
+        Ok((sb, t))
+    }
 }
 
 /// The metadata store's configuration for `geo`.
@@ -153,6 +203,9 @@ pub(crate) struct Opened {
     pub store: Store,
     /// Their page allocation (not attached to an allocator yet).
     pub pages: Arc<MetaPages>,
+    /// Targets given past the members (`TargetAdd`s in the journal, or adds that never
+    /// committed).
+    pub candidates: Candidates,
 }
 
 /// Opens the file system read-only: superblocks, geometry, the trees' root record.
@@ -160,16 +213,29 @@ pub(crate) struct Opened {
 /// # Errors
 /// As [`read_superblocks`]; `Corrupted` for damaged root records.
 pub(crate) fn open(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Result<Opened> {
-    let (targets, sbs) = read_superblocks(targets)?;
-    let geo = Geometry::from_superblocks(&sbs)?;
-    let pages = Arc::new(MetaPages::for_mount(&geo));
+    let (mut targets, mut sbs) = read_superblocks(targets)?;
+    let all = Geometry::from_superblocks(&sbs)?;
+    let pages = Arc::new(MetaPages::for_mount(&all));
     let alloc: Arc<dyn stripefs_meta::PageAlloc> = Arc::clone(&pages) as _;
-    let store = Store::open(store_config(&geo, cache), targets.clone(), alloc)?;
+    let store = Store::open(store_config(&all, cache), targets.clone(), alloc)?;
+    let members = store.members() as usize;
+    if members < sbs[0].target_count as usize {
+        let d = format!(
+            "counts {members} targets, fewer than the {} of mkfs",
+            sbs[0].target_count
+        );
+        return Err(CoreError::corrupted("metadata page log", d).into());
+    }
+    pages.set_members(members as u32);
+    let candidates = Candidates {
+        list: sbs.split_off(members).into_iter().zip(targets.split_off(members)).collect(),
+    };
     Ok(Opened {
-        geo,
+        geo: Geometry::from_superblocks(&sbs)?,
         targets,
         store,
         pages,
+        candidates,
     })
 }
 
@@ -181,23 +247,40 @@ pub(crate) fn open(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
 pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Result<Loaded> {
     let Opened {
         geo,
-        targets,
+        mut targets,
         store,
         pages,
+        candidates,
     } = open(targets, cache)?;
     // No walk of the pages: the free space is the space tree's (metadata.md, "Persisted
     // free space").
     let mark = store.journal_mark();
-    let t0 = targets[0].as_ref();
-    let mut r = Replayer::new(&store, &geo, replay_window_keys(&geo, cache));
-    let end = read_journal(t0, &geo, mark, &mut |at, recs| r.push(at, recs));
+    let t0 = Arc::clone(&targets[0]);
+    let window = replay_window_keys(&geo, cache);
+    let mut r = Replayer::new(&store, geo.clone(), candidates, window);
+    let end = read_journal(t0.as_ref(), &geo, mark, &mut |at, recs| r.push(at, recs));
     // The window's transactions come before whatever ended the read: their errors first.
     r.finish()?;
     let end = end?;
     let replayed_records = r.records;
+    let (geo, added, left) = r.into_members();
+    targets.extend(added);
+    let ignored = left
+        .into_iter()
+        .map(|(sb, t)| {
+            let name = t.info().name.to_string();
+            tracing::warn!(
+                target = %name,
+                index = sb.target_index.0,
+                "ignoring a target formatted for this file system whose add-target never committed; add-target may use it again"
+            );
+            name
+        })
+        .collect();
     Ok(Loaded {
         geo,
         targets,
+        ignored,
         store,
         pages,
         mark,

@@ -27,25 +27,33 @@
 //! The order of application never changes; the read-ahead only moves the reads earlier.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use stripefs_core::alloc::Allocator;
 use stripefs_core::btree::Key;
 use stripefs_core::check::{extent_problem, layout_problem, name_problem};
 use stripefs_core::extent::Extent;
-use stripefs_core::geometry::Geometry;
+use stripefs_core::geometry::{Geometry, TargetGeometry};
 use stripefs_core::inode::FileKind;
 use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
-use stripefs_core::{CoreError, Ino};
+use stripefs_core::superblock::Superblock;
+use stripefs_core::{CoreError, Ino, TargetId};
+use stripefs_target::Target;
 use stripefs_meta::{items, Store};
 
 use crate::error::Result;
-use crate::recovery::TxnAt;
+use crate::recovery::{Candidates, TxnAt};
 
 /// The replay's view of the inodes it touched.
 pub(crate) struct Replayer<'a> {
     store: &'a Store,
-    geo: &'a Geometry,
+    /// The members' geometry, grown by each replayed `TargetAdd`.
+    geo: Geometry,
+    /// Targets given past the members, for replayed `TargetAdd`s.
+    candidates: Candidates,
+    /// Targets replayed `TargetAdd`s made members, in index order.
+    added: Vec<Arc<dyn Target>>,
     /// Every inode a replayed record named, as the replay left it (absent: freed, or not
     /// in the trees).
     partial: MetaState,
@@ -79,15 +87,22 @@ struct Touched {
 impl<'a> Replayer<'a> {
     /// A replayer that reads ahead the pages of up to `window_keys` distinct keys at a
     /// time (at least 1).
-    pub fn new(store: &'a Store, geo: &'a Geometry, window_keys: usize) -> Self {
+    pub fn new(
+        store: &'a Store,
+        geo: Geometry,
+        candidates: Candidates,
+        window_keys: usize,
+    ) -> Self {
         Self {
             store,
+            area: Allocator::new(&geo),
             geo,
+            candidates,
+            added: Vec::new(),
             partial: MetaState::new(),
             seen: BTreeSet::new(),
             existed: BTreeSet::new(),
             created: BTreeMap::new(),
-            area: Allocator::new(geo),
             records: 0,
             window: Vec::new(),
             keys: Vec::new(),
@@ -113,6 +128,34 @@ impl<'a> Replayer<'a> {
                 return self.flush();
             }
         }
+        Ok(())
+    }
+
+    /// The members' geometry after the replay, the targets it made members, and the
+    /// targets given that it did not (adds that never committed).
+    pub fn into_members(self) -> (Geometry, Vec<Arc<dyn Target>>, Vec<(Superblock, Arc<dyn Target>)>) {
+        (self.geo, self.added, self.candidates.list)
+    }
+
+    /// A replayed `TargetAdd`: its target, given at mount, joins the store, the
+    /// geometry and the scratch map before the record is applied to the trees.
+    fn join(&mut self, at: TxnAt, target: TargetId, area: (u64, u64)) -> Result<()> {
+        if target.0 != self.geo.target_count() {
+            let d = format!(
+                "adds target {target} to a file system of {} targets",
+                self.geo.target_count()
+            );
+            return Err(CoreError::corrupted(at.to_string(), d).into());
+        }
+        let (_, t) = self.candidates.take(&at.to_string(), target, area)?;
+        self.store.give_target(Arc::clone(&t))?;
+        let g = TargetGeometry {
+            data_start: area.0,
+            blocks: area.1,
+        };
+        self.geo.targets.push(g);
+        self.area.add_target(target, g)?;
+        self.added.push(t);
         Ok(())
     }
 
@@ -188,6 +231,14 @@ impl<'a> Replayer<'a> {
             if let Record::DirAdd { dir, name, .. } | Record::DirRemove { dir, name } = rec {
                 self.touch_entry(*dir, name)?;
             }
+            if let Record::TargetAdd {
+                target,
+                blocks,
+                data_start,
+            } = rec
+            {
+                self.join(at, *target, (*data_start, *blocks))?;
+            }
             self.before(rec).map_err(named)?;
             self.unlinked(rec, &mut t);
             // Checksums are about blocks, not the inodes this partial model checks: the
@@ -229,7 +280,7 @@ impl<'a> Replayer<'a> {
                     },
                     |i| i.objects.len(),
                 );
-                layout_problem(a, objects, self.geo).map_or(Ok(()), Err)
+                layout_problem(a, objects, &self.geo).map_or(Ok(()), Err)
             }
             Record::InodeFree(ino) if *ino == Ino::ROOT => Err("root inode 1 is freed".into()),
             Record::ExtentSet {

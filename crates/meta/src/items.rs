@@ -117,7 +117,7 @@ pub fn record_keys(uuid: Uuid, rec: &Record) -> Vec<Key> {
             keys.push(k(*target, phys.saturating_sub(1)));
             keys.push(k(*target, *phys));
         }
-        Record::InodeSet(_) | Record::InodeFree(_) => {}
+        Record::InodeSet(_) | Record::InodeFree(_) | Record::TargetAdd { .. } => {}
     }
     keys
 }
@@ -396,6 +396,11 @@ impl<'a> Items<'a> {
             Record::CsumClear { target, phys, len } => {
                 crate::csum::clear(self.store, *target, *phys, *len)
             }
+            Record::TargetAdd {
+                target,
+                blocks,
+                data_start,
+            } => self.store.add_member(*target, (*data_start, *blocks)),
         }
     }
 

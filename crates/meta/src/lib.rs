@@ -30,7 +30,7 @@ use stripefs_core::btree::root::{RootRecord, ROOT_RECORD_BYTES};
 use stripefs_core::btree::tree::{Miss, Node, PageSource, Tree, WritePlan, WrittenPage};
 use stripefs_core::btree::{Key, TreeId};
 use stripefs_core::{BlockSize, CoreError, TargetId, Uuid};
-use stripefs_target::{Batch, IoBuf, IoOp, Target, TargetError};
+use stripefs_target::{Batch, IoBuf, IoOp, Target, TargetError, TargetSet};
 
 pub use cache::{CacheStats, PageCache};
 pub use space::SpaceBooks;
@@ -58,6 +58,14 @@ pub enum MetaError {
     /// An earlier checkpoint failed; the trees must be reopened.
     #[error("metadata store poisoned by an earlier failed checkpoint")]
     Poisoned,
+    /// The trees are on target `target`, a member (added after mkfs: the durable
+    /// generation `generation` counts it), which was not given.
+    #[error("target {target} is a member of this file system (checkpoint generation {generation} counts {members} targets) but was not given: give its path too")]
+    TargetNotGiven {
+        target: TargetId,
+        members: u32,
+        generation: u64,
+    },
 }
 
 /// Where pages come from and go back to.
@@ -70,6 +78,10 @@ pub trait PageAlloc: Send + Sync + fmt::Debug {
 
     /// Pages no tree reaches any more (their generation's successor is durable).
     fn free(&self, pages: &[PageAddr]);
+
+    /// Target `target` became a member (a `TargetAdd` applied to the trees): pages may
+    /// go there from now on. Nothing by default.
+    fn add_member(&self, _target: TargetId) {}
 }
 
 /// Where the two root record slots are: byte offsets on one target, each one sector.
@@ -109,7 +121,9 @@ pub struct JournalMark {
 #[derive(Debug)]
 pub struct Store {
     cfg: StoreConfig,
-    targets: Vec<Arc<dyn Target>>,
+    /// Every target given (members first, then targets a replayed `TargetAdd` may make
+    /// members); the members are the page log's count (`Store::members`).
+    targets: TargetSet,
     alloc: Arc<dyn PageAlloc>,
     trees: Vec<RwLock<Tree>>,
     cache: PageCache,
@@ -166,6 +180,7 @@ impl Store {
             .map(|t| RwLock::new(Tree::create(*t, cfg.page_size, Generation(1))))
             .collect();
         let log = pagelog::Durable::empty(targets.len());
+        let targets = target_set(targets).expect("mkfs refuses more than MAX_TARGETS targets");
         Store::with_trees(cfg, targets, alloc, trees, JournalMark::default(), log)
     }
 
@@ -181,6 +196,8 @@ impl Store {
         alloc: Arc<dyn PageAlloc>,
     ) -> Result<Store, MetaError> {
         let rec = read_root(&cfg, &targets)?;
+        let given = targets.clone();
+        let targets = target_set(targets)?;
         if rec.page_size != cfg.page_size {
             let d = format!("page size {} on disk", rec.page_size.bytes());
             return Err(CoreError::corrupted("metadata root record", d).into());
@@ -199,16 +216,22 @@ impl Store {
             seq: rec.journal_seq,
         };
         let log = pagelog::Durable::empty(targets.len());
-        let store = Store::with_trees(cfg, targets, alloc, trees, mark, log);
+        let mut store = Store::with_trees(cfg, targets, alloc, trees, mark, log);
         if cfg.space == SpaceBooks::Kept {
             pagelog::open(&store, &rec)?;
+            // Targets past the members wait for a replayed `TargetAdd`, which gives
+            // them again (`Store::give_target`) in its order.
+            let members = store.members() as usize;
+            if members < given.len() {
+                store.targets = target_set(given[..members].to_vec())?;
+            }
         }
         Ok(store)
     }
 
     fn with_trees(
         cfg: StoreConfig,
-        targets: Vec<Arc<dyn Target>>,
+        targets: TargetSet,
         alloc: Arc<dyn PageAlloc>,
         trees: Vec<RwLock<Tree>>,
         mark: JournalMark,
@@ -226,6 +249,64 @@ impl Store {
             ahead: Mutex::new(HashMap::new()),
             poisoned: AtomicBool::new(false),
         }
+    }
+
+    /// Gives the store `t` as its next target (index [`Store::targets_given`] before the
+    /// call): a target a `TargetAdd` will make a member (`add-target`, or a replayed
+    /// one). Pages go there only once it is a member.
+    ///
+    /// # Errors
+    /// `Corrupted(Limit)` past [`stripefs_core::btree::pagelog::MAX_TARGETS`].
+    pub fn give_target(&self, t: Arc<dyn Target>) -> Result<TargetId, MetaError> {
+        let i = self
+            .targets
+            .push(t)
+            .map_err(|e| MetaError::Corrupted(CoreError::Limit(e.to_string())))?;
+        Ok(TargetId(i as u32))
+    }
+
+    /// Targets given to the store (members and those waiting to become members).
+    #[must_use]
+    pub fn targets_given(&self) -> u32 {
+        self.targets.len() as u32
+    }
+
+    /// Members: the targets the trees' free space covers (the page log's count; grows
+    /// when a `TargetAdd` is applied).
+    #[must_use]
+    pub fn members(&self) -> u32 {
+        self.log.lock().pages.len() as u32
+    }
+
+    /// Applies a `TargetAdd`: `target`, given already, becomes a member, its data area
+    /// `[data_start, blocks)` free space.
+    ///
+    /// # Errors
+    /// `Corrupted` unless `target` is the next member; `TargetNotGiven` when it was not
+    /// given; the space tree's errors.
+    pub(crate) fn add_member(
+        &self,
+        target: TargetId,
+        (data_start, blocks): (u64, u64),
+    ) -> Result<(), MetaError> {
+        let members = self.members();
+        if target.0 != members {
+            let d = format!("adds target {target} to {members} members");
+            return Err(CoreError::corrupted("target add record", d).into());
+        }
+        if target.0 >= self.targets_given() {
+            return Err(MetaError::TargetNotGiven {
+                target,
+                members: members + 1,
+                generation: self.durable_generation().0,
+            });
+        }
+        if self.keeps_space() {
+            space::give(self, target, data_start, blocks - data_start)?;
+        }
+        self.log.lock().pages.push(0);
+        self.alloc.add_member(target);
+        Ok(())
     }
 
     fn tree(&self, t: TreeId) -> &RwLock<Tree> {
@@ -956,6 +1037,12 @@ impl PageSource for Ahead<'_> {
 fn tree_of(key: &Key) -> TreeId {
     stripefs_core::btree::KeyKind::from_code(key.kind)
         .map_or_else(|| panic!("key {key} of no known kind"), |k| k.tree())
+}
+
+/// The store's target list, with room for every target a file system may have.
+fn target_set(targets: Vec<Arc<dyn Target>>) -> Result<TargetSet, MetaError> {
+    TargetSet::new(stripefs_core::btree::pagelog::MAX_TARGETS, targets)
+        .map_err(|e| MetaError::Corrupted(CoreError::Limit(e.to_string())))
 }
 
 /// Reads both slots and returns the newest valid record.

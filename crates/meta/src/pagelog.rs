@@ -29,7 +29,7 @@ use crate::{MetaError, Store};
 #[derive(Debug)]
 pub(crate) struct Durable {
     blocks: Vec<PageAddr>,
-    pages: Vec<u64>,
+    pub(crate) pages: Vec<u64>,
     /// Its changes, until they are folded into the open space tree.
     pending: Vec<LogEntry>,
 }
@@ -107,8 +107,11 @@ impl Store {
                 t.dirty_count() + t.superseded_count()
             })
             .sum();
-        let entries = changes + 2 * more + self.log.lock().blocks.len();
-        codec::blocks_for(self.cfg.page_size, self.targets.len(), entries)
+        let (blocks, members) = {
+            let d = self.log.lock();
+            (d.blocks.len(), d.pages.len())
+        };
+        codec::blocks_for(self.cfg.page_size, members, changes + 2 * more + blocks)
     }
 
     /// The log of the frozen generation whose pages go to `addrs`, in `log_addrs` (made
@@ -133,7 +136,7 @@ impl Store {
             entries.extend(f.superseded().into_iter().map(|a| entry(LogOp::Freed, a)));
         }
         entries.extend(durable.blocks.iter().map(|&a| entry(LogOp::Freed, a)));
-        let k = codec::blocks_for(self.cfg.page_size, self.targets.len(), entries.len());
+        let k = codec::blocks_for(self.cfg.page_size, durable.pages.len(), entries.len());
         if k > log_addrs.len() {
             log_addrs.extend(self.alloc.alloc(k - log_addrs.len())?);
         } else {
@@ -234,7 +237,7 @@ pub(crate) fn open(store: &Store, rec: &RootRecord) -> Result<(), MetaError> {
 }
 
 fn read(store: &Store, g: Generation, r: LogRef) -> Result<(PageLog, Vec<PageAddr>), MetaError> {
-    let ctx = (
+    let mut ctx = (
         store.cfg.page_size,
         store.cfg.uuid,
         store.targets.len() as u32,
@@ -242,16 +245,30 @@ fn read(store: &Store, g: Generation, r: LogRef) -> Result<(PageLog, Vec<PageAdd
     let mut log = PageLog::default();
     let mut blocks = Vec::with_capacity(r.blocks as usize);
     let mut at = r.first;
+    let not_given = |target: TargetId, members: u32| MetaError::TargetNotGiven {
+        target,
+        members,
+        generation: g.0,
+    };
     for i in 0..r.blocks {
-        let t = store.targets.get(at.target.index()).ok_or_else(|| {
+        let Some(t) = store.targets.get(at.target.index()) else {
+            if at.target.index() < codec::MAX_TARGETS {
+                return Err(not_given(at.target, at.target.0 + 1));
+            }
             let what = format!("metadata page log of generation {g}, block {i}");
-            CoreError::corrupted(what, format!("at {at}: no such target"))
-        })?;
+            return Err(CoreError::corrupted(what, format!("at {at}: no such target")).into());
+        };
         let offset = store.cfg.block_size.to_bytes(at.block.0);
         let buf: IoBuf = t.read_sync(offset, store.cfg.page_size.bytes())?;
-        let b = codec::decode(&buf, ctx, g, i, at)?;
+        let limit = if i == 0 { codec::MAX_TARGETS as u32 } else { ctx.2 };
+        let b = codec::decode(&buf, (ctx.0, ctx.1, limit), g, i, at)?;
+        if i == 0 && b.pages.len() > ctx.2 as usize {
+            let members = b.pages.len() as u32;
+            return Err(not_given(TargetId(ctx.2), members));
+        }
         if i == 0 {
             log.pages = b.pages;
+            ctx.2 = log.pages.len() as u32;
         }
         log.entries.extend(b.entries);
         blocks.push(at);

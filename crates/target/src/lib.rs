@@ -32,6 +32,7 @@ mod pool;
 mod pool_buf;
 mod recording;
 mod rng;
+mod set;
 mod sim;
 mod uring;
 
@@ -49,6 +50,7 @@ pub use nbd::{NbdAddr, NbdOptions, NbdTarget, NbdUri, NBD_DEFAULT_PORT};
 pub use pool_buf::BufPool;
 pub use recording::{Event, Recorder, RecordingTarget, UnflushedPolicy};
 pub use rng::Rng;
+pub use set::{SetFull, TargetSet};
 pub use sim::{CrashMode, SimStats, SimTarget};
 
 /// One operation on a target. Offsets and buffer lengths must be multiples of the target's

@@ -159,7 +159,10 @@ pub fn encode(
 }
 
 /// Decodes and verifies block `index` of generation `g`'s log, read at `at`, on a file
-/// system of `targets` targets.
+/// system of `targets` targets. Block 0 may hold fewer page counts than `targets`: the
+/// members when it was written (targets given at mount that a later `TargetAdd` makes
+/// members, `docs/design/targets.md`); its count is the log's member count, and later
+/// blocks are decoded with that count as `targets`.
 ///
 /// # Errors
 /// `Corrupted` naming the block and the check that failed: magic or checksum (torn,
@@ -198,9 +201,15 @@ pub fn decode(
     }
     let first = index == 0;
     let counts = get32(buf, 60);
-    if counts != if first { targets } else { 0 } {
+    let counts_ok = if first {
+        counts >= 1 && counts <= targets
+    } else {
+        counts == 0
+    };
+    if !counts_ok {
         return Err(bad(format!("{counts} page counts for {targets} targets")));
     }
+    let targets = if first { counts } else { targets };
     if first && (targets as usize).saturating_mul(8) + HEADER > size.bytes() {
         return Err(bad(format!("{targets} page counts do not fit the block")));
     }

@@ -298,6 +298,9 @@ impl Txn<'_, '_, '_> {
                 self.t.inodes.insert(*ino);
             }
             Record::XattrSet { .. } | Record::XattrRemove { .. } => {}
+            // Its target joined before the walk (`fsck::join_added`); the store checks
+            // that it is the next member when the record is applied.
+            Record::TargetAdd { .. } => {}
             Record::RefcountSet {
                 target,
                 phys,

@@ -696,9 +696,10 @@ impl<'a> Checker<'a> {
     /// Every data block must be in use or recorded free: a block that is neither is
     /// leaked. Then the free runs' claims are
     /// dropped (journal records may allocate from them).
-    pub fn free_space_complement(&mut self) {
-        // Free space is always recorded (even a full file system's: no runs at all).
-        for t in 0..self.geo.target_count() {
+    pub fn free_space_complement(&mut self, members: u32) {
+        // Free space is always recorded (even a full file system's: no runs at all), on
+        // the trees' members (a target the journal adds has none before its record).
+        for t in 0..members {
             let target = TargetId(t);
             let runs = self.blocks.unused_runs(target);
             let leaked: u64 = runs.iter().map(|r| r.1).sum();
