@@ -106,7 +106,7 @@ impl Fs {
     pub fn evacuate_begin(&self, target: TargetId) -> Result<()> {
         self.inner.check()?;
         let _change = self.begin_change()?;
-        let n = self.inner.geo.target_count();
+        let n = self.inner.target_count();
         if target.0 >= n {
             return Err(FsError::invalid(format!(
                 "target {target} does not exist (the file system has {n})"
@@ -128,7 +128,7 @@ impl Fs {
 
     /// Gives up an evacuation: `target` takes new blocks again.
     pub fn evacuate_cancel(&self, target: TargetId) {
-        if target.0 < self.inner.geo.target_count() {
+        if target.0 < self.inner.target_count() {
             let _m = self.inner.meta.lock();
             self.inner.states.clear_read_only(target);
         }
@@ -137,7 +137,7 @@ impl Fs {
     /// Whether `target` is read-only (being or done being evacuated).
     #[must_use]
     pub fn target_read_only(&self, target: TargetId) -> bool {
-        target.0 < self.inner.geo.target_count() && self.inner.states.is_read_only(target)
+        target.0 < self.inner.target_count() && self.inner.states.is_read_only(target)
     }
 
     /// `NoSpace` unless the writable targets other than `target` have as many available
@@ -405,7 +405,7 @@ impl Fs {
         let take = || -> Result<Option<(TargetId, u64, u64)>> {
             let mut m = self.inner.meta.lock();
             let layout = inode(&m, ino)?.attrs.layout;
-            let home = layout.target_of(c.object, self.inner.geo.target_count());
+            let home = layout.target_of(c.object, self.inner.target_count());
             let to = self.inner.place(home)?;
             debug_assert_ne!(to, from, "an evacuated target takes no blocks");
             self.inner.alloc_fault(to)?;
