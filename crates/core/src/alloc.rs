@@ -138,7 +138,11 @@ impl Allocator {
     /// Every data block of every target free.
     #[must_use]
     pub fn new(geo: &Geometry) -> Self {
-        let targets = geo.targets.iter().map(|t| TargetSpace::all_free(*t)).collect();
+        let targets = geo
+            .targets
+            .iter()
+            .map(|t| TargetSpace::all_free(*t))
+            .collect();
         Self {
             targets,
             busy: Vec::new(),

@@ -199,7 +199,11 @@ impl MetaCore {
             }
             _ => {}
         }
-        if matches!(rec, Record::CsumSet { .. } | Record::CsumClear { .. }) {
+        // About blocks or targets, not inodes: nothing in core to change.
+        if matches!(
+            rec,
+            Record::CsumSet { .. } | Record::CsumClear { .. } | Record::TargetAdd { .. }
+        ) {
             self.txn.bytes += rec.encoded_len();
             self.txn.records.push(rec);
             return Ok(());

@@ -352,8 +352,7 @@ impl<'a> FileMapper<'a> {
     /// The home target of `object` (`StripeLayout::target_of`): where its delayed
     /// allocations are reserved and its new blocks placed.
     pub(crate) fn home(&self, object: u32) -> TargetId {
-        self.layout
-            .target_of(object, self.fs.inner.target_count())
+        self.layout.target_of(object, self.fs.inner.target_count())
     }
 
     /// Where on `target` to look for free blocks first: right after the previous object

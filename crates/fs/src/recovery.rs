@@ -157,7 +157,11 @@ impl Candidates {
         index: stripefs_core::TargetId,
         (data_start, blocks): (u64, u64),
     ) -> Result<(Superblock, Arc<dyn Target>)> {
-        let Some(pos) = self.list.iter().position(|(sb, _)| sb.target_index == index) else {
+        let Some(pos) = self
+            .list
+            .iter()
+            .position(|(sb, _)| sb.target_index == index)
+        else {
             return Err(FsError::invalid(format!(
                 "{at} adds target {index} ({blocks} blocks) to this file system, and no target with index {index} was given: give its path too"
             )));
@@ -228,7 +232,11 @@ pub(crate) fn open(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
     }
     pages.set_members(members as u32);
     let candidates = Candidates {
-        list: sbs.split_off(members).into_iter().zip(targets.split_off(members)).collect(),
+        list: sbs
+            .split_off(members)
+            .into_iter()
+            .zip(targets.split_off(members))
+            .collect(),
     };
     Ok(Opened {
         geo: Geometry::from_superblocks(&sbs)?,

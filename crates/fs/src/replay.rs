@@ -39,8 +39,8 @@ use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::superblock::Superblock;
 use stripefs_core::{CoreError, Ino, TargetId};
-use stripefs_target::Target;
 use stripefs_meta::{items, Store};
+use stripefs_target::Target;
 
 use crate::error::Result;
 use crate::recovery::{Candidates, TxnAt};
@@ -133,7 +133,13 @@ impl<'a> Replayer<'a> {
 
     /// The members' geometry after the replay, the targets it made members, and the
     /// targets given that it did not (adds that never committed).
-    pub fn into_members(self) -> (Geometry, Vec<Arc<dyn Target>>, Vec<(Superblock, Arc<dyn Target>)>) {
+    pub fn into_members(
+        self,
+    ) -> (
+        Geometry,
+        Vec<Arc<dyn Target>>,
+        Vec<(Superblock, Arc<dyn Target>)>,
+    ) {
         (self.geo, self.added, self.candidates.list)
     }
 

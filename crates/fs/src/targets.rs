@@ -105,7 +105,10 @@ impl Fs {
         let info = t.info();
         let len = (SB_BYTES as u64).next_multiple_of(u64::from(info.sector_size));
         if info.size_bytes < len {
-            return Err(FsError::invalid(format!("target {} is too small", info.name)));
+            return Err(FsError::invalid(format!(
+                "target {} is too small",
+                info.name
+            )));
         }
         let buf = t.read_sync(0, len as usize)?;
         if buf[..SB_MAGIC.len()] != SB_MAGIC {

@@ -260,7 +260,11 @@ fn read(store: &Store, g: Generation, r: LogRef) -> Result<(PageLog, Vec<PageAdd
         };
         let offset = store.cfg.block_size.to_bytes(at.block.0);
         let buf: IoBuf = t.read_sync(offset, store.cfg.page_size.bytes())?;
-        let limit = if i == 0 { codec::MAX_TARGETS as u32 } else { ctx.2 };
+        let limit = if i == 0 {
+            codec::MAX_TARGETS as u32
+        } else {
+            ctx.2
+        };
         let b = codec::decode(&buf, (ctx.0, ctx.1, limit), g, i, at)?;
         if i == 0 && b.pages.len() > ctx.2 as usize {
             let members = b.pages.len() as u32;
