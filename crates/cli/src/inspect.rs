@@ -19,10 +19,19 @@ pub struct InspectArgs {
 pub fn run(a: &InspectArgs) -> Result<i32, String> {
     let i = inspect(open_all(&a.targets)?).map_err(|e| e.to_string())?;
     let bs = u64::from(i.block_size);
+    let made = i.superblocks.first().map_or(0, |s| s.target_count);
+    let members = i.superblocks.len() as u32;
+    println!(
+        "targets: {members} ({made} from mkfs, {} added by add-target)",
+        members.saturating_sub(made)
+    );
+    for (sb, name) in i.superblocks.iter().zip(&i.target_names) {
+        println!("  target {}: {name}", sb.target_index);
+    }
     for (sb, name) in i.superblocks.iter().zip(&i.target_names) {
         println!("superblock of target {} ({name}):", sb.target_index);
         println!(
-            "  uuid {}  format v{}  targets {}",
+            "  uuid {}  format v{}  targets when it joined {}",
             sb.uuid,
             stripefs_core::superblock::FORMAT_VERSION,
             sb.target_count

@@ -1,5 +1,6 @@
 //! `stripefs`: create, check, inspect and drive stripefs file systems.
 
+mod add_target;
 mod bench;
 mod bench_dio;
 mod bench_meta;
@@ -39,6 +40,7 @@ enum Cmd {
     Remount(remount::RemountArgs),
     Scrub(scrub::ScrubArgs),
     Evacuate(evacuate::EvacuateArgs),
+    AddTarget(add_target::AddTargetArgs),
 }
 
 /// One malloc arena for the whole process (glibc; decisions.md, 83). glibc gives each
@@ -87,6 +89,7 @@ fn main() {
         Cmd::Remount(a) => remount::run(a),
         Cmd::Scrub(a) => scrub::run(a),
         Cmd::Evacuate(a) => evacuate::run(a),
+        Cmd::AddTarget(a) => add_target::run(a),
     };
     match res {
         Ok(code) => std::process::exit(code),

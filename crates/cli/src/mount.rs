@@ -156,6 +156,10 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
         return daemonize(a, mp);
     }
     block_signals();
+    let nbd = target_opts.clone();
+    serve_opts.open_target = Some(stripefs_fuse::target_ioctl::TargetOpener(Arc::new(
+        move |p: &Path| crate::targets::open_one_with(p, &nbd),
+    )));
     let targets = open_all_with(&abs, &target_opts)?;
     let (fs, report) = Fs::mount(targets, mount_opts).map_err(|e| e.to_string())?;
     tracing::info!(?report, "engine mounted");

@@ -151,6 +151,15 @@ pub fn open_one(p: &Path, create_size: Option<u64>) -> Result<Arc<dyn Target>, S
     open_with(p, create_size, &TargetOptions::default())
 }
 
+/// Opens one existing target with `o` (what a mount's `add-target` uses: the mount's own
+/// target options).
+///
+/// # Errors
+/// A sentence naming the target.
+pub fn open_one_with(p: &Path, o: &TargetOptions) -> Result<Arc<dyn Target>, String> {
+    open_with(p, None, o)
+}
+
 fn open_with(
     p: &Path,
     create_size: Option<u64>,

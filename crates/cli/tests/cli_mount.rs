@@ -665,3 +665,54 @@ fn damaged_block_through_the_mount(opts: &str) {
     assert_eq!(out.matches("mismatch:").count(), 1, "{out}");
     umount_logged(&s, daemon);
 }
+
+/// `stripefs add-target MOUNTPOINT PATH`: the daemon opens and adds the target, new files
+/// written through the mount stripe over it, a subdirectory and a second add of the same
+/// path are refused; after the unmount fsck needs the new target and finds it clean.
+#[test]
+fn add_target_grows_a_mounted_file_system() {
+    let s = Setup::new("add");
+    let new = s.dir.join("t3");
+    fs::File::create(&new).unwrap().set_len(64 << 20).unwrap();
+    let (rc, out) = run(bin().arg("mount").args(s.mount_args()));
+    assert_eq!(rc, 0, "{out}");
+    fs::write(s.mnt().join("before"), pattern(1, 300_000)).unwrap();
+    fs::create_dir_all(s.mnt().join("d")).unwrap();
+    let (sub_rc, sub_out) = run(bin().arg("add-target").arg(s.mnt().join("d")).arg(&new));
+    let (rc, out) = run(bin().arg("add-target").arg(s.mnt()).arg(&new));
+    let (again_rc, again_out) = run(bin().arg("add-target").arg(s.mnt()).arg(&new));
+    for i in 0..8u8 {
+        fs::write(s.mnt().join(format!("after{i}")), pattern(i, 200_000)).unwrap();
+    }
+    assert_eq!(
+        fs::read(s.mnt().join("before")).unwrap(),
+        pattern(1, 300_000)
+    );
+    let (urc, uout) = run(bin().arg("umount").arg(s.mnt()));
+    assert_eq!(urc, 0, "{uout}");
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("target 3:"), "{out}");
+    assert_ne!(sub_rc, 0, "{sub_out}");
+    assert!(
+        sub_out.contains("not the root of a stripefs mount"),
+        "{sub_out}"
+    );
+    assert_ne!(again_rc, 0, "{again_out}");
+    assert!(again_out.contains("add-target refused"), "{again_out}");
+    let mut all = s.targets.clone();
+    all.push(new.display().to_string());
+    let (rc, out) = run(bin().arg("fsck").args(&all));
+    assert_eq!(rc, 0, "{out}");
+    let (rc, out) = s.fsck();
+    assert_ne!(rc, 0, "{out}");
+    assert!(
+        out.contains("target 3") && out.contains("give its path"),
+        "{out}"
+    );
+    let (rc, out) = run(bin().arg("inspect").args(&all));
+    assert_eq!(rc, 0, "{out}");
+    assert!(
+        out.contains("targets: 4 (3 from mkfs, 1 added by add-target)"),
+        "{out}"
+    );
+}

@@ -6,12 +6,13 @@
 
 mod convert;
 mod counts;
-pub mod evacuate_ioctl;
 mod kernel_refs;
 mod options;
 mod privs;
+pub mod evacuate_ioctl;
 pub mod scrub_ioctl;
 mod session;
+pub mod target_ioctl;
 mod transport;
 pub mod uring;
 
@@ -104,6 +105,8 @@ pub struct StripeFuse {
     cfg: FuseConfig,
     uring: Option<UringOffer>,
     counts: Arc<RequestCounts>,
+    /// Opens a target for `add-target` (`target_ioctl`); none: such requests are refused.
+    opener: Option<target_ioctl::TargetOpener>,
 }
 
 impl StripeFuse {
@@ -116,7 +119,15 @@ impl StripeFuse {
             cfg,
             uring: None,
             counts: Arc::default(),
+            opener: None,
         }
+    }
+
+    /// Serves `add-target` requests, opening their targets with `opener`.
+    #[must_use]
+    pub fn with_target_opener(mut self, opener: target_ioctl::TargetOpener) -> Self {
+        self.opener = Some(opener);
+        self
     }
 
     /// The requests served so far, by kind (`counts.rs`).
@@ -297,6 +308,61 @@ impl StripeFuse {
                 tracing::warn!(target = t.0, error = %e, "evacuation");
                 reply.error(err(&e))
             }
+        }
+    }
+
+    /// `add-target`'s ioctl (`target_ioctl`): opens the target at the path given and adds
+    /// it (`Fs::add_target`). Only on the root directory, only for root (uid 0: it opens
+    /// a device as the daemon). A refusal travels in the reply with its reason, so the
+    /// caller can print it.
+    fn add_target(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        if ino(i) != Ino::ROOT {
+            return reply.error(Errno::ENOTTY);
+        }
+        if req.uid() != 0 {
+            return reply.error(Errno::EPERM);
+        }
+        let Some(path) = target_ioctl::decode_request(in_data)
+            .filter(|_| out_size as usize >= target_ioctl::BYTES)
+        else {
+            return reply.error(Errno::EINVAL);
+        };
+        let added = self.open_and_add(&path);
+        reply.ioctl(0, &target_ioctl::encode_reply(&added));
+    }
+
+    fn open_and_add(&self, path: &std::path::Path) -> target_ioctl::Added {
+        use target_ioctl::Added;
+        let Some(open) = &self.opener else {
+            return Added::Refused("this daemon was started without a way to open targets".into());
+        };
+        let t = match (open.0)(path) {
+            Ok(t) => t,
+            Err(e) => return Added::Refused(e),
+        };
+        match self.fs.add_target(t) {
+            Ok(n) => {
+                let blocks = self
+                    .fs
+                    .status()
+                    .targets
+                    .get(n.index())
+                    .map_or(0, |s| s.data_blocks);
+                tracing::info!(target = n.0, path = %path.display(), "target added");
+                Added::Joined {
+                    index: n.0,
+                    blocks,
+                    block_size: self.fs.geometry().block_size.bytes(),
+                }
+            }
+            Err(e) => Added::Refused(format!("{}: {e}", path.display())),
         }
     }
 
@@ -1055,6 +1121,9 @@ impl Filesystem for StripeFuse {
     ) {
         if cmd == scrub_ioctl::SCRUB_STEP {
             return self.scrub_step(req, i, in_data, out_size, reply);
+        }
+        if cmd == target_ioctl::ADD_TARGET {
+            return self.add_target(req, i, in_data, out_size, reply);
         }
         if cmd == evacuate_ioctl::EVACUATE {
             return self.evacuate_part(req, i, in_data, out_size, reply);

@@ -39,6 +39,9 @@ pub struct ServeOptions {
     pub transport: TransportChoice,
     /// Ring entries per queue under io_uring; `None`: [`uring::default_entries`].
     pub uring_entries: Option<usize>,
+    /// How `add-target` requests open their targets (`target_ioctl`); `None` refuses
+    /// them.
+    pub open_target: Option<crate::target_ioctl::TargetOpener>,
 }
 
 /// Whether `word` is a generic mount flag [`serve`] passes to the kernel.
@@ -75,6 +78,7 @@ impl Default for ServeOptions {
             flags: Vec::new(),
             transport: TransportChoice::default(),
             uring_entries: None,
+            open_target: None,
         }
     }
 }
@@ -365,6 +369,9 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
     let counts = fuse.counts();
     if let Some(o) = &offer {
         fuse = fuse.with_uring(o.clone());
+    }
+    if let Some(o) = &opts.open_target {
+        fuse = fuse.with_target_opener(o.clone());
     }
     let mut session = Session::new(fuse, mountpoint, &cfg)?;
     let unmounter = Unmounter {
