@@ -71,6 +71,10 @@ struct Cfg {
     nocow_audit: bool,
     /// `-o nocow_check`.
     nocow_check: stripefs::NocowCheck,
+    /// This many of the targets are left out of mkfs and added while mounted
+    /// (`Fs::add_target`, issue 13), at random moments between operations; the oracle
+    /// (file contents) does not change, the books and fsck must stay balanced.
+    add_targets: u32,
 }
 
 /// Filler entries per directory with `big_dirs`.
@@ -240,6 +244,9 @@ struct Run {
     forbidden: BTreeMap<(u32, u64), &'static str>,
     audited_in_place: u64,
     nocow_cow: u64,
+    /// Targets not yet added (`Cfg::add_targets`), and how many were.
+    spare: Vec<std::sync::Arc<dyn Target>>,
+    added: u32,
 }
 
 impl Run {
@@ -271,6 +278,11 @@ impl Run {
 
     fn step(&mut self) {
         self.ops += 1;
+        // Only configurations with spare targets draw for it: the others' sequences
+        // stay as they were.
+        if !self.spare.is_empty() && self.rng.one_in(300) {
+            self.op_add_target();
+        }
         if self.c.nocow_audit {
             self.forbidden = match self.sut.fs.shared_or_checksummed() {
                 Ok(f) => f,
@@ -1003,6 +1015,22 @@ impl Run {
         self.check_space();
     }
 
+    /// Adds the next spare target: it becomes the next index and every later mount gets
+    /// it; new files may start on it and stripe over it.
+    fn op_add_target(&mut self) {
+        let t = self.spare.remove(0);
+        self.log.push("add-target".into());
+        let want = self.targets.len() as u32;
+        match self.sut.fs.add_target(std::sync::Arc::clone(&t)) {
+            Ok(id) if id.0 == want => {}
+            Ok(id) => self.fail(&format!("added as target {id}, expected {want}")),
+            Err(e) => self.fail(&format!("add-target: {e}")),
+        }
+        self.targets.push(t);
+        self.added += 1;
+        self.check_space();
+    }
+
     fn verify_all(&mut self) {
         self.log.push("verify".into());
         for (d, dir) in self.sut.dirs.into_iter().enumerate() {
@@ -1069,6 +1097,8 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
         stripe_count: Some(c.stripe_count),
         ..MkfsOptions::default()
     };
+    let mut targets = targets;
+    let spare = targets.split_off(targets.len() - c.add_targets as usize);
     Fs::mkfs(&targets, &opts).expect("mkfs");
     let (fs, _) = Fs::mount(targets.clone(), c.mount_options()).expect("mount");
     let d = fs
@@ -1119,6 +1149,8 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
         forbidden: BTreeMap::new(),
         audited_in_place: 0,
         nocow_cow: 0,
+        spare,
+        added: 0,
     };
     for _ in 0..ops {
         run.step();
@@ -1153,6 +1185,10 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
         "({c:?}): {} in-place decisions audited, {} copies: the configuration tests nothing",
         run.audited_in_place,
         run.nocow_cow
+    );
+    assert!(
+        c.add_targets == 0 || run.added > 0,
+        "({c:?}): no target was added: the configuration tests nothing"
     );
     run.sut.handles.clear();
     run.sut.fs.unmount().expect("unmount");
@@ -1194,6 +1230,7 @@ fn cfg(stripe_count: u32, block_size: u32, folio_bytes: u32) -> Cfg {
         big_dirs: false,
         nocow_audit: false,
         nocow_check: stripefs::NocowCheck::Unlocked,
+        add_targets: 0,
     }
 }
 
@@ -1412,6 +1449,16 @@ model_case!(
         nocow_audit: true,
         nocow_check: stripefs::NocowCheck::Locked,
         ..cfg(1, 1024, 4096)
+    }
+);
+
+// Issue 13: two of the eight targets join while mounted, between operations (mkfs on
+// six, stripe count 3: new files start on and stripe over the added ones).
+model_case!(
+    add_targets_stripes3,
+    Cfg {
+        add_targets: 2,
+        ..cfg(3, 4096, 65536)
     }
 );
 
