@@ -156,7 +156,7 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
         return daemonize(a, mp);
     }
     block_signals();
-    let nbd = target_opts.clone();
+    let nbd = target_opts;
     serve_opts.open_target = Some(stripefs_fuse::target_ioctl::TargetOpener(Arc::new(
         move |p: &Path| crate::targets::open_one_with(p, &nbd),
     )));

@@ -64,18 +64,23 @@ impl DirtyTargets {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
-    use stripefs_target::SimTarget;
+    use stripefs_target::{SimTarget, Target};
 
     #[test]
     fn only_marked_targets_are_flushed_once() {
         let sims: Vec<Arc<SimTarget>> = (0..3)
             .map(|i| Arc::new(SimTarget::new(&format!("s{i}"), 4096, 512)))
             .collect();
-        let targets: Vec<Arc<dyn Target>> = sims
-            .iter()
-            .map(|s| Arc::clone(s) as Arc<dyn Target>)
-            .collect();
+        let targets = TargetSet::new(
+            3,
+            sims.iter()
+                .map(|s| Arc::clone(s) as Arc<dyn Target>)
+                .collect(),
+        )
+        .unwrap();
         let d = DirtyTargets::new(3);
         d.mark(1);
         d.mark(1);
@@ -127,7 +132,7 @@ mod tests {
             info: SimTarget::new("h", 4096, 512).info().clone(),
             held: parking_lot::Mutex::new(Vec::new()),
         });
-        let targets: Vec<Arc<dyn Target>> = vec![Arc::clone(&t) as Arc<dyn Target>];
+        let targets = Arc::new(TargetSet::new(1, vec![Arc::clone(&t) as Arc<dyn Target>]).unwrap());
         let d = Arc::new(DirtyTargets::new(1));
         d.mark(0);
         let first = {

@@ -271,9 +271,10 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
     r.finish()?;
     let end = end?;
     let replayed_records = r.records;
-    let (geo, added, left) = r.into_members();
+    let crate::replay::Members { geo, added, left } = r.into_members();
     targets.extend(added);
     let ignored = left
+        .list
         .into_iter()
         .map(|(sb, t)| {
             let name = t.info().name.to_string();

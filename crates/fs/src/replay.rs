@@ -37,7 +37,6 @@ use stripefs_core::geometry::{Geometry, TargetGeometry};
 use stripefs_core::inode::FileKind;
 use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
-use stripefs_core::superblock::Superblock;
 use stripefs_core::{CoreError, Ino, TargetId};
 use stripefs_meta::{items, Store};
 use stripefs_target::Target;
@@ -76,6 +75,16 @@ pub(crate) struct Replayer<'a> {
 }
 
 type Broken = std::result::Result<(), String>;
+
+/// What a replay leaves of the membership.
+pub(crate) struct Members {
+    /// The members' geometry.
+    pub geo: Geometry,
+    /// Targets replayed `TargetAdd`s made members, in index order.
+    pub added: Vec<Arc<dyn Target>>,
+    /// Targets given that no replayed record made members (adds that never committed).
+    pub left: Candidates,
+}
 
 /// What one transaction touched, checked at its end.
 #[derive(Default)]
@@ -131,16 +140,13 @@ impl<'a> Replayer<'a> {
         Ok(())
     }
 
-    /// The members' geometry after the replay, the targets it made members, and the
-    /// targets given that it did not (adds that never committed).
-    pub fn into_members(
-        self,
-    ) -> (
-        Geometry,
-        Vec<Arc<dyn Target>>,
-        Vec<(Superblock, Arc<dyn Target>)>,
-    ) {
-        (self.geo, self.added, self.candidates.list)
+    /// The members after the replay.
+    pub fn into_members(self) -> Members {
+        Members {
+            geo: self.geo,
+            added: self.added,
+            left: self.candidates,
+        }
     }
 
     /// A replayed `TargetAdd`: its target, given at mount, joins the store, the

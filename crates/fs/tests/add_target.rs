@@ -135,9 +135,7 @@ fn added_target_takes_new_files_and_survives_remounts() {
     books(&fs, "after remount");
     fs.unmount().unwrap();
 
-    let err = Fs::mount(dyns(&s), quiet())
-        .err()
-        .expect("mount without the new target");
+    let err = Fs::mount(dyns(&s), quiet()).expect_err("mount without the new target");
     let msg = err.to_string();
     assert!(
         msg.contains("target 3") && msg.contains("give its path"),
@@ -167,7 +165,7 @@ fn a_member_added_only_in_the_journal_is_named_when_missing() {
         .collect();
     drop(fs);
     let added = images.pop().unwrap();
-    let err = Fs::mount(dyns(&images), quiet()).err().expect("refused");
+    let err = Fs::mount(dyns(&images), quiet()).expect_err("refused");
     let msg = err.to_string();
     assert!(
         msg.contains("adds target 2") && msg.contains("give its path"),
@@ -298,7 +296,7 @@ fn a_damaged_superblock_on_an_added_target_is_named_at_mount() {
     extra.corrupt(60, 0x10);
     let mut all = dyns(&s);
     all.push(extra as Arc<dyn Target>);
-    let err = Fs::mount(all, quiet()).err().expect("refused");
+    let err = Fs::mount(all, quiet()).expect_err("refused");
     let msg = err.to_string();
     assert!(
         matches!(err, FsError::Corrupted(_)) && msg.contains("superblock of target new"),

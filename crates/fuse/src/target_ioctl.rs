@@ -33,7 +33,10 @@ pub const ADD_TARGET: u32 = (3 << 30) | ((BYTES as u32) << 16) | (0xB5 << 8) | 2
 /// Opens the target at a path as the mount opened its own (files, block devices,
 /// `nbd://` URIs): the CLI's `targets::open_one`.
 #[derive(Clone)]
-pub struct TargetOpener(pub Arc<dyn Fn(&Path) -> Result<Arc<dyn Target>, String> + Send + Sync>);
+pub struct TargetOpener(pub Arc<OpenFn>);
+
+/// What a [`TargetOpener`] calls: the target at a path, or why it cannot be opened.
+pub type OpenFn = dyn Fn(&Path) -> Result<Arc<dyn Target>, String> + Send + Sync;
 
 impl std::fmt::Debug for TargetOpener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
