@@ -532,7 +532,8 @@ fn wrong_target_sets_are_named() {
     assert!(msg.contains("different file systems"), "{msg}");
     let msg = mount_err(dyns(&s[..2]));
     assert!(
-        msg.contains("has 3 targets from mkfs but 2 were given") && msg.contains("missing target index 2"),
+        msg.contains("has 3 targets from mkfs but 2 were given")
+            && msg.contains("missing target index 2"),
         "{msg}"
     );
     let mut t = dyns(&s);
