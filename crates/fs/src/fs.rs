@@ -637,7 +637,8 @@ impl Fs {
             .commit(&self.inner, 0, CommitMode::Checkpoint)
     }
 
-    /// The file system's geometry.
+    /// The file system's geometry as mounted: its `targets` are the members at mount
+    /// (`Fs::targets` is the list now, `add_target` grows it).
     #[must_use]
     pub fn geometry(&self) -> &Geometry {
         &self.inner.geo
