@@ -300,7 +300,9 @@ impl Fs {
         for p in &pieces {
             moved.blocks += self.move_piece(ino, target, *p)?;
         }
-        moved.more = !self.pieces_on(ino, target, 1)?.is_empty();
+        // A step that moved nothing (every piece changed under its copy) goes on to the
+        // next file rather than loop: the next pass comes back.
+        moved.more = moved.blocks > 0 && !self.pieces_on(ino, target, 1)?.is_empty();
         Ok(moved)
     }
 

@@ -504,7 +504,8 @@ impl FsInner {
         let faults = opts.faults.clone();
         let cache = stripefs_iomap::cache::PageCache::new(opts.cache, geo.block_size.bytes());
         let dirty = DirtyTargets::new(stripefs_core::btree::pagelog::MAX_TARGETS);
-        let states = crate::placement::TargetStates::new(stripefs_core::btree::pagelog::MAX_TARGETS);
+        let states =
+            crate::placement::TargetStates::new(stripefs_core::btree::pagelog::MAX_TARGETS);
         let csum_overlay = Arc::clone(&meta.csums);
         let ref_overlay = Arc::clone(&meta.refs);
         Self {

@@ -6,10 +6,10 @@
 
 mod convert;
 mod counts;
+pub mod evacuate_ioctl;
 mod kernel_refs;
 mod options;
 mod privs;
-pub mod evacuate_ioctl;
 pub mod scrub_ioctl;
 mod session;
 pub mod target_ioctl;
