@@ -386,14 +386,15 @@ impl Fs {
         r
     }
 
-    /// A direct write covering part of a shared block: that block is copied to a block
-    /// of its own first (`cow_block`), so the write lands on it in place; whole shared
-    /// blocks get new blocks from the mapping (copy on write).
+    /// A direct write covering part of a written block that is shared, or on a target
+    /// that refuses in-place writes (read-only, I-001-3): that block is copied to a block
+    /// of its own first (`cow_block`, which keeps the block's other bytes), so the write
+    /// lands on it in place; whole blocks get new blocks from the mapping (copy on
+    /// write). Left to the mapping, a partial block on a read-only target would get a new
+    /// block holding only the write's bytes.
     fn cow_partial_edges(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
         let none = self.inner.meta.lock().nothing_shared();
-        if self.inner.refs_ok(none)? {
-            return Ok(()); // nothing is shared: no walk
-        }
+        let maybe_shared = !self.inner.refs_ok(none)?;
         let bs = self.inner.geo.block_size;
         let end = off + len;
         let first = bs.round_down(off);
@@ -405,11 +406,35 @@ impl Fs {
                 continue;
             }
             let map = mapper.begin_report(pos)?;
-            if map.flags.contains(stripefs_iomap::IomapFlags::SHARED) {
+            if self.edge_copies(mapper, &map, maybe_shared) {
                 self.cow_block(mapper.ino, &map, pos, |_| {})?;
             }
         }
         Ok(())
+    }
+
+    /// Whether a direct write's partial block in `map` must be copied before the write:
+    /// written and shared, or written on a target that does not admit this operation in
+    /// place. An admission granted here is the mapper's until the write is submitted, so
+    /// a target going read-only after this look still waits for the write.
+    fn edge_copies(
+        &self,
+        mapper: &FileMapper<'_>,
+        map: &stripefs_iomap::Iomap<DevAddr>,
+        maybe_shared: bool,
+    ) -> bool {
+        if maybe_shared && map.flags.contains(stripefs_iomap::IomapFlags::SHARED) {
+            return true;
+        }
+        if map.kind != IomapKind::Mapped {
+            return false;
+        }
+        if mapper.in_place.enter(map.addr.target) {
+            return false;
+        }
+        self.inner.nocow.read_only.fetch_add(1, Ordering::Relaxed);
+        self.inner.nocow.cow.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// A datacow file's direct write: its partial blocks over written data are merged

@@ -393,3 +393,39 @@ fn an_in_place_write_in_flight_is_never_moved_under() {
     assert_eq!(bytes_on(&fs, f, EVACUATED), 0);
     all_checks(&fs, "after the evacuation");
 }
+
+/// A direct write of part of a block (512 bytes of a 1 KiB block) of a NOCOW file, on a
+/// target that went read-only: the write must copy the block, and the copy keeps the
+/// block's other bytes. Found by `model_ops`' evacuations (`nocow_audit_bs1k_locked`).
+#[test]
+fn a_sub_block_direct_write_on_a_read_only_target_keeps_the_rest_of_the_block() {
+    let s = sims(3, 32 << 20);
+    let opts = MkfsOptions {
+        block_size: 1024,
+        stripe_unit: 16 << 10,
+        ..MkfsOptions::default()
+    };
+    Fs::mkfs(&dyns(&s), &opts).expect("mkfs");
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).expect("mount");
+    let f = file(&fs, "f");
+    let mut want = pattern(1, 0, 256 << 10);
+    fs.write_at(f, 0, &want).expect("write");
+    fs.sync().expect("sync");
+    let at = fs
+        .extents(f)
+        .expect("extents")
+        .into_iter()
+        .find(|r| r.target == EVACUATED.0 && r.written)
+        .expect("a block on target 2")
+        .file_off;
+    fs.evacuate_begin(EVACUATED).expect("begin");
+    let new = pattern(2, at, 512);
+    fs.write_direct(f, at, &new).expect("direct write");
+    want[at as usize..at as usize + 512].copy_from_slice(&new);
+    assert_eq!(fs.status().nocow_read_only, 1, "the write copied");
+    let got = read_all(&fs, f);
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        panic!("byte {i} differs (the direct write was at {at})");
+    }
+    all_checks(&fs, "after the write");
+}
