@@ -75,6 +75,35 @@ struct Cfg {
     /// (`Fs::add_target`, issue 13), at random moments between operations; the oracle
     /// (file contents) does not change, the books and fsck must stay balanced.
     add_targets: u32,
+    /// Targets other than 0 are evacuated while mounted (issue 13, `Fs::evacuate`), at
+    /// random moments between operations: begun, some operations later (or at once)
+    /// completed, kept read-only a while (nothing of any file may land there again),
+    /// then given back (`Fs::evacuate_cancel`), or given back before completing.
+    evacuate: bool,
+}
+
+/// With [`Cfg::evacuate`], one operation in this many begins an evacuation (rare: each
+/// one writes everything back and checkpoints).
+const EVACUATE_ONE_IN: u64 = 150;
+
+/// Where the run's evacuation stands (the file system forgets it at a remount).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Evac {
+    Idle,
+    /// Begun (`Fs::evacuate_begin`): read-only, files still with blocks there.
+    Begun(u32),
+    /// `Fs::evacuate` returned: read-only and empty.
+    Done(u32),
+}
+
+impl Evac {
+    /// The target read-only now, if any.
+    fn read_only(self) -> Option<u32> {
+        match self {
+            Evac::Idle => None,
+            Evac::Begun(t) | Evac::Done(t) => Some(t),
+        }
+    }
 }
 
 /// Filler entries per directory with `big_dirs`.
@@ -247,6 +276,11 @@ struct Run {
     /// Targets not yet added (`Cfg::add_targets`), and how many were.
     spare: Vec<std::sync::Arc<dyn Target>>,
     added: u32,
+    /// With `Cfg::evacuate`: the evacuation's state, evacuations completed, and writes
+    /// copied because their target was read-only (over every mount).
+    evac: Evac,
+    evacuations: u64,
+    read_only_copies: u64,
 }
 
 impl Run {
@@ -282,6 +316,10 @@ impl Run {
         // stay as they were.
         if !self.spare.is_empty() && self.rng.one_in(300) {
             self.op_add_target();
+        }
+        if self.c.evacuate && self.evacuation_step() && self.c.nocow_audit {
+            let log = self.sut.fs.take_in_place_log();
+            self.audit_in_place(&log);
         }
         if self.c.nocow_audit {
             self.forbidden = match self.sut.fs.shared_or_checksummed() {
@@ -328,6 +366,7 @@ impl Run {
         if !self.c.late_writes && !self.c.big_dirs {
             self.check_space();
         }
+        self.check_evacuated();
     }
 
     /// Seed 001 (I-001-1): every in-place decision of the operation passed the file
@@ -352,6 +391,16 @@ impl Run {
                 self.fail(&format!(
                     "in-place write of target {} blocks {}..+{}: {v}",
                     d.target, d.phys, d.blocks
+                ));
+            }
+            // I-001-3: no write is admitted in place on a read-only target (the target
+            // is read-only from before the operation to after it: `Evac` changes only
+            // between operations, and the log is taken after each change).
+            if self.evac.read_only() == Some(d.target) {
+                self.fail(&format!(
+                    "in-place write of target {} blocks {}..+{} while the target was \
+                     read-only ({:?})",
+                    d.target, d.phys, d.blocks, self.evac
                 ));
             }
             if !counts_fixed {
@@ -703,6 +752,7 @@ impl Run {
         self.lent_rewrites += st.cache.lent_rewrites;
         self.meta_inode_loads += st.meta_inode_loads;
         self.nocow_cow += st.nocow_cow;
+        self.read_only_copies += st.nocow_read_only;
     }
 
     fn op_sync(&mut self) {
@@ -1012,6 +1062,8 @@ impl Run {
         };
         self.sut.fs = fs;
         self.sut.dirs = [Ino::ROOT, d.ino];
+        // The read-only state lives in memory: every target is writable again.
+        self.evac = Evac::Idle;
         self.check_space();
     }
 
@@ -1029,6 +1081,84 @@ impl Run {
         self.targets.push(t);
         self.added += 1;
         self.check_space();
+    }
+
+    /// Moves the evacuation on between operations, sometimes: begins one, completes or
+    /// gives up the one begun, gives a completed one's target back. Returns whether it
+    /// did anything (so that the in-place decisions it made are audited).
+    fn evacuation_step(&mut self) -> bool {
+        match self.evac {
+            Evac::Idle if self.rng.one_in(EVACUATE_ONE_IN) => {
+                let t = self.pick_evacuated();
+                self.op_evacuate_begin(t);
+                if self.rng.one_in(2) {
+                    self.op_evacuate(t);
+                }
+            }
+            Evac::Begun(t) if self.rng.one_in(6) => self.op_evacuate(t),
+            Evac::Begun(t) if self.rng.one_in(12) => self.op_evacuate_cancel(t),
+            Evac::Done(t) if self.rng.one_in(20) => self.op_evacuate_cancel(t),
+            _ => return false,
+        }
+        true
+    }
+
+    /// A target other than 0 to evacuate: one holding file blocks if any does (with one
+    /// stripe, files sit on few of the eight targets).
+    fn pick_evacuated(&mut self) -> u32 {
+        let books = self.sut.fs.space_accounting();
+        let mut holding: Vec<u32> = (1..books.len() as u32)
+            .filter(|&t| books[t as usize].extent_blocks > 0)
+            .collect();
+        if holding.is_empty() {
+            holding = (1..books.len() as u32).collect();
+        }
+        holding[self.rng.below(holding.len() as u64) as usize]
+    }
+
+    /// `Fs::evacuate_begin`: `t` read-only from here on, its in-place writers drained,
+    /// everything dirty written back (copied off `t` where it would have been in place).
+    fn op_evacuate_begin(&mut self, t: u32) {
+        self.log.push(format!("evacuate-begin target {t}"));
+        self.evac = Evac::Begun(t);
+        if let Err(e) = self.sut.fs.evacuate_begin(stripefs::TargetId(t)) {
+            self.fail(&format!("evacuate_begin {t}: {e}"));
+        }
+    }
+
+    /// `Fs::evacuate` (resuming the evacuation begun): `t` is empty when it returns, and
+    /// every file still reads what the model holds.
+    fn op_evacuate(&mut self, t: u32) {
+        self.log.push(format!("evacuate target {t}"));
+        if let Err(e) = self.sut.fs.evacuate(stripefs::TargetId(t), &mut |_| {}) {
+            self.fail(&format!("evacuate {t}: {e}"));
+        }
+        self.evac = Evac::Done(t);
+        self.evacuations += 1;
+        self.check_evacuated();
+        self.verify_all();
+    }
+
+    fn op_evacuate_cancel(&mut self, t: u32) {
+        self.log.push(format!("evacuate-cancel target {t}"));
+        self.sut.fs.evacuate_cancel(stripefs::TargetId(t));
+        self.evac = Evac::Idle;
+    }
+
+    /// While a completed evacuation's target stays read-only, no extent of any file and
+    /// no metadata page is on it.
+    fn check_evacuated(&mut self) {
+        let Evac::Done(t) = self.evac else {
+            return;
+        };
+        let books = self.sut.fs.space_accounting();
+        let b = &books[t as usize];
+        if b.extent_blocks != 0 || b.meta_page_blocks != 0 {
+            self.fail(&format!(
+                "evacuated target {t} holds {} blocks in extents and {} in metadata pages",
+                b.extent_blocks, b.meta_page_blocks
+            ));
+        }
     }
 
     fn verify_all(&mut self) {
@@ -1151,6 +1281,9 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
         nocow_cow: 0,
         spare,
         added: 0,
+        evac: Evac::Idle,
+        evacuations: 0,
+        read_only_copies: 0,
     };
     for _ in 0..ops {
         run.step();
@@ -1185,6 +1318,14 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
         "({c:?}): {} in-place decisions audited, {} copies: the configuration tests nothing",
         run.audited_in_place,
         run.nocow_cow
+    );
+    assert!(
+        !c.evacuate || run.evacuations > 0,
+        "({c:?}): no target was evacuated: the configuration tests nothing"
+    );
+    assert!(
+        !(c.evacuate && c.nocow_audit) || run.read_only_copies > 0,
+        "({c:?}): no write met a read-only target: the configuration tests nothing"
     );
     assert!(
         c.add_targets == 0 || run.added > 0,
@@ -1231,6 +1372,7 @@ fn cfg(stripe_count: u32, block_size: u32, folio_bytes: u32) -> Cfg {
         nocow_audit: false,
         nocow_check: stripefs::NocowCheck::Unlocked,
         add_targets: 0,
+        evacuate: false,
     }
 }
 
@@ -1440,6 +1582,7 @@ model_case!(
     nocow_audit_stripes3,
     Cfg {
         nocow_audit: true,
+        evacuate: true,
         ..cfg(3, 4096, 65536)
     }
 );
@@ -1448,6 +1591,7 @@ model_case!(
     Cfg {
         nocow_audit: true,
         nocow_check: stripefs::NocowCheck::Locked,
+        evacuate: true,
         ..cfg(1, 1024, 4096)
     }
 );
@@ -1458,6 +1602,7 @@ model_case!(
     add_targets_stripes3,
     Cfg {
         add_targets: 2,
+        evacuate: true,
         ..cfg(3, 4096, 65536)
     }
 );
