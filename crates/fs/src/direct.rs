@@ -393,14 +393,20 @@ impl Fs {
     /// write). Left to the mapping, a partial block on a read-only target would get a new
     /// block holding only the write's bytes.
     fn cow_partial_edges(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<()> {
-        let none = self.inner.meta.lock().nothing_shared();
-        let maybe_shared = !self.inner.refs_ok(none)?;
         let bs = self.inner.geo.block_size;
         let end = off + len;
         let first = bs.round_down(off);
         let last = bs.round_down(end - 1);
         let partial_first = off != first || end < first + bs.bytes_u64();
         let partial_last = last != first && bs.offset_in_block(end) != 0;
+        if !partial_first && !partial_last {
+            return Ok(());
+        }
+        let none = self.inner.meta.lock().nothing_shared();
+        let maybe_shared = !self.inner.refs_ok(none)?;
+        if !maybe_shared && self.admitted_everywhere(mapper) {
+            return Ok(()); // nothing to copy whatever the edges map: no walk
+        }
         for (pos, partial) in [(first, partial_first), (last, partial_last)] {
             if !partial || pos >= mapper.size() {
                 continue;
@@ -411,6 +417,13 @@ impl Fs {
             }
         }
         Ok(())
+    }
+
+    /// Admits the write in place on every target (held by the mapper until the write is
+    /// submitted: an evacuation beginning meanwhile waits for it); false if one refuses.
+    /// Cheaper than looking the edges up, for the common case of no read-only target.
+    fn admitted_everywhere(&self, mapper: &FileMapper<'_>) -> bool {
+        (0..self.inner.target_count()).all(|t| mapper.in_place.enter(TargetId(t)))
     }
 
     /// Whether a direct write's partial block in `map` must be copied before the write:
