@@ -13,8 +13,10 @@
 //! (`Fs::check_space_accounting`; with the flusher running, after every remount). Attribute
 //! flags (`FS_NOCOW_FL`) are set and cleared on files and both directories, mounts
 //! alternate `datacow=off` and `on`, and every file's flag is compared with the model's
-//! (btrfs's rules: inherited from the directory, changed only on empty files). On a
-//! mismatch the seed and the tail of the operation log are printed.
+//! (btrfs's rules: inherited from the directory, changed only on empty files). Some
+//! configurations add targets while mounted, and evacuate targets (`Fs::evacuate`):
+//! an evacuated target holds nothing while it stays read-only. On a mismatch the seed
+//! and the tail of the operation log are printed.
 mod common;
 #[path = "nbdkit/mod.rs"]
 mod nbdkit;
@@ -1577,7 +1579,8 @@ model_case!(
 
 // Seed 001: NOCOW and datacow files (mounts alternate), clones four times as often, and
 // every in-place decision audited against the blocks shared or checksummed before the
-// operation; once with the checks under the lock.
+// operation; once with the checks under the lock. Issue 13: targets are evacuated
+// between operations, and no in-place decision may land on one while it is read-only.
 model_case!(
     nocow_audit_stripes3,
     Cfg {
@@ -1597,7 +1600,8 @@ model_case!(
 );
 
 // Issue 13: two of the eight targets join while mounted, between operations (mkfs on
-// six, stripe count 3: new files start on and stripe over the added ones).
+// six, stripe count 3: new files start on and stripe over the added ones), and targets
+// are evacuated between operations, added ones too.
 model_case!(
     add_targets_stripes3,
     Cfg {
