@@ -593,8 +593,9 @@ fn crash_at_every_flush_point_with_nocow_fallback_to_copy_on_write() {
 }
 
 /// Issue 13: a crash at every flush and FUA point of an online evacuation of target 2
-/// (`Fs::evacuate`), over NOCOW and copy-on-write files, clones of each (blocks shared
-/// by two owners), an unwritten preallocation partly written, and a NOCOW write left
+/// (`evacuate_begin`, steps each followed by a commit, `evacuate_finish`), over four
+/// sets of NOCOW and copy-on-write files, clones of each (blocks shared by two owners),
+/// an unwritten preallocation partly written, and a NOCOW write left
 /// dirty when the evacuation begins (its writeback, the evacuation's first step, must
 /// copy: the target is read-only). After each crash: mount succeeds, every file reads
 /// what was synced before the evacuation (the dirty block: old or new, whole), counts,
