@@ -716,3 +716,38 @@ fn add_target_grows_a_mounted_file_system() {
         "{out}"
     );
 }
+
+/// `stripefs evacuate MOUNTPOINT TARGET`: moves every block off target 2 of a mounted
+/// file system through the daemon's ioctl; data reads back, fsck is clean after the
+/// unmount; target 0 and a subdirectory are refused with a message.
+#[test]
+fn evacuate_empties_a_target_of_a_mounted_file_system() {
+    let s = Setup::new("evac");
+    let (rc, out) = run(bin().arg("mount").args(s.mount_args()));
+    assert_eq!(rc, 0, "{out}");
+    for i in 0..6u8 {
+        fs::write(s.mnt().join(format!("f{i}")), pattern(i, 700_000)).unwrap();
+    }
+    fs::create_dir_all(s.mnt().join("d")).unwrap();
+    let (sub_rc, sub_out) = run(bin().arg("evacuate").arg(s.mnt().join("d")).arg("2"));
+    let (zero_rc, zero_out) = run(bin().arg("evacuate").arg(s.mnt()).arg("0"));
+    let (rc, out) = run(bin().arg("evacuate").arg(s.mnt()).arg("2"));
+    fs::write(s.mnt().join("after"), pattern(9, 500_000)).unwrap();
+    for i in 0..6u8 {
+        assert_eq!(
+            fs::read(s.mnt().join(format!("f{i}"))).unwrap(),
+            pattern(i, 700_000),
+            "f{i} after the evacuation"
+        );
+    }
+    let (urc, uout) = run(bin().arg("umount").arg(s.mnt()));
+    assert_eq!(urc, 0, "{uout}");
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("target 2 evacuated:"), "{out}");
+    assert_ne!(sub_rc, 0, "{sub_out}");
+    assert!(sub_out.contains("not the root of a stripefs mount"), "{sub_out}");
+    assert_ne!(zero_rc, 0, "{zero_out}");
+    assert!(zero_out.contains("target 0 cannot be evacuated"), "{zero_out}");
+    let (rc, out) = s.fsck();
+    assert_eq!(rc, 0, "{out}");
+}
