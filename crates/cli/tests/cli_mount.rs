@@ -745,9 +745,15 @@ fn evacuate_empties_a_target_of_a_mounted_file_system() {
     assert_eq!(rc, 0, "{out}");
     assert!(out.contains("target 2 evacuated:"), "{out}");
     assert_ne!(sub_rc, 0, "{sub_out}");
-    assert!(sub_out.contains("not the root of a stripefs mount"), "{sub_out}");
+    assert!(
+        sub_out.contains("not the root of a stripefs mount"),
+        "{sub_out}"
+    );
     assert_ne!(zero_rc, 0, "{zero_out}");
-    assert!(zero_out.contains("target 0 cannot be evacuated"), "{zero_out}");
+    assert!(
+        zero_out.contains("target 0 cannot be evacuated"),
+        "{zero_out}"
+    );
     let (rc, out) = s.fsck();
     assert_eq!(rc, 0, "{out}");
 }
