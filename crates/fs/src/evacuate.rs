@@ -140,16 +140,38 @@ impl Fs {
         target.0 < self.inner.target_count() && self.inner.states.is_read_only(target)
     }
 
-    /// `NoSpace` unless the writable targets other than `target` have as many available
-    /// blocks as `target` has in extents and metadata pages.
-    fn room_elsewhere(&self, m: &crate::inner::MetaCore, target: TargetId) -> Result<()> {
-        let books = self.space_books(m);
-        let t = &books[target.index()];
-        let need = t.extent_blocks + t.meta_page_blocks + t.delalloc_blocks;
-        let have: u64 = books
+    /// What `target` holds, from the allocator's counters (no tree read: callers hold the
+    /// metadata lock): blocks in extents, in metadata pages, and reserved for delayed
+    /// allocations.
+    fn usage(&self, m: &crate::inner::MetaCore, target: TargetId) -> Usage {
+        let a = &m.alloc;
+        let dead: u64 = m
+            .dead
             .iter()
-            .filter(|b| b.target != target.0 && !self.inner.states.is_read_only(TargetId(b.target)))
-            .map(|b| b.available_blocks)
+            .flat_map(|d| &d.blocks)
+            .filter(|f| f.target == target)
+            .map(|f| f.len)
+            .sum();
+        let pages = self.inner.pages.live_blocks(target);
+        let used = a
+            .data_blocks(target)
+            .saturating_sub(a.free_blocks(target) + a.busy_blocks_on(target) + dead);
+        Usage {
+            extent_blocks: used.saturating_sub(pages),
+            page_blocks: pages,
+            reserved_blocks: a.reserved_blocks(target),
+        }
+    }
+
+    /// `NoSpace` unless the writable targets other than `target` have as many available
+    /// blocks as `target` has in extents, metadata pages and reservations.
+    fn room_elsewhere(&self, m: &crate::inner::MetaCore, target: TargetId) -> Result<()> {
+        let u = self.usage(m, target);
+        let need = u.extent_blocks + u.page_blocks + u.reserved_blocks;
+        let have: u64 = (0..self.inner.target_count())
+            .map(TargetId)
+            .filter(|&t| t != target && !self.inner.states.is_read_only(t))
+            .map(|t| m.alloc.available_blocks(t))
             .sum();
         if need > have {
             return Err(FsError::NoSpace(format!(
@@ -207,6 +229,7 @@ impl Fs {
     /// checkpoint's errors.
     pub fn evacuate_finish(&self, target: TargetId) -> Result<u64> {
         self.inner.check()?;
+        let _change = self.begin_change()?;
         if !self.target_read_only(target) {
             return Err(FsError::invalid(format!(
                 "target {target} is not being evacuated (begin the evacuation first)"
@@ -231,14 +254,11 @@ impl Fs {
             }
         }
         self.checkpoint()?;
-        let books = self.space_accounting();
-        let t = &books[target.index()];
-        if t.extent_blocks + t.meta_page_blocks + t.delalloc_blocks + t.reserved_blocks > 0 {
+        let u = self.usage(&self.inner.meta.lock(), target);
+        if u.extent_blocks + u.page_blocks + u.reserved_blocks > 0 {
             return Err(FsError::invalid(format!(
                 "target {target} still holds {} blocks in extents, {} in metadata pages and {} reserved: evacuate again",
-                t.extent_blocks,
-                t.meta_page_blocks,
-                t.delalloc_blocks + t.reserved_blocks
+                u.extent_blocks, u.page_blocks, u.reserved_blocks
             )));
         }
         Ok(paths)
@@ -263,6 +283,7 @@ impl Fs {
         };
         loop {
             report.passes += 1;
+            let moved_before = report.blocks;
             let mut at = Some(Ino::ROOT.0);
             while let Some(from) = at {
                 let s = self.evacuate_step(target, from, COPY_CHUNK_BLOCKS * 16)?;
@@ -276,8 +297,9 @@ impl Fs {
                     ino_limit: s.ino_limit,
                 });
             }
-            let left = self.space_accounting()[target.index()].extent_blocks;
-            if left == 0 || report.passes >= MAX_PASSES {
+            // Another pass only if this one moved something: a file may have gained
+            // blocks there behind the cursor (a clone of a file not yet visited).
+            if report.blocks == moved_before || report.passes >= MAX_PASSES {
                 break;
             }
         }
@@ -362,7 +384,12 @@ impl Fs {
     /// Copies one chunk to new blocks and remaps it; returns the blocks moved (0: the
     /// extent changed meanwhile, nothing logged, the copy freed).
     fn move_chunk(&self, ino: Ino, from: TargetId, c: Piece) -> Result<u64> {
-        let (to, phys, len) = self.alloc_for_move(ino, from, c)?;
+        let (to, phys, len) = match self.alloc_for_move(ino, from, c) {
+            Ok(a) => a,
+            // Unlinked meanwhile: its blocks are being freed, nothing to move.
+            Err(FsError::Stale(_)) => return Ok(0),
+            Err(e) => return Err(e),
+        };
         let copied = if c.state == ExtentState::Written {
             self.copy_blocks(ino, (from, c.phys), (to, phys), len, c)
         } else {
@@ -371,7 +398,10 @@ impl Fs {
         if let Err(e) = copied {
             self.inner.meta.lock().alloc.free_now(to, phys, len);
             self.inner.write_csums.forget(to, phys, len);
-            return Err(e);
+            return match e {
+                FsError::Stale(_) => Ok(0),
+                e => Err(e),
+            };
         }
         let mut m = self.inner.meta.lock();
         if !still_maps(&m, ino, from, Piece { len, ..c })? {
@@ -406,10 +436,15 @@ impl Fs {
     fn alloc_for_move(&self, ino: Ino, from: TargetId, c: Piece) -> Result<(TargetId, u64, u64)> {
         let take = || -> Result<Option<(TargetId, u64, u64)>> {
             let mut m = self.inner.meta.lock();
+            // An unlinked file (`free_inode` takes no I/O lock) is the caller's `Stale`.
             let layout = inode(&m, ino)?.attrs.layout;
             let home = layout.target_of(c.object, self.inner.target_count());
             let to = self.inner.place(home)?;
-            debug_assert_ne!(to, from, "an evacuated target takes no blocks");
+            if to == from {
+                return Err(FsError::invalid(format!(
+                    "the evacuation of target {from} was cancelled"
+                )));
+            }
             self.inner.alloc_fault(to)?;
             Ok(m.alloc
                 .alloc_from(to, None, c.len, stripefs_core::alloc::Draw::Data)
@@ -465,6 +500,14 @@ impl Fs {
             .fetch_add(bs.to_bytes(len), std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// What a target holds (`Fs::usage`).
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    extent_blocks: u64,
+    page_blocks: u64,
+    reserved_blocks: u64,
 }
 
 /// Blocks moved from one file, and whether it still has some on the target.

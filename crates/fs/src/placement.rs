@@ -90,11 +90,11 @@ impl TargetStates {
         self.word(t).fetch_and(!READ_ONLY, Ordering::AcqRel);
     }
 
-    /// Waits until no in-place writer admitted before `t` went read-only is left.
+    /// Waits until no in-place writer admitted before `t` went read-only is left (or
+    /// until `t` is writable again: an evacuation cancelled meanwhile).
     pub fn wait_drained(&self, t: TargetId) {
-        debug_assert!(self.is_read_only(t), "drained only once read-only");
         let mut g = self.lock.lock();
-        while self.writers(t) > 0 {
+        while self.writers(t) > 0 && self.is_read_only(t) {
             // Bounded wait: a leave between the load and the wait is caught next round.
             self.drained
                 .wait_for(&mut g, std::time::Duration::from_millis(10));

@@ -86,6 +86,14 @@ impl Fs {
                 info.name, info.sector_size
             )));
         }
+        // Direct I/O is admitted at the file system's sector size: a target with larger
+        // sectors would fail its sub-block direct I/O.
+        if info.sector_size > geo.sector_size {
+            return Err(FsError::invalid(format!(
+                "target {}: sector size {} is larger than the file system's {}",
+                info.name, info.sector_size, geo.sector_size
+            )));
+        }
         let g = geo
             .plan_added(info.size_bytes)
             .map_err(|e| FsError::invalid(format!("target {}: {e}", info.name)))?;

@@ -275,6 +275,13 @@ fn targets_that_cannot_join_are_refused() {
     let tiny = new_sim("tiny", MB);
     let err = fs.add_target(tiny as Arc<dyn Target>).unwrap_err();
     assert!(err.to_string().contains("too small"), "{err}");
+    // Sectors larger than the file system's (its direct I/O is admitted at 512 bytes).
+    let big_sectors = Arc::new(SimTarget::new("4kn", 16 * MB, 4096));
+    let err = fs.add_target(big_sectors as Arc<dyn Target>).unwrap_err();
+    assert!(
+        err.to_string().contains("larger than the file system's"),
+        "{err}"
+    );
     assert_eq!(fs.targets().len(), 2, "nothing joined");
     books(&fs, "after refusals");
     fs.unmount().unwrap();

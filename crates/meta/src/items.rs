@@ -553,7 +553,7 @@ impl<'a> Items<'a> {
                 self.store.remove(&k)?;
                 // Extents left to the free (a record stream normally clears them first).
                 if self.store.keeps_space() && k.kind == KeyKind::Extent as u8 {
-                    let e = decode_extent(&k, &v)?;
+                    let e = checked_extent(&k, &v, self.store.targets_given())?;
                     crate::space::give_unshared(self.store, e.target, e.phys, e.len)?;
                 }
             }
@@ -622,7 +622,7 @@ impl<'a> Items<'a> {
         found.extend(self.store.scan(TreeId::Fs, from, to, usize::MAX)?);
         let mut map = ExtentMap::new();
         for (k, v) in found {
-            let e = decode_extent(&k, &v)?;
+            let e = checked_extent(&k, &v, self.store.targets_given())?;
             map.append(k.b, e).map_err(|d| bad_item(&k, d))?;
         }
         Ok(map)
@@ -915,8 +915,26 @@ struct Building {
     cookies: usize,
 }
 
+/// An extent item, decoded and checked to name one of the store's `targets` (format
+/// version 3: the target is stored, so a damaged item could name any).
+fn checked_extent(k: &Key, v: &[u8], targets: u32) -> Result<Extent, MetaError> {
+    let e = decode_extent(k, v)?;
+    if e.target.0 >= targets {
+        return Err(bad_item(
+            k,
+            format!(
+                "extent on target {} of a file system of {targets}",
+                e.target
+            ),
+        ));
+    }
+    Ok(e)
+}
+
 struct Loader {
     uuid: Uuid,
+    /// Targets the store was given: an extent naming another is corruption.
+    targets: u32,
     hash: NameHash,
     inodes: BTreeMap<Ino, Inode>,
     /// The counter item's next inode number (every inode is below it).
@@ -932,6 +950,7 @@ impl Loader {
     fn new(store: &Store, hash: NameHash) -> Self {
         Loader {
             uuid: store.uuid(),
+            targets: store.targets_given(),
             hash,
             inodes: BTreeMap::new(),
             next_ino: Ino::ROOT.0,
@@ -983,7 +1002,7 @@ impl Loader {
                 b.xattr.push((k, v.to_vec()));
             }
             Some(KeyKind::Extent) => {
-                let e = decode_extent(&k, v)?;
+                let e = checked_extent(&k, v, self.targets)?;
                 let map = usize::try_from(k.a)
                     .ok()
                     .and_then(|i| b.inode.objects.get_mut(i))

@@ -159,6 +159,32 @@ fn an_extent_whose_physical_run_overflows_is_named() {
     }
 }
 
+/// Format version 3 stores an extent's target: one naming a target the store was not
+/// given is corruption, named, where the runtime would otherwise index its target set
+/// with it.
+#[test]
+fn an_extent_on_a_target_that_does_not_exist_is_named() {
+    let s = store();
+    let k = extent_key(FILE, 0, 0);
+    let e = Extent {
+        target: TargetId(s.targets_given()),
+        ..extent(4, 100)
+    };
+    s.insert(k, &encode_extent(&e)).unwrap();
+    named(load_inode(&s, FILE), &k);
+    named(load_state(&s), &k);
+    let next = Record::ExtentSet {
+        ino: FILE,
+        object: 0,
+        block: 4,
+        len: 1,
+        phys: 104,
+        state: ExtentState::Written,
+        target: TargetId(0),
+    };
+    named(apply_record(&s, &next), &k);
+}
+
 #[test]
 fn a_refcount_range_past_every_target_is_named() {
     for (start, len) in [(u64::MAX - 4, 4), (PHYS_BLOCKS_MAX - 1, 4)] {
