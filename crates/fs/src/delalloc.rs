@@ -141,6 +141,15 @@ impl DelallocMap {
             .collect()
     }
 
+    /// The ranges reserved on `t`, as (start, len).
+    pub fn ranges_on(&self, t: TargetId) -> Vec<(u64, u64)> {
+        self.map
+            .iter()
+            .filter(|(_, d)| d.target == t)
+            .map(|(&s, d)| (s, d.len))
+            .collect()
+    }
+
     /// Every reservation of the map, per target (what freeing the inode gives back).
     pub fn all(&self) -> Removed {
         let mut r = Removed::default();

@@ -580,16 +580,18 @@ impl Fs {
     /// Reserves, per target, the blocks the write allocates: every hole in the range, and
     /// every block it copies on write (shared blocks, a datacow file's written blocks;
     /// decision 90). Blocks freed by transactions not yet durable become reservable after
-    /// a commit, which is made and the reservation retried once. False if some target
-    /// still lacks the space (the caller then goes piece by piece).
+    /// a commit, which is made and the reservation retried once. Keyed by where the new
+    /// blocks will go (the object's placement, `placement.rs`), not where copied blocks
+    /// are. False if some target still lacks the space (the caller then goes piece by
+    /// piece).
     fn reserve_dio_space(&self, mapper: &FileMapper<'_>, off: u64, len: u64) -> Result<bool> {
         let bs = self.inner.geo.block_size;
         let mut need: std::collections::HashMap<TargetId, u64> = std::collections::HashMap::new();
         iterate(mapper, off, len, IomapOp::Report, |map, p, n| {
             let copied = map.flags.contains(stripefs_iomap::IomapFlags::SHARED);
             if copied || matches!(map.kind, IomapKind::Hole) {
-                *need.entry(map.addr.target).or_default() +=
-                    bs.blocks_for(p + n - bs.round_down(p));
+                let to = self.inner.place(mapper.home(map.addr.object))?;
+                *need.entry(to).or_default() += bs.blocks_for(p + n - bs.round_down(p));
             }
             Ok(n)
         })?;

@@ -118,12 +118,61 @@ impl Fs {
             ));
         }
         {
-            let m = self.inner.meta.lock();
+            let mut m = self.inner.meta.lock();
             self.room_elsewhere(&m, target)?;
             self.inner.states.set_read_only(target);
+            if let Err(e) = self.move_reservations(&mut m, target) {
+                self.inner.states.clear_read_only(target);
+                return Err(e);
+            }
         }
         self.inner.states.wait_drained(target);
         self.sync()
+    }
+
+    /// Moves every delayed allocation reserved on `from` (read-only now) to a writable
+    /// target with room, under the metadata lock hold that made it read-only: the
+    /// promise keeps protecting the writeback of that dirty data (otherwise writeback
+    /// would give it back and take free space, which other writers may have taken).
+    ///
+    /// # Errors
+    /// `NoSpace` when no writable target can take a range's reservation (those moved
+    /// before stay moved: the books balance either way).
+    fn move_reservations(&self, m: &mut crate::inner::MetaCore, from: TargetId) -> Result<()> {
+        let n = self.inner.target_count();
+        let held: Vec<(Ino, usize)> = m
+            .inodes
+            .iter()
+            .flat_map(|(ino, c)| {
+                c.delalloc
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, d)| !d.ranges_on(from).is_empty())
+                    .map(move |(o, _)| (ino, o))
+            })
+            .collect();
+        for (ino, object) in held {
+            let ranges = m.inodes.entry(ino).delalloc[object].ranges_on(from);
+            for (start, len) in ranges {
+                let first = self.inner.place(from)?;
+                let to = (0..n)
+                    .map(|k| TargetId((first.0 + k) % n))
+                    .find(|&t| {
+                        !self.inner.states.is_read_only(t) && m.alloc.available_blocks(t) >= len
+                    })
+                    .ok_or_else(|| {
+                        FsError::NoSpace(format!(
+                            "no writable target can take {len} blocks reserved on target {from}"
+                        ))
+                    })?;
+                assert!(m.alloc.reserve(to, len), "available blocks were checked");
+                let d = &mut m.inodes.entry(ino).delalloc[object];
+                let removed = d.remove(start, len);
+                d.insert(start, len, to);
+                removed.unreserve(&mut m.alloc);
+            }
+        }
+        Ok(())
     }
 
     /// Gives up an evacuation: `target` takes new blocks again.

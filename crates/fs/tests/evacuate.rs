@@ -209,7 +209,9 @@ fn a_target_whose_data_does_not_fit_elsewhere_is_refused_and_stays_writable() {
 }
 
 /// Writers keep writing (buffered and direct, NOCOW files written in place) while the
-/// target is evacuated: nothing written is lost and the target ends empty.
+/// target is evacuated: nothing written is lost and the target ends empty. The target
+/// goes read-only first and the writers run a dozen rounds each before the blocks move,
+/// so some of their in-place writes meet it read-only and are copied.
 #[test]
 fn writers_running_through_an_evacuation_lose_nothing() {
     let s = sims(4, 64 << 20);
@@ -226,13 +228,15 @@ fn writers_running_through_an_evacuation_lose_nothing() {
     fs.sync().expect("sync");
     let finals = std::sync::Mutex::new(HashMap::new());
     let stop = std::sync::atomic::AtomicBool::new(false);
+    let rounds = std::sync::atomic::AtomicU64::new(0);
+    fs.evacuate_begin(EVACUATED).expect("begin");
     std::thread::scope(|sc| {
         let writers: Vec<_> = names
             .iter()
             .enumerate()
             .map(|(k, name)| {
                 let (ino, mut data) = want[*name].clone();
-                let (fs, stop, finals) = (&fs, &stop, &finals);
+                let (fs, stop, finals, rounds) = (&fs, &stop, &finals, &rounds);
                 sc.spawn(move || {
                     let mut round = 0u64;
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) || round < 4 {
@@ -248,6 +252,7 @@ fn writers_running_through_an_evacuation_lose_nothing() {
                             fs.fsync(ino, SyncScope::Data).expect("fsync");
                         }
                         round += 1;
+                        rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     finals
                         .lock()
@@ -256,6 +261,9 @@ fn writers_running_through_an_evacuation_lose_nothing() {
                 })
             })
             .collect();
+        while rounds.load(std::sync::atomic::Ordering::Relaxed) < 36 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
         let report = fs.evacuate(EVACUATED, &mut |_| {}).expect("evacuate");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         for w in writers {
