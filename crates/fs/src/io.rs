@@ -69,7 +69,8 @@ impl Fs {
     }
 
     /// Zeroes `[size, end of its block)` on disk if that block holds written data, keeping
-    /// the invariant that bytes past EOF in the EOF block read as zero.
+    /// the invariant that bytes past EOF in the EOF block read as zero; in place only if
+    /// the block is not shared and its target admits the write.
     fn zero_block_tail(&self, mapper: &FileMapper<'_>, size: u64) -> Result<()> {
         let bs = self.inner.geo.block_size;
         if bs.offset_in_block(size) == 0 {
@@ -79,8 +80,10 @@ impl Fs {
         if !map.is_written() {
             return Ok(());
         }
-        if map.flags.contains(stripefs_iomap::IomapFlags::SHARED) {
-            // Never in place on a shared block: zeroed in a copy of its own.
+        let shared = map.flags.contains(stripefs_iomap::IomapFlags::SHARED);
+        if shared || !mapper.in_place.enter(map.addr.target) {
+            // Never in place on a shared block, nor on a read-only target (I-001-3):
+            // zeroed in a copy of its own.
             let at = bs.offset_in_block(size) as usize;
             return self.cow_block(mapper.ino, &map, size, |b| b[at..].fill(0));
         }

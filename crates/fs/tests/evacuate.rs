@@ -437,3 +437,47 @@ fn a_sub_block_direct_write_on_a_read_only_target_keeps_the_rest_of_the_block() 
     }
     all_checks(&fs, "after the write");
 }
+
+/// Truncate's zeroing of the EOF block's tail is an in-place write: on a read-only
+/// target it is refused admission and zeroes a copy on a writable target instead; the
+/// bytes past the new size read as zeros after the file grows again.
+#[test]
+fn truncate_zeroes_an_eof_block_on_a_read_only_target_in_a_copy() {
+    let s = sims(4, 64 << 20);
+    mkfs(&dyns(&s));
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).expect("mount");
+    let f = file(&fs, "f");
+    let data = pattern(5, 0, 1 << 20);
+    fs.write_at(f, 0, &data).expect("write");
+    fs.sync().expect("sync");
+    let r = fs
+        .extents(f)
+        .expect("extents")
+        .into_iter()
+        .find(|r| r.target == EVACUATED.0 && r.written)
+        .expect("a block on target 2");
+    fs.evacuate_begin(EVACUATED).expect("begin");
+    let before = bytes_on(&fs, f, EVACUATED);
+    let cut = r.file_off + 100;
+    fs.set_len(f, cut).expect("truncate");
+    let after = bytes_on(&fs, f, EVACUATED);
+    assert!(
+        after < before,
+        "the EOF block stayed on the read-only target"
+    );
+    let eof = fs
+        .extents(f)
+        .expect("extents")
+        .into_iter()
+        .find(|r| r.file_off <= cut - 1 && cut - 1 < r.file_off + r.len)
+        .expect("the EOF block is mapped");
+    assert_ne!(eof.target, EVACUATED.0, "the zeroed copy is elsewhere");
+    fs.set_len(f, cut + BS).expect("extend");
+    let got = read_all(&fs, f);
+    assert_eq!(&got[..cut as usize], &data[..cut as usize]);
+    assert!(
+        got[cut as usize..].iter().all(|&b| b == 0),
+        "zeros past the old size"
+    );
+    all_checks(&fs, "after the truncate");
+}
