@@ -469,7 +469,7 @@ fn truncate_zeroes_an_eof_block_on_a_read_only_target_in_a_copy() {
         .extents(f)
         .expect("extents")
         .into_iter()
-        .find(|r| r.file_off <= cut - 1 && cut - 1 < r.file_off + r.len)
+        .find(|r| r.file_off < cut && cut - 1 < r.file_off + r.len)
         .expect("the EOF block is mapped");
     assert_ne!(eof.target, EVACUATED.0, "the zeroed copy is elsewhere");
     fs.set_len(f, cut + BS).expect("extend");
