@@ -4,7 +4,6 @@
 //! The daemon opens the target as it opened its own and formats only its superblock:
 //! there is no long step to show progress for (decision 116).
 
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use stripefs_fuse::target_ioctl::{self, Added};
@@ -54,25 +53,6 @@ pub fn run(a: &AddTargetArgs) -> Result<i32, String> {
 /// One ioctl on the mount's root with the request in `b`; the reply replaces it.
 fn call(mnt: &Path, b: &mut [u8]) -> Result<(), String> {
     let dir = std::fs::File::open(mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
-    // SAFETY: the command's size field is `b.len()` (`BYTES`), so the kernel copies
-    // exactly that many bytes in and out of `b`, which lives across the call.
-    let rc = unsafe {
-        libc::ioctl(
-            dir.as_raw_fd(),
-            libc::c_ulong::from(target_ioctl::ADD_TARGET),
-            b.as_mut_ptr(),
-        )
-    };
-    if rc < 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(match e.raw_os_error() {
-            Some(libc::ENOTTY) => format!(
-                "{}: not the root of a stripefs mount (or its daemon is older): {e}",
-                mnt.display()
-            ),
-            Some(libc::EPERM) => format!("{}: add-target needs root: {e}", mnt.display()),
-            _ => e.to_string(),
-        });
-    }
+    crate::root_ioctl::call(&dir, mnt, target_ioctl::ADD_TARGET, b, "add-target")?;
     Ok(())
 }

@@ -5,7 +5,6 @@
 //! data is written back), steps over the inodes with a progress bar (passes until no file
 //! has blocks there), finish (metadata pages moved, the target checked empty).
 
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -87,33 +86,26 @@ pub fn run(a: &EvacuateArgs) -> Result<i32, String> {
 /// One ioctl.
 fn ask(dir: &std::fs::File, mnt: &Path, r: Request) -> Result<Reply, String> {
     let mut b = evacuate_ioctl::encode_request(r);
-    // SAFETY: the command's size field is `b.len()` (`BYTES`), so the kernel copies
-    // exactly that many bytes in and out of `b`, which lives across the call.
-    let rc = unsafe {
-        libc::ioctl(
-            dir.as_raw_fd(),
-            libc::c_ulong::from(evacuate_ioctl::EVACUATE),
-            b.as_mut_ptr(),
-        )
-    };
-    if rc < 0 {
-        let e = std::io::Error::last_os_error();
-        let t = r.target;
-        return Err(match e.raw_os_error() {
-            Some(libc::ENOTTY) => format!(
-                "{}: not the root of a stripefs mount (or its daemon is older): {e}",
-                mnt.display()
-            ),
-            Some(libc::EPERM) => format!("{}: evacuation needs root: {e}", mnt.display()),
+    let t = r.target;
+    crate::root_ioctl::call(dir, mnt, evacuate_ioctl::EVACUATE, &mut b, "evacuation").map_err(
+        |e| match e.errno {
             Some(libc::EINVAL) => format!(
-                "target {t}: refused ({e}): target 0 cannot be evacuated, the target must \
-                 exist, and a step needs a begun evacuation (the daemon's log says which)"
+                "target {t}: refused ({}): target 0 cannot be evacuated, the target must \
+                 exist, and a step needs a begun evacuation (the daemon's log says which)",
+                e.message
             ),
-            Some(libc::ENOSPC) => {
-                format!("target {t}: the other targets have no room for what it holds ({e})")
+            Some(libc::ENOSPC) => format!(
+                "target {t}: the other targets have no room for what it holds ({})",
+                e.message
+            ),
+            _ if e
+                .errno
+                .is_some_and(|n| n != libc::ENOTTY && n != libc::EPERM) =>
+            {
+                format!("target {t}: {}", e.message)
             }
-            _ => format!("target {t}: {e}"),
-        });
-    }
+            _ => e.message,
+        },
+    )?;
     evacuate_ioctl::decode_reply(&b)
 }

@@ -14,6 +14,7 @@ mod mount;
 mod mount_opts;
 mod progress;
 mod remount;
+mod root_ioctl;
 mod scrub;
 mod size;
 mod targets;

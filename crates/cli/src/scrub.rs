@@ -2,7 +2,6 @@
 //! the daemon's scrub ioctl): read every checksummed data block and report the blocks
 //! whose bytes do not match their checksum (`docs/design/scrub.md`).
 
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -125,26 +124,7 @@ fn online(mnt: &Path, rate: u64) -> i32 {
     };
     let step = |c: ScrubCursor| -> Result<ScrubStep, String> {
         let mut b = scrub_ioctl::encode_request(c, scrub_ioctl::MAX_ENTRIES as u64);
-        // SAFETY: the command's size field is `b.len()` (`BYTES`), so the kernel copies
-        // exactly that many bytes in and out of `b`, which lives across the call.
-        let rc = unsafe {
-            libc::ioctl(
-                dir.as_raw_fd(),
-                libc::c_ulong::from(scrub_ioctl::SCRUB_STEP),
-                b.as_mut_ptr(),
-            )
-        };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(match e.raw_os_error() {
-                Some(libc::ENOTTY) => format!(
-                    "{}: not the root of a stripefs mount (or its daemon is older): {e}",
-                    mnt.display()
-                ),
-                Some(libc::EPERM) => format!("{}: online scrub needs root: {e}", mnt.display()),
-                _ => e.to_string(),
-            });
-        }
+        crate::root_ioctl::call(&dir, mnt, scrub_ioctl::SCRUB_STEP, &mut b, "online scrub")?;
         scrub_ioctl::decode_step(&b)
     };
     match drive(step, rate) {

@@ -237,11 +237,8 @@ impl StripeFuse {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
-        if ino(i) != Ino::ROOT {
-            return reply.error(Errno::ENOTTY);
-        }
-        if req.uid() != 0 {
-            return reply.error(Errno::EPERM);
+        if let Some(e) = root_only(req, i) {
+            return reply.error(e);
         }
         let Some((from, budget)) = scrub_ioctl::decode_request(in_data)
             .filter(|_| out_size as usize >= scrub_ioctl::BYTES)
@@ -272,11 +269,8 @@ impl StripeFuse {
         reply: ReplyIoctl,
     ) {
         use evacuate_ioctl::{Part, Reply};
-        if ino(i) != Ino::ROOT {
-            return reply.error(Errno::ENOTTY);
-        }
-        if req.uid() != 0 {
-            return reply.error(Errno::EPERM);
+        if let Some(e) = root_only(req, i) {
+            return reply.error(e);
         }
         let Some(r) = evacuate_ioctl::decode_request(in_data)
             .filter(|_| out_size as usize >= evacuate_ioctl::BYTES)
@@ -323,11 +317,8 @@ impl StripeFuse {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
-        if ino(i) != Ino::ROOT {
-            return reply.error(Errno::ENOTTY);
-        }
-        if req.uid() != 0 {
-            return reply.error(Errno::EPERM);
+        if let Some(e) = root_only(req, i) {
+            return reply.error(e);
         }
         let Some(path) = target_ioctl::decode_request(in_data)
             .filter(|_| out_size as usize >= target_ioctl::BYTES)
@@ -1203,4 +1194,14 @@ fn xattr_reply(reply: ReplyXattr, v: &[u8], size: u32) {
     } else {
         reply.data(v);
     }
+}
+
+/// The private ioctls (scrub, evacuation, add-target) are answered on the mount's root
+/// only (`ENOTTY` elsewhere, as for an unknown command) and for root only (`EPERM`: the
+/// daemon cannot see the caller's capabilities).
+fn root_only(req: &Request, i: INodeNo) -> Option<Errno> {
+    if ino(i) != Ino::ROOT {
+        return Some(Errno::ENOTTY);
+    }
+    (req.uid() != 0).then_some(Errno::EPERM)
 }
