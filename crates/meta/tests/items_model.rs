@@ -40,7 +40,8 @@ struct Run {
     rng: Rng,
     state: MetaState,
     store: Store,
-    target: Arc<dyn Target>,
+    /// Three targets: extents name any of them (format version 3).
+    targets: Vec<Arc<dyn Target>>,
     applied: usize,
     /// The directory that collects hundreds of entries.
     big: Ino,
@@ -101,14 +102,18 @@ fn attrs(ino: Ino, kind: FileKind, rng: &mut Rng) -> InodeAttrs {
 
 impl Run {
     fn new(seed: u64) -> Run {
-        let target: Arc<dyn Target> = Arc::new(SimTarget::new("t", TARGET_BYTES, SECTOR));
-        let store = Store::create(config(BIG_CACHE), vec![Arc::clone(&target)], alloc());
+        let targets: Vec<Arc<dyn Target>> = (0..3)
+            .map(|i| {
+                Arc::new(SimTarget::new(&format!("t{i}"), TARGET_BYTES, SECTOR)) as Arc<dyn Target>
+            })
+            .collect();
+        let store = Store::create(config(BIG_CACHE), targets.clone(), alloc());
         let mut r = Run {
             seed,
             rng: Rng::new(seed),
             state: MetaState::new(),
             store,
-            target,
+            targets,
             applied: 0,
             big: Ino(0),
             orphans: Vec::new(),
@@ -189,8 +194,7 @@ impl Run {
             BIG_CACHE
         };
         let alloc = alloc();
-        let store = Store::open(config(cache), vec![Arc::clone(&self.target)], alloc.clone())
-            .expect("open");
+        let store = Store::open(config(cache), self.targets.clone(), alloc.clone()).expect("open");
         for t in TreeId::ALL {
             store.walk(t, &mut |a, _| alloc.mark_used(a)).expect("walk");
         }
