@@ -16,6 +16,7 @@
 //! [`Fs::evacuate_finish`]: stripefs::Fs::evacuate_finish
 //! [`Fs::evacuate_cancel`]: stripefs::Fs::evacuate_cancel
 
+use crate::wire::{put, u32_at, u64_at};
 use stripefs::{EvacuateStep, TargetId};
 
 /// The argument's size.
@@ -48,18 +49,6 @@ pub struct Reply {
     pub step: EvacuateStep,
     /// Metadata-tree paths rewritten (a finish's answer).
     pub meta_paths: u64,
-}
-
-fn put(b: &mut [u8], at: usize, v: &[u8]) {
-    b[at..at + v.len()].copy_from_slice(v);
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 /// The ioctl argument of `r`.

@@ -15,6 +15,7 @@ mod session;
 pub mod target_ioctl;
 mod transport;
 pub mod uring;
+mod wire;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;

@@ -18,6 +18,7 @@
 //!
 //! [`Fs::scrub_step`]: stripefs::Fs::scrub_step
 
+use crate::wire::{put, u32_at, u64_at};
 use stripefs::{Ino, ScrubCursor, ScrubMismatch, ScrubReadError, ScrubStep, TargetId};
 
 /// Most entries a reply holds, and so the most blocks one step verifies.
@@ -33,18 +34,6 @@ pub const SCRUB_STEP: u32 = (3 << 30) | ((BYTES as u32) << 16) | (0xB5 << 8) | 1
 
 const KIND_MISMATCH: u32 = 1;
 const KIND_UNREADABLE: u32 = 2;
-
-fn put(b: &mut [u8], at: usize, v: &[u8]) {
-    b[at..at + v.len()].copy_from_slice(v);
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
 
 /// The request for one step from `from`, verifying at most `budget` blocks.
 #[must_use]

@@ -15,6 +15,7 @@
 //!
 //! [`Fs::add_target`]: stripefs::Fs::add_target
 
+use crate::wire::{u32_at, u64_at};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -55,14 +56,6 @@ pub enum Added {
     },
     /// Refused, and why.
     Refused(String),
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 /// The request to add the target at `path`; `None` if the path is longer than
