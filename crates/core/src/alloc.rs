@@ -129,6 +129,33 @@ impl Allocator {
         Ok(())
     }
 
+    /// Target `target` leaves (`TargetState::Retired`): its data area, wholly free, no
+    /// longer counts; nothing can be allocated, reserved or freed there afterwards.
+    ///
+    /// # Errors
+    /// `Limit` naming what it still holds: blocks in use, promised, or busy (freed by a
+    /// transaction not yet durable, or not yet applied to the trees).
+    pub fn retire(&mut self, target: TargetId) -> Result<(), CoreError> {
+        let busy = self.busy_blocks_on(target)
+            + self
+                .unapplied
+                .iter()
+                .filter(|u| u.target == target)
+                .map(|u| u.len)
+                .sum::<u64>();
+        let t = &mut self.targets[target.index()];
+        let area = t.blocks - t.data_start;
+        if t.free_blocks != area || t.reserved != 0 || busy != 0 {
+            return Err(CoreError::Limit(format!(
+                "target {target} cannot be retired: {} of its {area} data blocks are in use, {} promised, {busy} freed but not yet durable",
+                area - t.free_blocks,
+                t.reserved
+            )));
+        }
+        *t = TargetSpace::default();
+        Ok(())
+    }
+
     /// Targets the allocator knows.
     #[must_use]
     pub fn target_count(&self) -> u32 {
@@ -536,6 +563,13 @@ impl Allocator {
             .filter(|b| b.target == target)
             .map(|b| b.len)
             .sum()
+    }
+
+    /// The data area of `target`, `(data_start, blocks)` (both 0 once it is retired).
+    #[must_use]
+    pub fn data_area(&self, target: TargetId) -> (u64, u64) {
+        let t = &self.targets[target.index()];
+        (t.data_start, t.blocks)
     }
 
     /// Data blocks on `target`.

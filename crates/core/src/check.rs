@@ -622,7 +622,18 @@ impl ReplayCheck {
                     geo.target_count()
                 ));
             }
-            Record::XattrSet { .. } | Record::XattrRemove { .. } | Record::TargetAdd { .. } => {}
+            Record::TargetState { target, .. }
+                if target.0 == 0 || target.0 >= geo.target_count() =>
+            {
+                return Err(format!(
+                    "changes the state of target {target} of a file system of {} targets (target 0 is never read-only)",
+                    geo.target_count()
+                ));
+            }
+            Record::XattrSet { .. }
+            | Record::XattrRemove { .. }
+            | Record::TargetAdd { .. }
+            | Record::TargetState { .. } => {}
         }
         Ok(())
     }

@@ -93,7 +93,7 @@ impl MetaState {
             } => self.csums.set(*target, *phys, csums),
             Record::CsumClear { target, phys, len } => self.csums.clear(*target, *phys, *len),
             // Membership is not part of the model (its geometry is the runtime's).
-            Record::TargetAdd { .. } => {}
+            Record::TargetAdd { .. } | Record::TargetState { .. } => {}
             _ => {
                 let ino = rec.subject().expect("every other record names an inode");
                 apply_to(self.get_mut(ino, rec)?, rec)?;
@@ -227,7 +227,8 @@ pub fn apply_to(i: &mut Inode, rec: &Record) -> Result<(), CoreError> {
         Record::RefcountSet { .. }
         | Record::CsumSet { .. }
         | Record::CsumClear { .. }
-        | Record::TargetAdd { .. } => {
+        | Record::TargetAdd { .. }
+        | Record::TargetState { .. } => {
             return Err(misfit(format!("{rec:?} applied to inode {}", i.attrs.ino)));
         }
     }

@@ -92,6 +92,81 @@ pub enum Record {
         blocks: u64,
         data_start: u64,
     },
+    /// Target `target`'s state changes (`docs/design/targets.md`, "Retiring a target"):
+    /// read-only when an evacuation begins, writable again when it is cancelled, retired
+    /// once it is empty. A retired target stays retired.
+    TargetState {
+        target: TargetId,
+        state: TargetState,
+    },
+}
+
+/// What a member target may hold, persisted so that a remount keeps it (decision 106).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetState {
+    /// The default: new blocks and in-place writes go there.
+    Writable,
+    /// Being evacuated: no new block, page or in-place write goes there.
+    ReadOnly,
+    /// Out of the file system: its data area `[data_start, blocks)` was wholly free when
+    /// it left and no longer counts; mount does not need its device.
+    Retired { data_start: u64, blocks: u64 },
+}
+
+const S_WRITABLE: u8 = 0;
+const S_READ_ONLY: u8 = 1;
+const S_RETIRED: u8 = 2;
+
+impl TargetState {
+    /// Whether nothing new may go there (read-only or retired).
+    #[must_use]
+    pub fn is_read_only(self) -> bool {
+        !matches!(self, TargetState::Writable)
+    }
+
+    /// Appends the encoded state: code u8, then for `Retired` the data area.
+    pub fn encode(self, b: &mut Enc) {
+        match self {
+            TargetState::Writable => b.u8(S_WRITABLE),
+            TargetState::ReadOnly => b.u8(S_READ_ONLY),
+            TargetState::Retired { data_start, blocks } => {
+                b.u8(S_RETIRED);
+                b.u64(data_start);
+                b.u64(blocks);
+            }
+        }
+    }
+
+    /// Decodes what [`TargetState::encode`] wrote.
+    ///
+    /// # Errors
+    /// `Corrupted` for an unknown code or a data area that is empty or does not fit.
+    pub fn decode(d: &mut Dec<'_>) -> Result<Self, CoreError> {
+        match d.u8()? {
+            S_WRITABLE => Ok(TargetState::Writable),
+            S_READ_ONLY => Ok(TargetState::ReadOnly),
+            S_RETIRED => {
+                let (data_start, blocks) = (d.u64()?, d.u64()?);
+                if data_start == 0 || data_start >= blocks || !phys_run_fits(0, blocks) {
+                    return Err(d.err(format!(
+                        "retired target with data area {data_start}..{blocks}"
+                    )));
+                }
+                Ok(TargetState::Retired { data_start, blocks })
+            }
+            other => Err(d.err(format!("unknown target state {other}"))),
+        }
+    }
+}
+
+impl std::fmt::Display for TargetState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TargetState::Writable => f.write_str("writable"),
+            TargetState::ReadOnly => f.write_str("read-only"),
+            TargetState::Retired { .. } => f.write_str("retired"),
+        }
+    }
 }
 
 const T_INODE_SET: u8 = 1;
@@ -107,6 +182,7 @@ const T_REFCOUNT_SET: u8 = 10;
 const T_CSUM_SET: u8 = 11;
 const T_CSUM_CLEAR: u8 = 12;
 const T_TARGET_ADD: u8 = 13;
+const T_TARGET_STATE: u8 = 14;
 
 fn enc_time(e: &mut Enc, t: Timespec) {
     e.i64(t.sec);
@@ -255,6 +331,7 @@ impl Record {
             Record::CsumSet { .. } => "checksum set",
             Record::CsumClear { .. } => "checksum clear",
             Record::TargetAdd { .. } => "target add",
+            Record::TargetState { .. } => "target state",
         }
     }
 
@@ -373,6 +450,11 @@ impl Record {
                 b.u64(*blocks);
                 b.u64(*data_start);
                 T_TARGET_ADD
+            }
+            Record::TargetState { target, state } => {
+                b.u32(target.0);
+                state.encode(&mut b);
+                T_TARGET_STATE
             }
         };
         e.u8(tag);
@@ -520,6 +602,11 @@ impl Record {
                     data_start,
                 }
             }
+            T_TARGET_STATE => {
+                let target = TargetId(b.u32()?);
+                let state = TargetState::decode(&mut b)?;
+                Record::TargetState { target, state }
+            }
             other => return Err(d.err(format!("unknown record type {other}"))),
         };
         if b.remaining() != 0 {
@@ -560,7 +647,8 @@ impl Record {
             Record::RefcountSet { .. }
             | Record::CsumSet { .. }
             | Record::CsumClear { .. }
-            | Record::TargetAdd { .. } => None,
+            | Record::TargetAdd { .. }
+            | Record::TargetState { .. } => None,
         }
     }
 }
@@ -652,6 +740,21 @@ mod tests {
                 target: TargetId(3),
                 blocks: 4096,
                 data_start: 256,
+            },
+            Record::TargetState {
+                target: TargetId(2),
+                state: TargetState::ReadOnly,
+            },
+            Record::TargetState {
+                target: TargetId(2),
+                state: TargetState::Retired {
+                    data_start: 256,
+                    blocks: 4096,
+                },
+            },
+            Record::TargetState {
+                target: TargetId(1),
+                state: TargetState::Writable,
             },
             Record::InodeFree(Ino(9)),
         ];

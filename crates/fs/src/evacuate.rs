@@ -21,8 +21,10 @@
 //! Crash safety comes from the ordinary protocol: each remap is one journal transaction,
 //! committed only after the copy's target is flushed (`DirtyTargets`), and the old blocks
 //! are freed only once it is durable. A crash leaves each extent on the old or the new
-//! blocks; running the evacuation again moves what is left. The read-only state is kept
-//! in memory: after a remount the target is writable until evacuated again.
+//! blocks; running the evacuation again moves what is left. The read-only state is
+//! persisted (a `TargetState` record committed by the begin, decision 106): after a
+//! remount the target is still read-only until the evacuation is cancelled. An emptied
+//! target can then be retired (`Fs::retire_target`, `targets.md`).
 //!
 //! Limits: target 0 holds the journal and the root records and cannot be evacuated; a
 //! block several files share is copied once per file that maps it (the sharing is lost,
@@ -32,7 +34,7 @@ use std::time::Instant;
 
 use stripefs_core::extent::ExtentState;
 use stripefs_core::inode::FileKind;
-use stripefs_core::record::Record;
+use stripefs_core::record::{Record, TargetState};
 use stripefs_core::{Ino, TargetId};
 use stripefs_iomap::WbWait;
 
@@ -117,13 +119,29 @@ impl Fs {
                 "target 0 holds the journal and the root records and cannot be evacuated",
             ));
         }
+        if self.inner.states.is_retired(target) {
+            return Err(FsError::invalid(format!(
+                "target {target} is retired: it holds nothing"
+            )));
+        }
         {
             let mut m = self.inner.meta.lock();
             self.room_elsewhere(&m, target)?;
-            self.inner.states.set_read_only(target);
+            let newly = self.inner.states.set_read_only(target);
             if let Err(e) = self.move_reservations(&mut m, target) {
-                self.inner.states.clear_read_only(target);
+                if newly {
+                    self.inner.states.clear_read_only(target);
+                }
                 return Err(e);
+            }
+            if newly {
+                // Persisted (decision 106): after a remount the target stays read-only
+                // until the evacuation is finished or cancelled. Committed by the sync.
+                let rec = Record::TargetState {
+                    target,
+                    state: TargetState::ReadOnly,
+                };
+                self.inner.log_all(&mut m, vec![rec])?;
             }
         }
         self.inner.states.wait_drained(target);
@@ -175,12 +193,42 @@ impl Fs {
         Ok(())
     }
 
-    /// Gives up an evacuation: `target` takes new blocks again.
-    pub fn evacuate_cancel(&self, target: TargetId) {
-        if target.0 < self.inner.target_count() {
-            let _m = self.inner.meta.lock();
-            self.inner.states.clear_read_only(target);
+    /// Gives up an evacuation: `target` takes new blocks again, also after a remount
+    /// (the change is committed before this returns).
+    ///
+    /// # Errors
+    /// `Invalid` for a target that does not exist or is retired; `ReadOnly`, `Poisoned`,
+    /// the commit's error.
+    pub fn evacuate_cancel(&self, target: TargetId) -> Result<()> {
+        self.inner.check()?;
+        let _change = self.begin_change()?;
+        if target.0 >= self.inner.target_count() || self.inner.states.is_retired(target) {
+            return Err(FsError::invalid(format!(
+                "target {target} is not a target that can be made writable (retired, or not a member)"
+            )));
         }
+        let seq = {
+            let mut m = self.inner.meta.lock();
+            if !self.inner.states.is_read_only(target) {
+                return Ok(());
+            }
+            self.inner.states.clear_read_only(target);
+            let rec = Record::TargetState {
+                target,
+                state: TargetState::Writable,
+            };
+            self.inner.log_all(&mut m, vec![rec])?;
+            m.txn.seq
+        };
+        self.inner
+            .journal
+            .commit(&self.inner, seq, crate::journal::CommitMode::Append)
+    }
+
+    /// Whether `target` is retired (`Fs::retire_target`).
+    #[must_use]
+    pub fn target_retired(&self, target: TargetId) -> bool {
+        target.0 < self.inner.target_count() && self.inner.states.is_retired(target)
     }
 
     /// Whether `target` is read-only (being or done being evacuated).
@@ -192,7 +240,7 @@ impl Fs {
     /// What `target` holds, from the allocator's counters (no tree read: callers hold the
     /// metadata lock): blocks in extents, in metadata pages, and reserved for delayed
     /// allocations.
-    fn usage(&self, m: &crate::inner::MetaCore, target: TargetId) -> Usage {
+    pub(crate) fn usage(&self, m: &crate::inner::MetaCore, target: TargetId) -> Usage {
         let a = &m.alloc;
         let dead: u64 = m
             .dead
@@ -553,10 +601,10 @@ impl Fs {
 
 /// What a target holds (`Fs::usage`).
 #[derive(Debug, Clone, Copy)]
-struct Usage {
-    extent_blocks: u64,
-    page_blocks: u64,
-    reserved_blocks: u64,
+pub(crate) struct Usage {
+    pub extent_blocks: u64,
+    pub page_blocks: u64,
+    pub reserved_blocks: u64,
 }
 
 /// Blocks moved from one file, and whether it still has some on the target.

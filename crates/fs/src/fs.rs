@@ -145,8 +145,9 @@ impl Fs {
     /// A clear error naming the target or structure when superblocks, checkpoint or
     /// journal fail verification, or targets are missing, duplicated or foreign.
     pub fn mount(targets: Vec<Arc<dyn Target>>, opts: MountOptions) -> Result<(Fs, MountReport)> {
-        let l = recovery::load(targets, opts.meta_cache)?;
+        let mut l = recovery::load(targets, opts.meta_cache)?;
         let replayed_records = l.replayed_records;
+        let states = std::mem::take(&mut l.states);
         opts.cache
             .validate(l.geo.block_size.bytes())
             .map_err(FsError::Invalid)?;
@@ -207,6 +208,16 @@ impl Fs {
             trees,
             opts.clone(),
         ));
+        // Persisted states first: nothing is written before they hold (decision 106).
+        for (i, s) in states.iter().enumerate() {
+            let t = stripefs_core::TargetId(i as u32);
+            if s.is_read_only() {
+                inner.states.set_read_only(t);
+            }
+            if let stripefs_core::record::TargetState::Retired { .. } = s {
+                inner.states.set_retired(t);
+            }
+        }
         pages.attach(Arc::downgrade(&inner));
         let fs = Fs { inner };
         let orphans = fs.free_orphans(&orphans)?;
@@ -667,8 +678,13 @@ impl Fs {
         let blocks = (0..n).map(|t| m.alloc.data_blocks(TargetId(t))).sum();
         // Busy blocks are free: the allocator commits to reuse them (`commit_for_space`).
         // The metadata reserve is not (XFS's reserved blocks).
+        // Read-only targets (being evacuated) take no new blocks: their free blocks are
+        // neither free nor available to a writer; a retired target counts nothing
+        // (decision 108).
         let free: Vec<u64> = (0..n)
-            .map(|t| m.alloc.user_free_blocks(TargetId(t)))
+            .map(TargetId)
+            .filter(|&t| !self.inner.states.is_read_only(t))
+            .map(|t| m.alloc.user_free_blocks(t))
             .collect();
         let blocks_free = free.iter().sum();
         let blocks_avail = self.default_file_blocks(&free);

@@ -446,6 +446,9 @@ pub struct Inspection {
     /// Per target: (data blocks, free blocks, free ranges).
     pub space: Vec<(u64, u64, usize)>,
     pub block_size: u32,
+    /// Per member: its persisted state (as of the durable trees) and whether its device
+    /// was given (a retired one need not be).
+    pub states: Vec<(stripefs_core::record::TargetState, bool)>,
 }
 
 /// Reads everything `inspect` shows, writing nothing (the same streaming walk as
@@ -458,7 +461,14 @@ pub fn inspect(targets: Vec<Arc<dyn Target>>) -> Result<Inspection> {
     let o = &c.opened;
     let geo = &o.geo;
     let root_slots = root_slots(o)?;
-    let (_, sbs) = recovery::read_superblocks(o.targets.clone())?;
+    let given = o
+        .targets
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !o.absent.contains(&(*i as u32)))
+        .map(|(_, t)| Arc::clone(t))
+        .collect();
+    let sbs = recovery::read_superblocks(given)?.superblocks;
     let stats = o.store.stats();
     let trees = c
         .pages
@@ -493,5 +503,11 @@ pub fn inspect(targets: Vec<Arc<dyn Target>>) -> Result<Inspection> {
         extents: c.extents,
         space,
         block_size: geo.block_size.bytes(),
+        states: (0..o.store.members())
+            .map(|t| {
+                let state = o.store.target_state(TargetId(t))?;
+                Ok((state, !o.absent.contains(&t)))
+            })
+            .collect::<Result<_>>()?,
     })
 }

@@ -202,7 +202,10 @@ impl MetaCore {
         // About blocks or targets, not inodes: nothing in core to change.
         if matches!(
             rec,
-            Record::CsumSet { .. } | Record::CsumClear { .. } | Record::TargetAdd { .. }
+            Record::CsumSet { .. }
+                | Record::CsumClear { .. }
+                | Record::TargetAdd { .. }
+                | Record::TargetState { .. }
         ) {
             self.txn.bytes += rec.encoded_len();
             self.txn.records.push(rec);

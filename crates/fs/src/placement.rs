@@ -24,6 +24,9 @@ use parking_lot::{Condvar, Mutex};
 use stripefs_core::TargetId;
 
 const READ_ONLY: u64 = 1 << 63;
+/// Set with [`READ_ONLY`] once the target is retired: it never becomes writable again.
+const RETIRED: u64 = 1 << 62;
+const FLAGS: u64 = READ_ONLY | RETIRED;
 
 /// Per-target read-only bit and in-place writer count.
 #[derive(Debug)]
@@ -54,7 +57,18 @@ impl TargetStates {
 
     /// In-place writers admitted on `t` and not yet left.
     pub fn writers(&self, t: TargetId) -> u64 {
-        self.word(t).load(Ordering::Acquire) & !READ_ONLY
+        self.word(t).load(Ordering::Acquire) & !FLAGS
+    }
+
+    /// Whether `t` left the file system (`TargetState::Retired`).
+    pub fn is_retired(&self, t: TargetId) -> bool {
+        self.word(t).load(Ordering::Acquire) & RETIRED != 0
+    }
+
+    /// Retires `t` (read-only already, call under the metadata lock): for good.
+    pub fn set_retired(&self, t: TargetId) {
+        let was = self.word(t).fetch_or(READ_ONLY | RETIRED, Ordering::AcqRel);
+        debug_assert!(was & READ_ONLY != 0, "target {t} retired while writable");
     }
 
     /// I-001-3: admits an in-place writer on `t` unless `t` is read-only, in one step.
@@ -71,10 +85,10 @@ impl TargetStates {
     pub fn leave_in_place(&self, t: TargetId) {
         let was = self.word(t).fetch_sub(1, Ordering::AcqRel);
         assert!(
-            was & !READ_ONLY > 0,
+            was & !FLAGS > 0,
             "in-place writer count of target {t} underflows"
         );
-        if was == READ_ONLY | 1 {
+        if was & READ_ONLY != 0 && was & !FLAGS == 1 {
             let _g = self.lock.lock();
             self.drained.notify_all();
         }
@@ -85,8 +99,13 @@ impl TargetStates {
         self.word(t).fetch_or(READ_ONLY, Ordering::AcqRel) & READ_ONLY == 0
     }
 
-    /// Makes `t` writable again (call under the metadata lock).
+    /// Makes `t` writable again (call under the metadata lock); a retired target stays
+    /// read-only.
     pub fn clear_read_only(&self, t: TargetId) {
+        assert!(
+            !self.is_retired(t),
+            "target {t} is retired: never writable again"
+        );
         self.word(t).fetch_and(!READ_ONLY, Ordering::AcqRel);
     }
 
@@ -180,6 +199,13 @@ mod tests {
         s.clear_read_only(t);
         assert_eq!(s.place(t, 3), Some(t));
         assert!(s.enter_in_place(t));
+        assert!(s.set_read_only(t));
+        s.set_retired(t);
+        assert!(s.is_retired(t) && s.is_read_only(t));
+        assert_eq!(s.writers(t), 1, "the retired bit is not a writer");
+        s.leave_in_place(t);
+        assert_eq!(s.writers(t), 0);
+        assert_eq!(s.place(t, 3), Some(TargetId(2)));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use stripefs_core::geometry::Geometry;
 use stripefs_core::journal::{
     decode_header, find_later, log_limit, verify_payload, HeaderMismatch,
 };
-use stripefs_core::record::Record;
+use stripefs_core::record::{Record, TargetState};
 use stripefs_core::superblock::{Superblock, SB_BYTES};
 use stripefs_core::CoreError;
 use stripefs_meta::{JournalMark, RootSlots, Store, StoreConfig};
@@ -48,10 +48,20 @@ pub(crate) struct Loaded {
     pub replayed_txns: u64,
     /// Records replayed (applied to the trees).
     pub replayed_records: u64,
+    /// Each member's state (read-only and retired ones are persisted, decision 106).
+    pub states: Vec<TargetState>,
 }
 
 /// Targets in index order with their superblocks.
-pub(crate) type Ordered = (Vec<Arc<dyn Target>>, Vec<Superblock>);
+pub(crate) struct Ordered {
+    pub targets: Vec<Arc<dyn Target>>,
+    pub superblocks: Vec<Superblock>,
+    /// Indices not given, in order: their places hold an `AbsentTarget` and a superblock
+    /// with an empty data area (acceptable only for retired targets).
+    pub absent: Vec<u32>,
+    /// The count of target 0's superblock (the targets mkfs made).
+    pub mkfs_count: u32,
+}
 
 /// Reads and cross-checks the superblocks; returns the targets in index order.
 ///
@@ -118,24 +128,34 @@ pub(crate) fn read_superblocks(targets: Vec<Arc<dyn Target>>) -> Result<Ordered>
     } else {
         1
     };
-    let missing: Vec<String> = (0..count.max(have.len() as u32))
-        .filter(|i| !have.contains(i))
-        .map(|i| i.to_string())
-        .collect();
-    if !missing.is_empty() {
+    if have[0] != 0 {
         return Err(FsError::invalid(format!(
-            "file system {uuid} has {count} targets from mkfs{} but {} were given (missing target index {})",
-            if have.len() as u32 > count {
-                " and more added"
-            } else {
-                ""
-            },
-            found.len(),
-            missing.join(", ")
+            "file system {uuid}: target 0 (the journal and the root records) was not given; {} targets were given",
+            found.len()
         )));
     }
+    // Indices below the highest given (or below mkfs's count) that were not given are
+    // kept as absent places: retired targets need no device (`targets.md`, "Retiring a
+    // target"); `open` refuses any that is not retired.
+    let top = count.max(have.last().map_or(0, |h| h + 1));
+    let mut absent: Vec<u32> = (0..top).filter(|i| !have.contains(i)).collect();
+    for &i in &absent {
+        let mut sb = found[0].0.clone();
+        sb.target_index = stripefs_core::TargetId(i);
+        sb.target_count = count;
+        (sb.target_blocks, sb.data_start) = (0, 0);
+        let t: Arc<dyn Target> = Arc::new(stripefs_target::AbsentTarget::new(i, sb.sector_size));
+        found.push((sb, t));
+    }
+    found.sort_by_key(|(sb, _)| sb.target_index);
+    absent.sort_unstable();
     let (sbs, ts) = found.into_iter().unzip();
-    Ok((ts, sbs))
+    Ok(Ordered {
+        targets: ts,
+        superblocks: sbs,
+        absent,
+        mkfs_count: count,
+    })
 }
 
 /// Targets given at mount past the trees' members: each becomes a member if the
@@ -210,6 +230,8 @@ pub(crate) struct Opened {
     /// Targets given past the members (`TargetAdd`s in the journal, or adds that never
     /// committed).
     pub candidates: Candidates,
+    /// Member indices not given (retired targets: `AbsentTarget`s hold their places).
+    pub absent: Vec<u32>,
 }
 
 /// Opens the file system read-only: superblocks, geometry, the trees' root record.
@@ -217,18 +239,65 @@ pub(crate) struct Opened {
 /// # Errors
 /// As [`read_superblocks`]; `Corrupted` for damaged root records.
 pub(crate) fn open(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Result<Opened> {
-    let (mut targets, mut sbs) = read_superblocks(targets)?;
+    let Ordered {
+        mut targets,
+        superblocks: mut sbs,
+        absent,
+        mkfs_count,
+    } = read_superblocks(targets)?;
     let all = Geometry::from_superblocks(&sbs)?;
     let pages = Arc::new(MetaPages::for_mount(&all));
     let alloc: Arc<dyn stripefs_meta::PageAlloc> = Arc::clone(&pages) as _;
-    let store = Store::open(store_config(&all, cache), targets.clone(), alloc)?;
+    let uuid = all.uuid;
+    let given = targets.len() - absent.len();
+    // A retired target holds no page: a read that reaches an absent one means it is
+    // not retired, so the error is that it is missing.
+    let unreadable = |e: stripefs_meta::MetaError| -> FsError {
+        if absent.is_empty() {
+            return e.into();
+        }
+        let list: Vec<String> = absent.iter().map(u32::to_string).collect();
+        FsError::invalid(format!(
+            "file system {uuid} has {mkfs_count} targets from mkfs but {given} were given (missing target index {}, which the metadata still uses: {e}): give its path too",
+            list.join(", ")
+        ))
+    };
+    let store =
+        Store::open(store_config(&all, cache), targets.clone(), alloc).map_err(unreadable)?;
     let members = store.members() as usize;
-    if members < sbs[0].target_count as usize {
-        let d = format!(
-            "counts {members} targets, fewer than the {} of mkfs",
-            sbs[0].target_count
-        );
+    if members < mkfs_count as usize {
+        let d = format!("counts {members} targets, fewer than the {mkfs_count} of mkfs");
         return Err(CoreError::corrupted("metadata page log", d).into());
+    }
+    let missing = |i: u32, why: &str| {
+        FsError::invalid(format!(
+            "file system {uuid} has {members} targets{} but {given} were given (missing target index {i}{why}): give its path too",
+            if members as u32 > mkfs_count {
+                format!(" ({mkfs_count} from mkfs and more added)")
+            } else {
+                " from mkfs".into()
+            },
+        ))
+    };
+    let mut states = Vec::with_capacity(members);
+    for i in 0..members as u32 {
+        states.push(
+            store
+                .target_state(stripefs_core::TargetId(i))
+                .map_err(unreadable)?,
+        );
+    }
+    for &i in absent.iter().filter(|&&i| (i as usize) < members) {
+        match states[i as usize] {
+            TargetState::Retired { .. } => {}
+            state => return Err(missing(i, &format!(", which is {state}, not retired"))),
+        }
+    }
+    // A retired member has no data area, whether its device was given or not.
+    for (sb, state) in sbs.iter_mut().zip(&states) {
+        if let TargetState::Retired { .. } = state {
+            (sb.target_blocks, sb.data_start) = (0, 0);
+        }
     }
     pages.set_members(members as u32);
     let candidates = Candidates {
@@ -236,6 +305,7 @@ pub(crate) fn open(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
             .split_off(members)
             .into_iter()
             .zip(targets.split_off(members))
+            .filter(|(sb, _)| !absent.contains(&sb.target_index.0))
             .collect(),
     };
     Ok(Opened {
@@ -244,6 +314,7 @@ pub(crate) fn open(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         store,
         pages,
         candidates,
+        absent,
     })
 }
 
@@ -259,6 +330,7 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         store,
         pages,
         candidates,
+        absent: _,
     } = open(targets, cache)?;
     // No walk of the pages: the free space is the space tree's (metadata.md, "Persisted
     // free space").
@@ -271,8 +343,25 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
     r.finish()?;
     let end = end?;
     let replayed_records = r.records;
-    let crate::replay::Members { geo, added, left } = r.into_members();
+    let crate::replay::Members {
+        mut geo,
+        added,
+        left,
+    } = r.into_members();
     targets.extend(added);
+    // Every member's state as the replayed trees hold it; one retired by a replayed
+    // record loses its data area here, as `open` did for those the checkpoint retired.
+    let states = (0..geo.target_count())
+        .map(|i| store.target_state(stripefs_core::TargetId(i)))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    for (g, s) in geo.targets.iter_mut().zip(&states) {
+        if let TargetState::Retired { .. } = s {
+            *g = stripefs_core::geometry::TargetGeometry {
+                blocks: 0,
+                data_start: 0,
+            };
+        }
+    }
     let ignored = left
         .list
         .into_iter()
@@ -297,6 +386,7 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         next_seq: end.next_seq,
         replayed_txns: end.txns,
         replayed_records,
+        states,
     })
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use stripefs_core::alloc::Allocator;
 use stripefs_core::geometry::TargetGeometry;
-use stripefs_core::record::Record;
+use stripefs_core::record::{Record, TargetState};
 use stripefs_core::superblock::{Superblock, SB_BYTES, SB_MAGIC};
 use stripefs_core::TargetId;
 use stripefs_target::{IoBuf, Target};
@@ -68,6 +68,70 @@ impl Fs {
         drop(access);
         tracing::info!(target = n.0, blocks = g.blocks, "target added");
         Ok(n)
+    }
+
+    /// Retires `target`, which an evacuation emptied (`Fs::evacuate`): it leaves the
+    /// file system for good. Its data area no longer counts in the free space or `df`,
+    /// nothing is placed there again, and a later mount does not need its device
+    /// (`targets.md`, "Retiring a target"). The `TargetState` record is committed and
+    /// checkpointed before this returns, so the device can be detached once the file
+    /// system is unmounted (this process keeps it open until then).
+    ///
+    /// # Errors
+    /// `Invalid` for target 0, a target that does not exist, is retired already, is not
+    /// read-only (evacuate it first) or still holds blocks; `ReadOnly`; `Poisoned`; the
+    /// commit's and the checkpoint's errors.
+    pub fn retire_target(&self, target: TargetId) -> Result<()> {
+        self.inner.check()?;
+        let _switch = self.inner.access_switch.lock();
+        let _change = self.begin_change()?;
+        let n = self.inner.target_count();
+        if target.0 == 0 || target.0 >= n {
+            return Err(FsError::invalid(format!(
+                "target {target} cannot be retired (the file system has {n} targets; target 0 holds the journal)"
+            )));
+        }
+        if self.inner.states.is_retired(target) {
+            return Err(FsError::invalid(format!(
+                "target {target} is retired already"
+            )));
+        }
+        if !self.inner.states.is_read_only(target) {
+            return Err(FsError::invalid(format!(
+                "target {target} is writable: evacuate it first"
+            )));
+        }
+        // What was freed there (the evacuation's old blocks, relocated pages) becomes
+        // durable and reaches the trees' free space first.
+        self.sync()?;
+        self.checkpoint()?;
+        let seq = {
+            let mut m = self.inner.meta.lock();
+            let u = self.usage(&m, target);
+            if u.extent_blocks + u.page_blocks + u.reserved_blocks > 0 {
+                return Err(FsError::invalid(format!(
+                    "target {target} still holds {} blocks in extents, {} in metadata pages and {} reserved: evacuate it first",
+                    u.extent_blocks, u.page_blocks, u.reserved_blocks
+                )));
+            }
+            let (data_start, blocks) = m.alloc.data_area(target);
+            m.alloc
+                .retire(target)
+                .map_err(|e| FsError::invalid(e.to_string()))?;
+            self.inner.states.set_retired(target);
+            let rec = Record::TargetState {
+                target,
+                state: TargetState::Retired { data_start, blocks },
+            };
+            self.inner.log_all(&mut m, vec![rec])?;
+            m.txn.seq
+        };
+        self.inner
+            .journal
+            .commit(&self.inner, seq, CommitMode::Append)?;
+        self.checkpoint()?;
+        tracing::info!(target = target.0, "target retired");
+        Ok(())
     }
 
     /// The new target's layout, once it is found fit to join as target `n`.
@@ -133,6 +197,14 @@ impl Fs {
                 "target {} belongs to file system {}, not {uuid}: erase its first sector to add it",
                 info.name, sb.uuid
             )));
+        }
+        if sb.target_index != n && self.target_retired(sb.target_index) {
+            tracing::warn!(
+                target = %info.name,
+                index = sb.target_index.0,
+                "formatting again a retired target of this file system"
+            );
+            return Ok(Found::HalfAdded);
         }
         if sb.target_index != n {
             return Err(FsError::invalid(format!(

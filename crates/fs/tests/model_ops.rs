@@ -88,7 +88,10 @@ struct Cfg {
 /// one writes everything back and checkpoints).
 const EVACUATE_ONE_IN: u64 = 150;
 
-/// Where the run's evacuation stands (the file system forgets it at a remount).
+/// Targets a run may retire: the others keep room for the files.
+const MAX_RETIRED: u32 = 2;
+
+/// Where the run's evacuation stands (persisted: it survives a remount).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Evac {
     Idle,
@@ -283,6 +286,8 @@ struct Run {
     evac: Evac,
     evacuations: u64,
     read_only_copies: u64,
+    /// Targets retired after their evacuation (at most [`MAX_RETIRED`] per run).
+    retired: u32,
 }
 
 impl Run {
@@ -1064,8 +1069,13 @@ impl Run {
         };
         self.sut.fs = fs;
         self.sut.dirs = [Ino::ROOT, d.ino];
-        // The read-only state lives in memory: every target is writable again.
-        self.evac = Evac::Idle;
+        // The read-only state is persisted (decision 106): the evacuation goes on.
+        if let Evac::Begun(t) | Evac::Done(t) = self.evac {
+            if !self.sut.fs.target_read_only(stripefs::TargetId(t)) {
+                self.fail(&format!("target {t} is writable again after the remount"));
+            }
+        }
+        self.check_evacuated();
         self.check_space();
     }
 
@@ -1100,6 +1110,9 @@ impl Run {
             Evac::Begun(t) if self.rng.one_in(6) => self.op_evacuate(t),
             Evac::Begun(t) if self.rng.one_in(12) => self.op_evacuate_cancel(t),
             Evac::Done(t) if self.rng.one_in(20) => self.op_evacuate_cancel(t),
+            Evac::Done(t) if self.rng.one_in(12) && self.retired < MAX_RETIRED => {
+                self.op_retire(t);
+            }
             _ => return false,
         }
         true
@@ -1109,11 +1122,13 @@ impl Run {
     /// stripe, files sit on few of the eight targets).
     fn pick_evacuated(&mut self) -> u32 {
         let books = self.sut.fs.space_accounting();
+        let live = |t: &u32| !self.sut.fs.target_retired(stripefs::TargetId(*t));
         let mut holding: Vec<u32> = (1..books.len() as u32)
             .filter(|&t| books[t as usize].extent_blocks > 0)
+            .filter(live)
             .collect();
         if holding.is_empty() {
-            holding = (1..books.len() as u32).collect();
+            holding = (1..books.len() as u32).filter(live).collect();
         }
         holding[self.rng.below(holding.len() as u64) as usize]
     }
@@ -1143,8 +1158,28 @@ impl Run {
 
     fn op_evacuate_cancel(&mut self, t: u32) {
         self.log.push(format!("evacuate-cancel target {t}"));
-        self.sut.fs.evacuate_cancel(stripefs::TargetId(t));
+        if let Err(e) = self.sut.fs.evacuate_cancel(stripefs::TargetId(t)) {
+            self.fail(&format!("evacuate_cancel {t}: {e}"));
+        }
         self.evac = Evac::Idle;
+    }
+
+    /// `Fs::retire_target` of the evacuated target: it leaves for good, holds nothing,
+    /// and every file still reads what the model holds (later mounts still give its
+    /// device: a retired one given is ignored).
+    fn op_retire(&mut self, t: u32) {
+        self.log.push(format!("retire target {t}"));
+        if let Err(e) = self.sut.fs.retire_target(stripefs::TargetId(t)) {
+            self.fail(&format!("retire {t}: {e}"));
+        }
+        self.evac = Evac::Idle;
+        self.retired += 1;
+        let b = &self.sut.fs.space_accounting()[t as usize];
+        if b.data_blocks != 0 || b.extent_blocks != 0 || b.meta_page_blocks != 0 {
+            self.fail(&format!("retired target {t} still counts: {b:?}"));
+        }
+        self.verify_all();
+        self.check_space();
     }
 
     /// While a completed evacuation's target stays read-only, no extent of any file and
@@ -1286,6 +1321,7 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
         evac: Evac::Idle,
         evacuations: 0,
         read_only_copies: 0,
+        retired: 0,
     };
     for _ in 0..ops {
         run.step();
@@ -1324,6 +1360,10 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
     assert!(
         !c.evacuate || run.evacuations > 0,
         "({c:?}): no target was evacuated: the configuration tests nothing"
+    );
+    assert!(
+        !c.evacuate || run.retired > 0,
+        "({c:?}): no target was retired: the configuration tests nothing"
     );
     assert!(
         !(c.evacuate && c.nocow_audit) || run.read_only_copies > 0,

@@ -9,24 +9,10 @@ use std::sync::Arc;
 
 use common::*;
 use stripefs::{
-    CreateParams, DataCow, FallocMode, FileFlags, Fs, FsError, Ino, MkfsOptions, MountOptions,
-    SyncScope, TargetId,
+    DataCow, FallocMode, FileFlags, Fs, FsError, Ino, MkfsOptions, MountOptions, SyncScope,
+    TargetId,
 };
 use stripefs_target::{Recorder, SimTarget, UnflushedPolicy};
-
-fn file(fs: &Fs, name: &str) -> Ino {
-    fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
-        .expect("create")
-        .ino
-}
-
-fn read_all(fs: &Fs, ino: Ino) -> Vec<u8> {
-    let size = fs.getattr(ino).expect("getattr").size;
-    let mut buf = vec![0u8; size as usize];
-    let n = fs.read_at(ino, 0, &mut buf).expect("read");
-    assert_eq!(n as u64, size, "short read");
-    buf
-}
 
 fn free_blocks(fs: &Fs) -> u64 {
     fs.statfs().expect("statfs").blocks_free
@@ -641,6 +627,7 @@ fn crash_at_every_flush_point_of_an_evacuation() {
     let cow_before = fs.status().nocow_read_only;
     let moved = evacuate_committing_each_step(&fs, t2);
     hs.synced.push((now(), 1));
+    let evacuated = now();
     assert!(moved > 0, "nothing was moved");
     assert_eq!(
         fs.status().nocow_read_only,
@@ -656,9 +643,29 @@ fn crash_at_every_flush_point_of_an_evacuation() {
         );
     };
     empty(&fs, "after the evacuation");
+    // Then the disk leaves the file system (targets.md, "Retiring a target").
+    fs.retire_target(t2).expect("retire");
+    let retired = now();
     std::mem::forget(fs);
 
     let verify = |fs: &Fs, returned: usize, started: usize, what: &str| {
+        // The read-only state is persisted from the evacuation's start, the retirement
+        // from its return; a retired target counts nothing and holds nothing.
+        if returned >= evacuated {
+            assert!(fs.target_read_only(t2), "{what}: target 2 is read-only");
+            empty(fs, what);
+        }
+        if returned >= retired {
+            assert!(fs.target_retired(t2), "{what}: target 2 is retired");
+        }
+        if fs.target_retired(t2) {
+            empty(fs, what);
+            let b = &fs.space_accounting()[t2.index()];
+            assert_eq!(
+                b.data_blocks, 0,
+                "{what}: a retired target has no data area"
+            );
+        }
         fs.check_refcounts()
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         fs.check_csums().unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -686,6 +693,13 @@ fn crash_at_every_flush_point_of_an_evacuation() {
     let (fs, _) = Fs::mount(dyns(&sims), quiet()).expect("mount after the evacuation");
     verify(&fs, last, last, "after the evacuation, remounted");
     empty(&fs, "after the evacuation, remounted");
+    fs.unmount().unwrap();
+    // The retired target's device is not needed any more.
+    let rest = [Arc::clone(&sims[0]), Arc::clone(&sims[1])];
+    let (fs, _) = Fs::mount(dyns(&rest), quiet()).expect("mount without target 2");
+    verify(&fs, last, last, "after the retirement, without target 2");
+    fs.unmount().unwrap();
+    fsck_clean(&rest, "after the retirement, without target 2");
 }
 
 /// `Fs::evacuate` in its parts, as the CLI drives it, with a commit after every step of

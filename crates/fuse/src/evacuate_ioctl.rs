@@ -1,12 +1,13 @@
 //! The online evacuation's channel (`docs/design/reflink.md`, "Evacuation"): one private
 //! ioctl on the mount's root directory, answered by the daemon with one part of an
 //! evacuation ([`Fs::evacuate_begin`], one bounded [`Fs::evacuate_step`],
-//! [`Fs::evacuate_finish`] or [`Fs::evacuate_cancel`]), so the command drives it in
-//! steps and shows progress, as the scrub channel does (`scrub_ioctl`).
+//! [`Fs::evacuate_finish`] or [`Fs::evacuate_cancel`]), or the retirement of the target
+//! it emptied ([`Fs::retire_target`]), so the command drives it in steps and shows
+//! progress, as the scrub channel does (`scrub_ioctl`).
 //!
 //! `_IOWR(0xB5, 3, [u8; BYTES])`, little-endian fields at fixed offsets:
 //!
-//! - request: part u32 (1 begin, 2 step, 3 finish, 4 cancel), target u32, cursor inode
+//! - request: part u32 (1 begin, 2 step, 3 finish, 4 cancel, 5 retire), target u32, cursor inode
 //!   u64, budget (blocks) u64;
 //! - reply: next inode u64, done u32 (1: no file has blocks on the target any more),
 //!   0 u32, blocks moved u64, files u64, inode limit u64, metadata paths rewritten u64.
@@ -15,6 +16,7 @@
 //! [`Fs::evacuate_step`]: stripefs::Fs::evacuate_step
 //! [`Fs::evacuate_finish`]: stripefs::Fs::evacuate_finish
 //! [`Fs::evacuate_cancel`]: stripefs::Fs::evacuate_cancel
+//! [`Fs::retire_target`]: stripefs::Fs::retire_target
 
 use crate::wire::{put, u32_at, u64_at};
 use stripefs::{EvacuateStep, TargetId};
@@ -34,6 +36,7 @@ pub enum Part {
     Step { from: u64, budget: u64 },
     Finish,
     Cancel,
+    Retire,
 }
 
 /// A request: `part` of the evacuation of `target`.
@@ -60,6 +63,7 @@ pub fn encode_request(r: Request) -> Vec<u8> {
         Part::Step { from, budget } => (2, from, budget),
         Part::Finish => (3, 0, 0),
         Part::Cancel => (4, 0, 0),
+        Part::Retire => (5, 0, 0),
     };
     put(&mut b, 0, &code.to_le_bytes());
     put(&mut b, 4, &r.target.0.to_le_bytes());
@@ -82,6 +86,7 @@ pub fn decode_request(b: &[u8]) -> Option<Request> {
         },
         3 => Part::Finish,
         4 => Part::Cancel,
+        5 => Part::Retire,
         _ => return None,
     };
     Some(Request {

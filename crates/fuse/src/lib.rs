@@ -292,10 +292,8 @@ impl StripeFuse {
                 meta_paths,
                 ..Reply::default()
             }),
-            Part::Cancel => {
-                self.fs.evacuate_cancel(t);
-                Ok(Reply::default())
-            }
+            Part::Cancel => self.fs.evacuate_cancel(t).map(|()| Reply::default()),
+            Part::Retire => self.fs.retire_target(t).map(|()| Reply::default()),
         };
         match answer {
             Ok(a) => reply.ioctl(0, &evacuate_ioctl::encode_reply(&a)),

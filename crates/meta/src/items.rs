@@ -117,6 +117,9 @@ pub fn record_keys(uuid: Uuid, rec: &Record) -> Vec<Key> {
             keys.push(k(*target, phys.saturating_sub(1)));
             keys.push(k(*target, *phys));
         }
+        Record::TargetState { target, .. } => {
+            keys.push(stripefs_core::btree::schema::target_state_key(*target));
+        }
         Record::InodeSet(_) | Record::InodeFree(_) | Record::TargetAdd { .. } => {}
     }
     keys
@@ -401,6 +404,7 @@ impl<'a> Items<'a> {
                 blocks,
                 data_start,
             } => self.store.add_member(*target, (*data_start, *blocks)),
+            Record::TargetState { target, state } => self.store.set_target_state(*target, *state),
         }
     }
 

@@ -27,8 +27,10 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use stripefs_core::btree::page::{decode, Expect, Generation, PageAddr, PageRef, PageSize};
 use stripefs_core::btree::root::{RootRecord, ROOT_RECORD_BYTES};
+use stripefs_core::btree::schema;
 use stripefs_core::btree::tree::{Miss, Node, PageSource, Tree, WritePlan, WrittenPage};
 use stripefs_core::btree::{Key, TreeId};
+use stripefs_core::record::TargetState;
 use stripefs_core::{BlockSize, CoreError, TargetId, Uuid};
 use stripefs_target::{Batch, IoBuf, IoOp, Target, TargetError, TargetSet};
 
@@ -306,6 +308,57 @@ impl Store {
         }
         self.log.lock().pages.push(0);
         self.alloc.add_member(target);
+        Ok(())
+    }
+
+    /// The persisted state of member `target` (`Writable` when it has no item).
+    ///
+    /// # Errors
+    /// A page read's error; `Corrupted` for an item that does not decode or names
+    /// another target.
+    pub fn target_state(&self, target: TargetId) -> Result<TargetState, MetaError> {
+        let key = schema::target_state_key(target);
+        match self.get(&key)? {
+            None => Ok(TargetState::Writable),
+            Some(v) => Ok(schema::decode_target_state(&key, &v)?.1),
+        }
+    }
+
+    /// Applies a `TargetState` record. `Retired` takes the target's data area out of the
+    /// free space, which must hold exactly that area as one free run (nothing on it).
+    ///
+    /// # Errors
+    /// `Corrupted` when `target` is not a member or is retired already, or when its free
+    /// space is not its whole data area; the trees' errors.
+    pub(crate) fn set_target_state(
+        &self,
+        target: TargetId,
+        state: TargetState,
+    ) -> Result<(), MetaError> {
+        let what = || format!("target state record of target {target}");
+        if target.0 >= self.members() {
+            let d = format!("{state} but there are {} members", self.members());
+            return Err(CoreError::corrupted(what(), d).into());
+        }
+        if let TargetState::Retired { .. } = self.target_state(target)? {
+            let d = format!("{state} but it is retired already");
+            return Err(CoreError::corrupted(what(), d).into());
+        }
+        if let TargetState::Retired { data_start, blocks } = state {
+            if self.keeps_space() {
+                space::take_whole_area(self, target, data_start, blocks)?;
+            }
+        }
+        let key = schema::target_state_key(target);
+        match state {
+            TargetState::Writable => {
+                self.remove(&key)?;
+            }
+            _ => {
+                let (k, v) = schema::target_state_item(target, state);
+                self.insert(k, &v)?;
+            }
+        }
         Ok(())
     }
 

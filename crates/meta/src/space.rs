@@ -103,6 +103,39 @@ pub(crate) fn take(store: &Store, t: TargetId, start: u64, len: u64) -> Result<(
     Ok(())
 }
 
+/// Takes the whole data area `[data_start, blocks)` of `t` out of the free space (the
+/// target is retired): it must be exactly one free run.
+///
+/// # Errors
+/// `Corrupted` naming what else the target's free space holds.
+pub(crate) fn take_whole_area(
+    store: &Store,
+    t: TargetId,
+    data_start: u64,
+    blocks: u64,
+) -> Result<(), MetaError> {
+    let to = key(t, u64::MAX).successor();
+    let runs = store.scan(TreeId::Space, key(t, 0), to, 2)?;
+    let first = runs
+        .first()
+        .map(|(k, v)| decode_free_space(k, v))
+        .transpose()?;
+    if runs.len() != 1 || first.map(|(_, s, l)| (s, s + l)) != Some((data_start, blocks)) {
+        let found = first.map_or_else(
+            || "no free run".to_string(),
+            |(_, s, l)| format!("a free run {s}..{}", s + l),
+        );
+        return Err(misfit(
+            t,
+            data_start,
+            blocks - data_start,
+            &format!("retired, but its free space is not its whole data area ({found}, {} runs at least)", runs.len()),
+        ));
+    }
+    store.remove(&key(t, data_start))?;
+    Ok(())
+}
+
 /// Gives back the blocks of `[start, start + len)` that the reference-count index does
 /// not hold (an extent left to an inode's free).
 ///

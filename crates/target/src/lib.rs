@@ -19,6 +19,7 @@
 //! Architecture Invariant: this crate knows nothing of file systems: no blocks, extents or
 //! journal, only byte offsets on one device.
 
+mod absent;
 mod batch;
 mod buf;
 mod counts;
@@ -38,6 +39,7 @@ mod uring;
 
 use std::sync::Arc;
 
+pub use absent::AbsentTarget;
 pub use batch::Batch;
 pub use buf::{IoBuf, SharedBuf, IO_ALIGN};
 pub use counts::{OpCounters, OpCounts};

@@ -48,6 +48,9 @@ pub enum KeyKind {
     Extent = 0x30,
     /// `(target, FreeSpace, first block, 0)`: length of a free run in the data area.
     FreeSpace = 0x40,
+    /// `(target, TargetState, 0, 0)`: the target's state when it is not writable
+    /// (read-only or retired: `record::TargetState`); a writable target has no item.
+    TargetState = 0x41,
     /// Reserved (next issue): `(target, Refcount, physical block, 0)`: length and owner
     /// count of a shared physical extent.
     Refcount = 0x50,
@@ -58,7 +61,7 @@ pub enum KeyKind {
 
 impl KeyKind {
     /// Every kind, in key order.
-    pub const ALL: [KeyKind; 10] = [
+    pub const ALL: [KeyKind; 11] = [
         KeyKind::Inode,
         KeyKind::Symlink,
         KeyKind::Orphan,
@@ -67,6 +70,7 @@ impl KeyKind {
         KeyKind::Xattr,
         KeyKind::Extent,
         KeyKind::FreeSpace,
+        KeyKind::TargetState,
         KeyKind::Refcount,
         KeyKind::DataCsum,
     ];
@@ -88,7 +92,7 @@ impl KeyKind {
             | KeyKind::DirCookie
             | KeyKind::Xattr
             | KeyKind::Extent => TreeId::Fs,
-            KeyKind::FreeSpace => TreeId::Space,
+            KeyKind::FreeSpace | KeyKind::TargetState => TreeId::Space,
             KeyKind::Refcount => TreeId::Refcount,
             KeyKind::DataCsum => TreeId::Csum,
         }

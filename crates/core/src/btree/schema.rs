@@ -10,7 +10,7 @@ use super::key::{Key, KeyKind, COLLISIONS_MAX, VALUE_MAX};
 use crate::codec::{Dec, Enc};
 use crate::extent::{Extent, ExtentState};
 use crate::inode::{FileKind, InodeAttrs, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX};
-use crate::record::{dec_attrs, enc_attrs};
+use crate::record::{dec_attrs, enc_attrs, TargetState};
 use crate::refcount::Shared;
 use crate::units::phys_run_fits;
 use crate::{CoreError, Ino, TargetId};
@@ -337,6 +337,37 @@ pub fn decode_free_space(key: &Key, value: &[u8]) -> Result<(TargetId, u64, u64)
         return Err(d.err(format!("free run of {len} blocks at {}", key.a)));
     }
     Ok((TargetId(target), key.a, len))
+}
+
+/// The key of `target`'s state item.
+#[must_use]
+pub fn target_state_key(target: TargetId) -> Key {
+    Key::new(u64::from(target.0), KeyKind::TargetState, 0, 0)
+}
+
+/// A target-state item: `(target, TargetState, 0, 0)` -> the state as a
+/// `Record::TargetState` body encodes it. Only non-writable states have items.
+#[must_use]
+pub fn target_state_item(target: TargetId, state: TargetState) -> (Key, Vec<u8>) {
+    let mut v = Enc::new();
+    state.encode(&mut v);
+    (target_state_key(target), v.buf)
+}
+
+/// Decodes a target-state item: (target, state).
+///
+/// # Errors
+/// `Corrupted` naming the key: a state that does not decode, trailing bytes, a writable
+/// state (which has no item), or a key with non-zero fields.
+pub fn decode_target_state(key: &Key, value: &[u8]) -> Result<(TargetId, TargetState), CoreError> {
+    let w = what(key);
+    let mut d = Dec::shown(value, &w);
+    let state = TargetState::decode(&mut d)?;
+    let target = u32::try_from(key.object).map_err(|_| d.err("target out of range"))?;
+    if d.remaining() != 0 || key.a != 0 || key.b != 0 || state == TargetState::Writable {
+        return Err(d.err(format!("target state {state} of target {target}")));
+    }
+    Ok((TargetId(target), state))
 }
 
 /// The key of the reference-count item of `target`'s shared range at `start`.

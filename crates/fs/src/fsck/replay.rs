@@ -301,6 +301,18 @@ impl Txn<'_, '_, '_> {
             // Its target joined before the walk (`fsck::join_added`); the store checks
             // that it is the next member when the record is applied.
             Record::TargetAdd { .. } => {}
+            Record::TargetState {
+                target,
+                state: stripefs_core::record::TargetState::Retired { .. },
+            } => {
+                let used = self.c.blocks.used(*target);
+                if used > 0 {
+                    return Ok(Err(format!(
+                        "target {target} is retired while {used} of its blocks are in use"
+                    )));
+                }
+            }
+            Record::TargetState { .. } => {}
             Record::RefcountSet {
                 target,
                 phys,

@@ -267,6 +267,10 @@ impl<'a> Checker<'a> {
     pub fn item(&mut self, tree: TreeId, k: Key, v: &[u8]) -> Result<()> {
         match tree {
             TreeId::Fs => self.fs_item(k, v),
+            TreeId::Space if k.kind == KeyKind::TargetState as u8 => {
+                self.target_state_item(&k, v);
+                Ok(())
+            }
             TreeId::Space => {
                 self.free_space_item(&k, v);
                 Ok(())
@@ -647,6 +651,18 @@ impl<'a> Checker<'a> {
         let block = t.read_sync(bs.to_bytes(phys), bs.bytes() as usize)?;
         let tail = bs.offset_in_block(size) as usize;
         Ok(block[tail..].iter().any(|&b| b != 0))
+    }
+
+    /// A `TargetState` item: it decodes, names a target of the geometry, and a retired
+    /// one has no data area left (recovery gave it none; any claim there is a problem).
+    fn target_state_item(&mut self, k: &Key, v: &[u8]) {
+        match stripefs_core::btree::schema::decode_target_state(k, v) {
+            Ok((t, _)) if t.0 == 0 || t.0 >= self.geo.target_count() => {
+                self.item_problem(k, format!("state of target {t}, which cannot have one"));
+            }
+            Ok(_) => {}
+            Err(e) => self.item_problem(k, e),
+        }
     }
 
     /// A `FreeSpace` item of the durable space tree: checked to decode; its run is claimed

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use stripefs::{Fs, MkfsOptions, MountOptions};
+use stripefs::{CreateParams, Fs, Ino, MkfsOptions, MountOptions};
 use stripefs_target::{Recorder, RecordingTarget, SimTarget, Target};
 
 /// Byte that fills fresh simulated disks: `pattern` never produces it (its bytes are odd),
@@ -70,4 +70,20 @@ pub fn pattern(seed: u64, off: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
         .map(|i| ((off + i).wrapping_mul(31) ^ seed.wrapping_mul(0x9E37_79B9)) as u8 | 1)
         .collect()
+}
+
+/// Creates regular file `name` in the root directory (mode 0644).
+pub fn file(fs: &Fs, name: &str) -> Ino {
+    fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
+        .expect("create")
+        .ino
+}
+
+/// The whole contents of `ino` (its size, read in one call).
+pub fn read_all(fs: &Fs, ino: Ino) -> Vec<u8> {
+    let size = fs.getattr(ino).expect("getattr").size;
+    let mut buf = vec![0u8; size as usize];
+    let n = fs.read_at(ino, 0, &mut buf).expect("read");
+    assert_eq!(n as u64, size, "short read");
+    buf
 }
