@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use stripefs::{
-    CreateParams, DataCow, FallocMode, Fs, Ino, MkfsOptions, MountOptions, SyncScope, TargetId,
-};
+use stripefs::{DataCow, FallocMode, Fs, Ino, MkfsOptions, MountOptions, SyncScope, TargetId};
 use stripefs_target::{IoOp, SimTarget, Target};
 
 const BS: u64 = 4096;
@@ -28,19 +26,6 @@ fn mkfs(targets: &[Arc<dyn Target>]) {
 
 fn opts(datacow: DataCow) -> MountOptions {
     MountOptions { datacow, ..quiet() }
-}
-
-fn file(fs: &Fs, name: &str) -> Ino {
-    fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
-        .expect("create")
-        .ino
-}
-
-fn read_all(fs: &Fs, ino: Ino) -> Vec<u8> {
-    let size = fs.getattr(ino).expect("getattr").size;
-    let mut buf = vec![0u8; size as usize];
-    assert_eq!(fs.read_at(ino, 0, &mut buf).expect("read") as u64, size);
-    buf
 }
 
 /// Blocks of `ino` on `t`, from its extent list.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use stripefs::{CreateParams, FallocMode, Fs, FsStatus, Ino, MkfsOptions, NocowCheck, SyncScope};
+use stripefs::{FallocMode, Fs, FsStatus, Ino, MkfsOptions, NocowCheck, SyncScope};
 #[cfg(debug_assertions)]
 use stripefs_iomap::IomapOp;
 use stripefs_target::SimTarget;
@@ -37,19 +37,6 @@ fn remount(s: &[Arc<SimTarget>], mode: NocowCheck) -> Fs {
         ..quiet()
     };
     Fs::mount(dyns(s), o).expect("mount").0
-}
-
-fn file(fs: &Fs, name: &str) -> Ino {
-    fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
-        .expect("create")
-        .ino
-}
-
-fn read_all(fs: &Fs, ino: Ino) -> Vec<u8> {
-    let size = fs.getattr(ino).expect("getattr").size;
-    let mut buf = vec![0u8; size as usize];
-    assert_eq!(fs.read_at(ino, 0, &mut buf).expect("read") as u64, size);
-    buf
 }
 
 /// (target, byte on the target, written) of file byte `off`.

@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use stripefs::{CreateParams, Fs, Ino, MetaCacheBytes, MountOptions, SyncScope};
+use stripefs::{Fs, Ino, MetaCacheBytes, MountOptions, SyncScope};
 use stripefs_core::btree::{PageAddr, TreeId};
 use stripefs_meta::{RootSlots, Store, StoreConfig};
 
@@ -19,20 +19,6 @@ const BS: u64 = 4096;
 const SHARED: u64 = 3000;
 /// The smallest metadata cache (64 pages): the refcount tree alone is larger.
 const TINY: u64 = 64 * 4096;
-
-fn file(fs: &Fs, name: &str) -> Ino {
-    fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
-        .expect("create")
-        .ino
-}
-
-fn read_all(fs: &Fs, ino: Ino) -> Vec<u8> {
-    let size = fs.getattr(ino).expect("getattr").size;
-    let mut buf = vec![0u8; size as usize];
-    let n = fs.read_at(ino, 0, &mut buf).expect("read");
-    assert_eq!(n as u64, size, "short read");
-    buf
-}
 
 fn check(fs: &Fs, files: &[(Ino, &Vec<u8>)], what: &str) {
     for (ino, want) in files {
