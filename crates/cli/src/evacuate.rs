@@ -3,7 +3,9 @@
 //! "Evacuation"). The daemon does the work, one part per ioctl on the mount's root
 //! (`evacuate_ioctl`): begin (the target goes read-only, in-place writers drain, dirty
 //! data is written back), steps over the inodes with a progress bar (passes until no file
-//! has blocks there), finish (metadata pages moved, the target checked empty).
+//! has blocks there), finish (metadata pages moved, the target checked empty), and with
+//! `--retire` (or as `stripefs remove-target`) the retirement of the emptied target: it
+//! leaves the file system and later mounts do not need it (`docs/design/targets.md`).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -25,12 +27,41 @@ pub struct EvacuateArgs {
     /// The target's index (0-based, as `stripefs inspect` lists them).
     target: u32,
     /// Give up an evacuation begun before: the target takes new blocks again.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "retire")]
     cancel: bool,
+    /// Once it is empty, retire the target: it leaves the file system for good, and the
+    /// next mount does not need its device.
+    #[arg(long)]
+    retire: bool,
 }
 
-const AFTER_HELP: &str = "The target stays read-only until unmount: nothing new is \
-written to it. Target 0 (journal, root records) cannot be evacuated. Blocks that several \
+/// Move every block off one target and retire it (`evacuate --retire`).
+#[derive(Debug, clap::Args)]
+#[command(after_help = AFTER_HELP)]
+pub struct RemoveTargetArgs {
+    /// The mount point.
+    mountpoint: PathBuf,
+    /// The target's index (0-based, as `stripefs inspect` lists them).
+    target: u32,
+}
+
+impl RemoveTargetArgs {
+    /// The evacuation that does it.
+    #[must_use]
+    pub fn evacuation(&self) -> EvacuateArgs {
+        EvacuateArgs {
+            mountpoint: self.mountpoint.clone(),
+            target: self.target,
+            cancel: false,
+            retire: true,
+        }
+    }
+}
+
+const AFTER_HELP: &str = "The target stays read-only, across remounts, until the \
+evacuation is cancelled: nothing new is written to it. A retired target is out of the \
+file system for good: mount without its device (the daemon keeps it open until \
+unmount). Target 0 (journal, root records) cannot be evacuated. Blocks that several \
 files share are copied once per file. An interrupted evacuation is resumed by running \
 the command again. The daemon's log has the reason of a refusal.";
 
@@ -80,6 +111,13 @@ pub fn run(a: &EvacuateArgs) -> Result<i32, String> {
          rewritten, {passes} passes, {secs:.1} s",
         fin.meta_paths
     );
+    if a.retire {
+        part(Part::Retire)?;
+        println!(
+            "target {target} retired: it is no longer part of the file system; after unmount, \
+             mount without it"
+        );
+    }
     Ok(0)
 }
 
@@ -91,7 +129,8 @@ fn ask(dir: &std::fs::File, mnt: &Path, r: Request) -> Result<Reply, String> {
         |e| match e.errno {
             Some(libc::EINVAL) => format!(
                 "target {t}: refused ({}): target 0 cannot be evacuated, the target must \
-                 exist, and a step needs a begun evacuation (the daemon's log says which)",
+                 exist and not be retired, a step needs a begun evacuation, and only an \
+                 emptied target can be retired (the daemon's log says which)",
                 e.message
             ),
             Some(libc::ENOSPC) => format!(

@@ -25,10 +25,23 @@ pub fn run(a: &InspectArgs) -> Result<i32, String> {
         "targets: {members} ({made} from mkfs, {} added by add-target)",
         members.saturating_sub(made)
     );
-    for (sb, name) in i.superblocks.iter().zip(&i.target_names) {
-        println!("  target {}: {name}", sb.target_index);
+    let state = |t: usize| i.states.get(t).copied();
+    for (t, (sb, name)) in i.superblocks.iter().zip(&i.target_names).enumerate() {
+        match state(t) {
+            Some((s, _)) if s != stripefs_core::record::TargetState::Writable => {
+                println!("  target {}: {name} ({s})", sb.target_index);
+            }
+            _ => println!("  target {}: {name}", sb.target_index),
+        }
     }
-    for (sb, name) in i.superblocks.iter().zip(&i.target_names) {
+    for (t, (sb, name)) in i.superblocks.iter().zip(&i.target_names).enumerate() {
+        if let Some((_, false)) = state(t) {
+            println!(
+                "superblock of target {}: not read (retired, not given)",
+                sb.target_index
+            );
+            continue;
+        }
         println!("superblock of target {} ({name}):", sb.target_index);
         println!(
             "  uuid {}  format v{}  targets when it joined {}",

@@ -42,6 +42,7 @@ enum Cmd {
     Scrub(scrub::ScrubArgs),
     Evacuate(evacuate::EvacuateArgs),
     AddTarget(add_target::AddTargetArgs),
+    RemoveTarget(evacuate::RemoveTargetArgs),
 }
 
 /// One malloc arena for the whole process (glibc; decisions.md, 83). glibc gives each
@@ -91,6 +92,7 @@ fn main() {
         Cmd::Scrub(a) => scrub::run(a),
         Cmd::Evacuate(a) => evacuate::run(a),
         Cmd::AddTarget(a) => add_target::run(a),
+        Cmd::RemoveTarget(a) => evacuate::run(&a.evacuation()),
     };
     match res {
         Ok(code) => std::process::exit(code),

@@ -757,3 +757,51 @@ fn evacuate_empties_a_target_of_a_mounted_file_system() {
     let (rc, out) = s.fsck();
     assert_eq!(rc, 0, "{out}");
 }
+
+/// `stripefs remove-target MOUNTPOINT TARGET`: evacuates target 2 of a mounted file
+/// system and retires it; the file system then mounts, reads and passes fsck without
+/// that disk, and `inspect` names it retired. Before, a writable member's absence is
+/// refused by name.
+#[test]
+fn remove_target_takes_a_disk_out_of_a_mounted_file_system() {
+    let s = Setup::new("remove");
+    let (rc, out) = run(bin().arg("mount").args(s.mount_args()));
+    assert_eq!(rc, 0, "{out}");
+    for i in 0..6u8 {
+        fs::write(s.mnt().join(format!("f{i}")), pattern(i, 700_000)).unwrap();
+    }
+    let (rc, out) = run(bin().arg("remove-target").arg(s.mnt()).arg("2"));
+    let (again_rc, again_out) = run(bin().arg("remove-target").arg(s.mnt()).arg("2"));
+    let (urc, uout) = run(bin().arg("umount").arg(s.mnt()));
+    assert_eq!(urc, 0, "{uout}");
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("target 2 evacuated:"), "{out}");
+    assert!(out.contains("target 2 retired"), "{out}");
+    assert_ne!(again_rc, 0, "{again_out}");
+    let two = &s.targets[..2];
+    let mut args: Vec<String> = two.to_vec();
+    args.push(s.mnt().display().to_string());
+    let (rc, out) = run(bin().arg("mount").args(&args));
+    assert_eq!(rc, 0, "mount without target 2: {out}");
+    for i in 0..6u8 {
+        assert_eq!(
+            fs::read(s.mnt().join(format!("f{i}"))).unwrap(),
+            pattern(i, 700_000),
+            "f{i} without target 2"
+        );
+    }
+    let (urc, uout) = run(bin().arg("umount").arg(s.mnt()));
+    assert_eq!(urc, 0, "{uout}");
+    let (rc, out) = run(bin().arg("fsck").args(two));
+    assert_eq!(rc, 0, "{out}");
+    let (rc, out) = run(bin().arg("inspect").args(two));
+    assert_eq!(rc, 0, "{out}");
+    assert!(
+        out.contains("target 2: index 2 (not given) (retired)"),
+        "{out}"
+    );
+    // Target 1 is a writable member: without it the mount is refused by name.
+    let (rc, out) = run(bin().arg("fsck").arg(&s.targets[0]));
+    assert_ne!(rc, 0, "{out}");
+    assert!(out.contains("missing target index 1"), "{out}");
+}
