@@ -547,17 +547,9 @@ impl Fs {
                 .alloc_from(to, None, c.len, stripefs_core::alloc::Draw::Data)
                 .map(|(p, l)| (to, p, l)))
         };
-        if let Some(a) = take()? {
-            return Ok(a);
-        }
-        if self.commit_for_space()? {
-            if let Some(a) = take()? {
-                return Ok(a);
-            }
-        }
-        Err(FsError::NoSpace(format!(
-            "no room elsewhere for inode {ino}'s blocks on target {from}"
-        )))
+        self.take_or_commit(take, || {
+            format!("no room elsewhere for inode {ino}'s blocks on target {from}")
+        })
     }
 
     /// Reads `len` blocks at `src`, verifies them if the file is copy on write (and keeps

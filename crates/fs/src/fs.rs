@@ -934,6 +934,28 @@ impl Fs {
         Ok(true)
     }
 
+    /// Takes blocks with `take` (`None`: none free); if none were free, commits for the
+    /// busy space ([`Self::commit_for_space`]) and takes once more. `NoSpace(why())`
+    /// when there are still none.
+    ///
+    /// # Errors
+    /// `take`'s errors, the commit's, `NoSpace`.
+    pub(crate) fn take_or_commit<T>(
+        &self,
+        take: impl Fn() -> Result<Option<T>>,
+        why: impl FnOnce() -> String,
+    ) -> Result<T> {
+        if let Some(a) = take()? {
+            return Ok(a);
+        }
+        if self.commit_for_space()? {
+            if let Some(a) = take()? {
+                return Ok(a);
+            }
+        }
+        Err(FsError::NoSpace(why()))
+    }
+
     /// The largest file (in blocks) the default layout can hold given `free` blocks per
     /// target, for the least favourable first target. A file of `c` objects with stripe
     /// unit `u` fills its objects a unit at a time in object order, so it holds `c * u`

@@ -502,17 +502,9 @@ impl Fs {
                 .alloc_from(t, None, 1, Draw::Data)
                 .map(|(p, _)| (t, p)))
         };
-        if let Some(p) = take()? {
-            return Ok(p);
-        }
-        if self.commit_for_space()? {
-            if let Some(p) = take()? {
-                return Ok(p);
-            }
-        }
-        Err(FsError::NoSpace(format!(
-            "no room for a copy of a block of target {near}"
-        )))
+        self.take_or_commit(take, || {
+            format!("no room for a copy of a block of target {near}")
+        })
     }
 }
 

@@ -238,13 +238,10 @@ impl StripeFuse {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
-        if let Some(e) = root_only(req, i) {
-            return reply.error(e);
-        }
-        let Some((from, budget)) = scrub_ioctl::decode_request(in_data)
-            .filter(|_| out_size as usize >= scrub_ioctl::BYTES)
-        else {
-            return reply.error(Errno::EINVAL);
+        let asked = (in_data, out_size, scrub_ioctl::BYTES);
+        let (from, budget) = match private_request(req, i, asked, scrub_ioctl::decode_request) {
+            Ok(r) => r,
+            Err(e) => return reply.error(e),
         };
         let budget = budget.clamp(1, scrub_ioctl::MAX_ENTRIES as u64);
         match self.fs.scrub_step(from, budget) {
@@ -270,13 +267,10 @@ impl StripeFuse {
         reply: ReplyIoctl,
     ) {
         use evacuate_ioctl::{Part, Reply};
-        if let Some(e) = root_only(req, i) {
-            return reply.error(e);
-        }
-        let Some(r) = evacuate_ioctl::decode_request(in_data)
-            .filter(|_| out_size as usize >= evacuate_ioctl::BYTES)
-        else {
-            return reply.error(Errno::EINVAL);
+        let asked = (in_data, out_size, evacuate_ioctl::BYTES);
+        let r = match private_request(req, i, asked, evacuate_ioctl::decode_request) {
+            Ok(r) => r,
+            Err(e) => return reply.error(e),
         };
         let t = r.target;
         let answer = match r.part {
@@ -316,13 +310,10 @@ impl StripeFuse {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
-        if let Some(e) = root_only(req, i) {
-            return reply.error(e);
-        }
-        let Some(path) = target_ioctl::decode_request(in_data)
-            .filter(|_| out_size as usize >= target_ioctl::BYTES)
-        else {
-            return reply.error(Errno::EINVAL);
+        let asked = (in_data, out_size, target_ioctl::BYTES);
+        let path = match private_request(req, i, asked, target_ioctl::decode_request) {
+            Ok(r) => r,
+            Err(e) => return reply.error(e),
         };
         let added = self.open_and_add(&path);
         reply.ioctl(0, &target_ioctl::encode_reply(&added));
@@ -1203,4 +1194,20 @@ fn root_only(req: &Request, i: INodeNo) -> Option<Errno> {
         return Some(Errno::ENOTTY);
     }
     (req.uid() != 0).then_some(Errno::EPERM)
+}
+
+/// A private ioctl's request: [`root_only`], then `decode` of the argument `in_data`,
+/// whose reply room `out_size` must hold the ioctl's `bytes` (`EINVAL` otherwise).
+fn private_request<T>(
+    req: &Request,
+    i: INodeNo,
+    (in_data, out_size, bytes): (&[u8], u32, usize),
+    decode: impl FnOnce(&[u8]) -> Option<T>,
+) -> Result<T, Errno> {
+    if let Some(e) = root_only(req, i) {
+        return Err(e);
+    }
+    decode(in_data)
+        .filter(|_| out_size as usize >= bytes)
+        .ok_or(Errno::EINVAL)
 }
