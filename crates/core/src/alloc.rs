@@ -101,7 +101,9 @@ impl TargetSpace {
     /// A target whose whole data area is free.
     fn all_free(t: TargetGeometry) -> Self {
         let mut free = BTreeMap::new();
-        free.insert(t.data_start, t.data_blocks());
+        if t.data_blocks() > 0 {
+            free.insert(t.data_start, t.data_blocks());
+        }
         TargetSpace {
             free,
             free_blocks: t.data_blocks(),

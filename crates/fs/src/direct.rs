@@ -423,7 +423,11 @@ impl Fs {
     /// submitted: an evacuation beginning meanwhile waits for it); false if one refuses.
     /// Cheaper than looking the edges up, for the common case of no read-only target.
     fn admitted_everywhere(&self, mapper: &FileMapper<'_>) -> bool {
-        (0..self.inner.target_count()).all(|t| mapper.in_place.enter(TargetId(t)))
+        // A retired target holds no block, so no write lands there: it is not asked.
+        (0..self.inner.target_count())
+            .map(TargetId)
+            .filter(|&t| !self.inner.states.is_retired(t))
+            .all(|t| mapper.in_place.enter(t))
     }
 
     /// Whether a direct write's partial block in `map` must be copied before the write:

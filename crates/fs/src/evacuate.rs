@@ -201,14 +201,16 @@ impl Fs {
     /// the commit's error.
     pub fn evacuate_cancel(&self, target: TargetId) -> Result<()> {
         self.inner.check()?;
+        // Serialised with retirements (and adds), which check the state first.
+        let _switch = self.inner.access_switch.lock();
         let _change = self.begin_change()?;
-        if target.0 >= self.inner.target_count() || self.inner.states.is_retired(target) {
-            return Err(FsError::invalid(format!(
-                "target {target} is not a target that can be made writable (retired, or not a member)"
-            )));
-        }
         let seq = {
             let mut m = self.inner.meta.lock();
+            if target.0 >= self.inner.target_count() || self.inner.states.is_retired(target) {
+                return Err(FsError::invalid(format!(
+                    "target {target} is not a target that can be made writable (retired, or not a member)"
+                )));
+            }
             if !self.inner.states.is_read_only(target) {
                 return Ok(());
             }

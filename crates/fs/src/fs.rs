@@ -525,7 +525,10 @@ impl Fs {
         let waiting = inner.journal.queued_records() as u64;
         let (room, reserve, running) = {
             let m = inner.meta.lock();
-            let targets = (0..inner.target_count()).map(TargetId);
+            // Pages go to writable targets only (`placement.rs`).
+            let targets = (0..inner.target_count())
+                .map(TargetId)
+                .filter(|&t| !inner.states.is_read_only(t));
             let room: u64 = targets
                 .clone()
                 .map(|t| {

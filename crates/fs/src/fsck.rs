@@ -22,7 +22,7 @@ use std::sync::Arc;
 use stripefs_core::btree::root::RootRecord;
 use stripefs_core::btree::tree::Items;
 use stripefs_core::btree::{PageAddr, TreeId};
-use stripefs_core::record::Record;
+use stripefs_core::record::{Record, TargetState};
 use stripefs_core::{Ino, TargetId};
 use stripefs_meta::Store;
 use stripefs_target::Target;
@@ -140,6 +140,7 @@ fn check(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) -> 
         Ok(())
     })?;
     join_added(&mut opened, &txns)?;
+    retired_in_journal(&mut opened, &txns)?;
     let (geo, store) = (&opened.geo, &opened.store);
     progress(FsckStage::Loaded {
         journal_txns: end.txns,
@@ -275,6 +276,40 @@ fn join_added(o: &mut recovery::Opened, txns: &[(TxnAt, Vec<Record>)]) -> Result
                 });
                 o.targets.push(t);
             }
+        }
+    }
+    Ok(())
+}
+
+/// Every member given no device must be retired, in the trees or by a journal record
+/// the replay below applies. One retired by the journal only still has its free run in
+/// the trees: its data area (from the record) is given back to the geometry so that the
+/// walk can claim that run; the replayed record then checks that nothing else is there.
+///
+/// # Errors
+/// `Invalid` naming an absent member that is not retired; the trees' errors.
+fn retired_in_journal(o: &mut recovery::Opened, txns: &[(TxnAt, Vec<Record>)]) -> Result<()> {
+    let members = o.store.members();
+    let mut states = (0..members)
+        .map(|t| o.store.target_state(TargetId(t)))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut journal_only = Vec::new();
+    for rec in txns.iter().flat_map(|t| &t.1) {
+        if let Record::TargetState { target, state } = rec {
+            if let Some(s) = states.get_mut(target.index()) {
+                if !matches!(s, TargetState::Retired { .. }) {
+                    if let TargetState::Retired { data_start, blocks } = state {
+                        journal_only.push((*target, *data_start, *blocks));
+                    }
+                }
+                *s = *state;
+            }
+        }
+    }
+    o.absent.check_retired(o.geo.uuid, &states)?;
+    for (t, data_start, blocks) in journal_only {
+        if let Some(g) = o.geo.targets.get_mut(t.index()) {
+            *g = stripefs_core::geometry::TargetGeometry { blocks, data_start };
         }
     }
     Ok(())
@@ -465,7 +500,7 @@ pub fn inspect(targets: Vec<Arc<dyn Target>>) -> Result<Inspection> {
         .targets
         .iter()
         .enumerate()
-        .filter(|(i, _)| !o.absent.contains(&(*i as u32)))
+        .filter(|(i, _)| !o.absent.contains(*i as u32))
         .map(|(_, t)| Arc::clone(t))
         .collect();
     let sbs = recovery::read_superblocks(given)?.superblocks;
@@ -506,7 +541,7 @@ pub fn inspect(targets: Vec<Arc<dyn Target>>) -> Result<Inspection> {
         states: (0..o.store.members())
             .map(|t| {
                 let state = o.store.target_state(TargetId(t))?;
-                Ok((state, !o.absent.contains(&t)))
+                Ok((state, !o.absent.contains(t)))
             })
             .collect::<Result<_>>()?,
     })

@@ -816,7 +816,9 @@ impl FsInner {
     pub fn meta_reserve_bytes(&self) -> u64 {
         let m = self.meta.lock();
         let blocks: u64 = (0..self.target_count())
-            .map(|t| m.alloc.meta_reserve(stripefs_core::TargetId(t)))
+            .map(stripefs_core::TargetId)
+            .filter(|&t| !self.states.is_read_only(t))
+            .map(|t| m.alloc.meta_reserve(t))
             .sum();
         self.geo.block_size.to_bytes(blocks)
     }

@@ -18,7 +18,7 @@ use stripefs_core::record::{Record, TargetState};
 use stripefs_core::superblock::{Superblock, SB_BYTES};
 use stripefs_core::CoreError;
 use stripefs_meta::{JournalMark, RootSlots, Store, StoreConfig};
-use stripefs_target::Target;
+use stripefs_target::{AbsentTarget, Target};
 
 use crate::error::{FsError, Result};
 use crate::metapages::MetaPages;
@@ -56,11 +56,9 @@ pub(crate) struct Loaded {
 pub(crate) struct Ordered {
     pub targets: Vec<Arc<dyn Target>>,
     pub superblocks: Vec<Superblock>,
-    /// Indices not given, in order: their places hold an `AbsentTarget` and a superblock
-    /// with an empty data area (acceptable only for retired targets).
-    pub absent: Vec<u32>,
-    /// The count of target 0's superblock (the targets mkfs made).
-    pub mkfs_count: u32,
+    /// Indices not given: their places hold an `AbsentTarget` and a superblock with an
+    /// empty data area (acceptable only for retired targets).
+    pub absent: Absence,
 }
 
 /// Reads and cross-checks the superblocks; returns the targets in index order.
@@ -123,39 +121,120 @@ pub(crate) fn read_superblocks(targets: Vec<Arc<dyn Target>>) -> Result<Ordered>
     // Target 0's superblock counts the targets of mkfs; targets added later
     // (`targets.md`) follow them in index order, members once their `TargetAdd` is.
     let have: Vec<u32> = found.iter().map(|(sb, _)| sb.target_index.0).collect();
-    let count = if have[0] == 0 {
-        found[0].0.target_count
-    } else {
-        1
-    };
     if have[0] != 0 {
         return Err(FsError::invalid(format!(
             "file system {uuid}: target 0 (the journal and the root records) was not given; {} targets were given",
             found.len()
         )));
     }
-    // Indices below the highest given (or below mkfs's count) that were not given are
-    // kept as absent places: retired targets need no device (`targets.md`, "Retiring a
-    // target"); `open` refuses any that is not retired.
-    let top = count.max(have.last().map_or(0, |h| h + 1));
-    let mut absent: Vec<u32> = (0..top).filter(|i| !have.contains(i)).collect();
-    for &i in &absent {
-        let mut sb = found[0].0.clone();
-        sb.target_index = stripefs_core::TargetId(i);
-        sb.target_count = count;
-        (sb.target_blocks, sb.data_start) = (0, 0);
-        let t: Arc<dyn Target> = Arc::new(stripefs_target::AbsentTarget::new(i, sb.sector_size));
-        found.push((sb, t));
-    }
-    found.sort_by_key(|(sb, _)| sb.target_index);
-    absent.sort_unstable();
-    let (sbs, ts) = found.into_iter().unzip();
-    Ok(Ordered {
+    let count = found[0].0.target_count;
+    let (sbs, ts): (Vec<Superblock>, Vec<Arc<dyn Target>>) = found.into_iter().unzip();
+    let mut o = Ordered {
         targets: ts,
         superblocks: sbs,
-        absent,
-        mkfs_count: count,
-    })
+        absent: Absence {
+            indices: Vec::new(),
+            given: have.len(),
+            mkfs_count: count,
+        },
+    };
+    // Indices below the highest given (or below mkfs's count) that were not given are
+    // kept as absent places: retired targets need no device (`targets.md`, "Retiring a
+    // target"); `load` and fsck refuse any that is not retired.
+    o.pad_to(count.max(have.last().map_or(0, |h| h + 1)));
+    Ok(o)
+}
+
+impl Ordered {
+    /// Fills every index below `len` that has no target with an `AbsentTarget` and a
+    /// superblock with an empty data area, keeping index order.
+    fn pad_to(&mut self, len: u32) {
+        let have: Vec<u32> = self.superblocks.iter().map(|s| s.target_index.0).collect();
+        let mut found: Vec<(Superblock, Arc<dyn Target>)> = std::mem::take(&mut self.superblocks)
+            .into_iter()
+            .zip(std::mem::take(&mut self.targets))
+            .collect();
+        for i in (0..len).filter(|i| !have.contains(i)) {
+            let mut sb = found[0].0.clone();
+            sb.target_index = stripefs_core::TargetId(i);
+            (sb.target_blocks, sb.data_start) = (0, 0);
+            let t: Arc<dyn Target> = Arc::new(AbsentTarget::new(i, sb.sector_size));
+            found.push((sb, t));
+            self.absent.indices.push(i);
+        }
+        found.sort_by_key(|(sb, _)| sb.target_index);
+        self.absent.indices.sort_unstable();
+        (self.superblocks, self.targets) = found.into_iter().unzip();
+    }
+}
+
+/// The indices a mount was given no device for, and what to say when one is needed.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Absence {
+    pub indices: Vec<u32>,
+    /// Targets given.
+    pub given: usize,
+    /// Target 0's count (the targets mkfs made).
+    pub mkfs_count: u32,
+}
+
+impl Absence {
+    /// Whether index `i` was given no device.
+    pub fn contains(&self, i: u32) -> bool {
+        self.indices.contains(&i)
+    }
+
+    /// The error for members `which` of `members`, given no device (`why` follows).
+    pub fn missing(
+        &self,
+        uuid: stripefs_core::Uuid,
+        members: u32,
+        which: &str,
+        why: &str,
+    ) -> FsError {
+        let mkfs = self.mkfs_count;
+        FsError::invalid(format!(
+            "file system {uuid} has {members} targets{} but {} were given (missing target index {which}{why}): give its path too",
+            if members > mkfs {
+                format!(" ({mkfs} from mkfs and more added)")
+            } else {
+                " from mkfs".into()
+            },
+            self.given,
+        ))
+    }
+
+    /// Every absent member must be retired by the time the journal is replayed
+    /// (`states`: each member's state after the replay).
+    ///
+    /// # Errors
+    /// `Invalid` naming the first absent member that is not.
+    pub fn check_retired(&self, uuid: stripefs_core::Uuid, states: &[TargetState]) -> Result<()> {
+        for &i in &self.indices {
+            match states.get(i as usize) {
+                None | Some(TargetState::Retired { .. }) => {}
+                Some(state) => {
+                    let why = format!(", which is {state}, not retired");
+                    let members = states.len() as u32;
+                    return Err(self.missing(uuid, members, &i.to_string(), &why));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A metadata read that reached an absent target: that target holds pages, so it is
+    /// not retired and its device is missing. Other errors pass through.
+    fn unreadable(&self, uuid: stripefs_core::Uuid, e: stripefs_meta::MetaError) -> FsError {
+        match &e {
+            stripefs_meta::MetaError::Target(t) if AbsentTarget::failed(t) => {
+                let list: Vec<String> = self.indices.iter().map(u32::to_string).collect();
+                let why = format!(", which the metadata still uses: {e}");
+                self.missing(uuid, self.mkfs_count, &list.join(", "), &why)
+            }
+            _ => e.into(),
+        }
+    }
 }
 
 /// Targets given at mount past the trees' members: each becomes a member if the
@@ -230,8 +309,9 @@ pub(crate) struct Opened {
     /// Targets given past the members (`TargetAdd`s in the journal, or adds that never
     /// committed).
     pub candidates: Candidates,
-    /// Member indices not given (retired targets: `AbsentTarget`s hold their places).
-    pub absent: Vec<u32>,
+    /// Member indices not given (retired targets: `AbsentTarget`s hold their places;
+    /// checked once the journal is replayed: [`Absence::check_retired`]).
+    pub absent: Absence,
 }
 
 /// Opens the file system read-only: superblocks, geometry, the trees' root record.
@@ -239,60 +319,38 @@ pub(crate) struct Opened {
 /// # Errors
 /// As [`read_superblocks`]; `Corrupted` for damaged root records.
 pub(crate) fn open(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Result<Opened> {
-    let Ordered {
-        mut targets,
-        superblocks: mut sbs,
-        absent,
-        mkfs_count,
-    } = read_superblocks(targets)?;
-    let all = Geometry::from_superblocks(&sbs)?;
-    let pages = Arc::new(MetaPages::for_mount(&all));
-    let alloc: Arc<dyn stripefs_meta::PageAlloc> = Arc::clone(&pages) as _;
-    let uuid = all.uuid;
-    let given = targets.len() - absent.len();
-    // A retired target holds no page: a read that reaches an absent one means it is
-    // not retired, so the error is that it is missing.
-    let unreadable = |e: stripefs_meta::MetaError| -> FsError {
-        if absent.is_empty() {
-            return e.into();
+    let mut o = read_superblocks(targets)?;
+    let uuid = o.superblocks[0].uuid;
+    let mkfs_count = o.absent.mkfs_count;
+    // The page log may count members past every index given (a retired target that was
+    // the last one added): their places are filled and the store opened again.
+    let (store, pages) = loop {
+        let all = Geometry::from_superblocks(&o.superblocks)?;
+        let pages = Arc::new(MetaPages::for_mount(&all));
+        let alloc: Arc<dyn stripefs_meta::PageAlloc> = Arc::clone(&pages) as _;
+        match Store::open(store_config(&all, cache), o.targets.clone(), alloc) {
+            Err(stripefs_meta::MetaError::TargetNotGiven { members, .. })
+                if members as usize > o.targets.len() =>
+            {
+                o.pad_to(members);
+            }
+            r => break (r.map_err(|e| o.absent.unreadable(uuid, e))?, pages),
         }
-        let list: Vec<String> = absent.iter().map(u32::to_string).collect();
-        FsError::invalid(format!(
-            "file system {uuid} has {mkfs_count} targets from mkfs but {given} were given (missing target index {}, which the metadata still uses: {e}): give its path too",
-            list.join(", ")
-        ))
     };
-    let store =
-        Store::open(store_config(&all, cache), targets.clone(), alloc).map_err(unreadable)?;
     let members = store.members() as usize;
     if members < mkfs_count as usize {
         let d = format!("counts {members} targets, fewer than the {mkfs_count} of mkfs");
         return Err(CoreError::corrupted("metadata page log", d).into());
     }
-    let missing = |i: u32, why: &str| {
-        FsError::invalid(format!(
-            "file system {uuid} has {members} targets{} but {given} were given (missing target index {i}{why}): give its path too",
-            if members as u32 > mkfs_count {
-                format!(" ({mkfs_count} from mkfs and more added)")
-            } else {
-                " from mkfs".into()
-            },
-        ))
-    };
-    let mut states = Vec::with_capacity(members);
-    for i in 0..members as u32 {
-        states.push(
-            store
-                .target_state(stripefs_core::TargetId(i))
-                .map_err(unreadable)?,
-        );
-    }
-    for &i in absent.iter().filter(|&&i| (i as usize) < members) {
-        match states[i as usize] {
-            TargetState::Retired { .. } => {}
-            state => return Err(missing(i, &format!(", which is {state}, not retired"))),
-        }
-    }
+    let states = (0..members as u32)
+        .map(|i| store.target_state(stripefs_core::TargetId(i)))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| o.absent.unreadable(uuid, e))?;
+    let Ordered {
+        mut targets,
+        superblocks: mut sbs,
+        absent,
+    } = o;
     // A retired member has no data area, whether its device was given or not.
     for (sb, state) in sbs.iter_mut().zip(&states) {
         if let TargetState::Retired { .. } = state {
@@ -305,7 +363,7 @@ pub(crate) fn open(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
             .split_off(members)
             .into_iter()
             .zip(targets.split_off(members))
-            .filter(|(sb, _)| !absent.contains(&sb.target_index.0))
+            .filter(|(sb, _)| !absent.contains(sb.target_index.0))
             .collect(),
     };
     Ok(Opened {
@@ -330,7 +388,7 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         store,
         pages,
         candidates,
-        absent: _,
+        absent,
     } = open(targets, cache)?;
     // No walk of the pages: the free space is the space tree's (metadata.md, "Persisted
     // free space").
@@ -354,6 +412,8 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
     let states = (0..geo.target_count())
         .map(|i| store.target_state(stripefs_core::TargetId(i)))
         .collect::<std::result::Result<Vec<_>, _>>()?;
+    // A retirement still in the journal counts: replay never reads a retired target.
+    absent.check_retired(geo.uuid, &states)?;
     for (g, s) in geo.targets.iter_mut().zip(&states) {
         if let TargetState::Retired { .. } = s {
             *g = stripefs_core::geometry::TargetGeometry {

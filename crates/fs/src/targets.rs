@@ -73,9 +73,10 @@ impl Fs {
     /// Retires `target`, which an evacuation emptied (`Fs::evacuate`): it leaves the
     /// file system for good. Its data area no longer counts in the free space or `df`,
     /// nothing is placed there again, and a later mount does not need its device
-    /// (`targets.md`, "Retiring a target"). The `TargetState` record is committed and
-    /// checkpointed before this returns, so the device can be detached once the file
-    /// system is unmounted (this process keeps it open until then).
+    /// (`targets.md`, "Retiring a target"). The `TargetState` record is committed (the
+    /// commit point: a later mount replays it) and checkpointed before this returns, so
+    /// the device can be detached once the file system is unmounted (this process keeps
+    /// it open until then).
     ///
     /// # Errors
     /// `Invalid` for target 0, a target that does not exist, is retired already, is not
@@ -107,6 +108,13 @@ impl Fs {
         self.checkpoint()?;
         let seq = {
             let mut m = self.inner.meta.lock();
+            // Cancels and other retirements are serialised by the switch; this is the
+            // state every placement decision reads, checked where they are excluded.
+            if !self.inner.states.is_read_only(target) || self.inner.states.is_retired(target) {
+                return Err(FsError::invalid(format!(
+                    "target {target} changed state while it was being retired"
+                )));
+            }
             let u = self.usage(&m, target);
             if u.extent_blocks + u.page_blocks + u.reserved_blocks > 0 {
                 return Err(FsError::invalid(format!(

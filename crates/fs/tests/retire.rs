@@ -230,3 +230,86 @@ fn a_retired_device_can_be_added_again_as_a_new_target() {
     fs.unmount().unwrap();
     fsck_clean(all, "with the device as target 3");
 }
+
+#[test]
+fn an_added_target_that_is_retired_is_not_needed_either() {
+    // The last member added, then retired: the page log counts it past every index
+    // given, and the mount fills its place all the same.
+    let s = sims(3, 24 << 20);
+    mkfs(&s[..2]);
+    let (fs, _) = Fs::mount(dyns(&s[..2]), quiet()).unwrap();
+    let added = fs
+        .add_target(Arc::clone(&s[2]) as Arc<dyn Target>)
+        .expect("add");
+    assert_eq!(added, RETIRED);
+    let want = populate(&fs, 4);
+    assert!(blocks_on(&fs, RETIRED) > 0, "files reach the added target");
+    fs.evacuate(RETIRED, &mut |_| {}).expect("evacuate");
+    fs.retire_target(RETIRED).expect("retire");
+    fs.unmount().unwrap();
+    let (fs, _) = Fs::mount(dyns(&s[..2]), quiet()).expect("mount without the added target");
+    assert!(fs.target_retired(RETIRED));
+    check_files(&fs, &want, "without the added target");
+    fs.unmount().unwrap();
+    fsck_clean(dyns(&s[..2]), "without the added target");
+}
+
+#[test]
+fn a_crash_during_the_retirement_leaves_it_done_or_not_and_done_needs_no_device() {
+    let s = sims(3, 24 << 20);
+    mkfs(&s);
+    let (fs, _) = Fs::mount(dyns(&s), quiet()).unwrap();
+    let want = populate(&fs, 3);
+    fs.evacuate(RETIRED, &mut |_| {}).unwrap();
+    fs.unmount().unwrap();
+    let initial: Vec<Vec<u8>> = s.iter().map(|t| t.durable_image()).collect();
+    let rec = stripefs_target::Recorder::new();
+    let (fs, _) = Fs::mount(recorded(&s, &rec), quiet()).unwrap();
+    let began = rec.events().len();
+    fs.retire_target(RETIRED).unwrap();
+    let done = rec.events().len();
+    std::mem::forget(fs);
+    let sims_at = |images: &[Vec<u8>], prefix: &str| -> Vec<Arc<SimTarget>> {
+        images
+            .iter()
+            .enumerate()
+            .map(|(i, img)| {
+                Arc::new(SimTarget::from_image(
+                    &format!("{prefix}{i}"),
+                    img.clone(),
+                    512,
+                ))
+            })
+            .collect()
+    };
+    let (mut retired, mut not) = (0, 0);
+    // The state as the call began (not retired), then every durability point during it.
+    let points = rec.durability_points().into_iter().filter(|&p| p >= began);
+    for n in std::iter::once(began).chain(points.map(|p| p + 1)) {
+        let images = rec.images_at(&initial, n, stripefs_target::UnflushedPolicy::Drop, 512);
+        let what = format!("crash with {n} events durable");
+        let all = sims_at(&images, "a");
+        let (fs, _) = Fs::mount(dyns(&all), quiet()).expect(&what);
+        check_files(&fs, &want, &what);
+        let is = fs.target_retired(RETIRED);
+        assert!(is || n < done, "{what}: retired once the call returned");
+        fs.unmount().unwrap();
+        if !is {
+            not += 1;
+            continue;
+        }
+        retired += 1;
+        // Retired, perhaps only in the journal: the device is not needed.
+        let two = sims_at(&images[..2], "b");
+        let (fs, _) = Fs::mount(dyns(&two), quiet())
+            .unwrap_or_else(|e| panic!("{what}: mount without target 2: {e}"));
+        check_files(&fs, &want, &what);
+        fs.unmount().unwrap();
+        let two = sims_at(&images[..2], "c");
+        fsck_clean(dyns(&two), &what);
+    }
+    assert!(
+        retired > 0 && not > 0,
+        "{retired} crash points retired, {not} not"
+    );
+}

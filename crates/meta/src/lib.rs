@@ -336,8 +336,11 @@ impl Store {
         state: TargetState,
     ) -> Result<(), MetaError> {
         let what = || format!("target state record of target {target}");
-        if target.0 >= self.members() {
-            let d = format!("{state} but there are {} members", self.members());
+        if target.0 == 0 || target.0 >= self.members() {
+            let d = format!(
+                "{state} but there are {} members, and target 0 is always writable",
+                self.members()
+            );
             return Err(CoreError::corrupted(what(), d).into());
         }
         if let TargetState::Retired { .. } = self.target_state(target)? {

@@ -23,12 +23,24 @@ impl AbsentTarget {
     pub fn new(index: u32, sector_size: u32) -> Self {
         Self {
             info: TargetInfo {
-                name: Arc::from(format!("index {index} (not given)")),
+                name: Arc::from(format!("index {index}{NOT_GIVEN}")),
                 size_bytes: 0,
                 sector_size,
                 fua: FuaSupport::Native,
             },
         }
+    }
+}
+
+/// Ends the name of every `AbsentTarget`.
+const NOT_GIVEN: &str = " (not given)";
+
+impl AbsentTarget {
+    /// Whether `e` is an `AbsentTarget`'s refusal (an operation reached an index that was
+    /// given no device).
+    #[must_use]
+    pub fn failed(e: &TargetError) -> bool {
+        matches!(e.kind, TargetErrorKind::Unusable(_)) && e.target.ends_with(NOT_GIVEN)
     }
 }
 
@@ -64,7 +76,9 @@ mod tests {
     fn flushes_succeed_and_everything_else_fails_by_name() {
         let t = AbsentTarget::new(3, 512);
         t.flush_sync().unwrap();
-        let e = t.read_sync(0, 512).unwrap_err().to_string();
+        let err = t.read_sync(0, 512).unwrap_err();
+        assert!(AbsentTarget::failed(&err));
+        let e = err.to_string();
         assert!(e.contains("index 3 (not given)"), "{e}");
         assert!(t.write_sync(4096, IoBuf::zeroed(512)).is_err());
     }
