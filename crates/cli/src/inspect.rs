@@ -62,6 +62,9 @@ pub fn run(a: &InspectArgs) -> Result<i32, String> {
             "  features compat {:#x} incompat {:#x} ro_compat {:#x}",
             sb.features_compat, sb.features_incompat, sb.features_ro_compat
         );
+        if sb.member_id != 0 {
+            println!("  member id {:#018x} (joined by add-target)", sb.member_id);
+        }
     }
     for (n, slot) in i.root_slots.iter().enumerate() {
         match slot {

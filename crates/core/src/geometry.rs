@@ -160,6 +160,7 @@ impl Geometry {
             journal_blocks: self.journal_blocks,
             journal_unit: self.journal_unit,
             mkfs_time_sec: self.mkfs_time_sec,
+            member_id: 0,
         }
     }
 

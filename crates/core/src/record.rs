@@ -87,10 +87,13 @@ pub enum Record {
     /// Target `target` joins the file system (the commit point of `add-target`,
     /// `docs/design/targets.md`): its data area `[data_start, blocks)` becomes free
     /// space. `target` is the member count before it (members are `0..count`).
+    /// `member_id` is the random id written in its superblock (0 in records of builds
+    /// before it: then nothing is compared).
     TargetAdd {
         target: TargetId,
         blocks: u64,
         data_start: u64,
+        member_id: u64,
     },
     /// Target `target`'s state changes (`docs/design/targets.md`, "Retiring a target"):
     /// read-only when an evacuation begins, writable again when it is cancelled, retired
@@ -445,10 +448,12 @@ impl Record {
                 target,
                 blocks,
                 data_start,
+                member_id,
             } => {
                 b.u32(target.0);
                 b.u64(*blocks);
                 b.u64(*data_start);
+                b.u64(*member_id);
                 T_TARGET_ADD
             }
             Record::TargetState { target, state } => {
@@ -596,10 +601,13 @@ impl Record {
                         "target {target} added with data area {data_start}..{blocks}"
                     )));
                 }
+                // Records written before the member id end here.
+                let member_id = if b.remaining() == 0 { 0 } else { b.u64()? };
                 Record::TargetAdd {
                     target,
                     blocks,
                     data_start,
+                    member_id,
                 }
             }
             T_TARGET_STATE => {
@@ -656,6 +664,29 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_target_add_without_a_member_id_decodes_with_none() {
+        // The body a build before member ids wrote: target, blocks, data start.
+        let mut b = Enc::new();
+        b.u32(3);
+        b.u64(4096);
+        b.u64(256);
+        let mut e = Enc::new();
+        e.u8(T_TARGET_ADD);
+        e.u32(b.len() as u32);
+        e.bytes(&b.buf);
+        let recs = Record::decode_all(&e.buf, "t").unwrap();
+        assert_eq!(
+            recs,
+            vec![Record::TargetAdd {
+                target: TargetId(3),
+                blocks: 4096,
+                data_start: 256,
+                member_id: 0,
+            }]
+        );
+    }
 
     #[test]
     fn records_roundtrip() {
@@ -740,6 +771,7 @@ mod tests {
                 target: TargetId(3),
                 blocks: 4096,
                 data_start: 256,
+                member_id: 0x1234_5678_9abc_def0,
             },
             Record::TargetState {
                 target: TargetId(2),

@@ -8,8 +8,13 @@
 //!  72 features compat u64    80 incompat u64       88 ro_compat u64
 //!  96 root_slot[0] u64      104 root_slot[1] u64   112 zero u64
 //! 120 journal_start u64     128 journal_blocks u64 136 journal_unit u32
-//! 140 mkfs_time_sec i64     148 .. 508 zero        508 crc32c u32 of bytes 0..508
+//! 140 mkfs_time_sec i64     148 member_id u64      156 .. 508 zero
+//! 508 crc32c u32 of bytes 0..508
 //! ```
+//! `member_id` is 0 on targets mkfs made; `add-target` writes a random one, which its
+//! `TargetAdd` record and the trees keep, so that a disk an add formatted but never made
+//! a member cannot pass for the member of the same index (`targets.md`, decision 118).
+//! Builds before the field read the bytes as zero padding and ignore them.
 //! The root record slot and journal fields are meaningful on target 0 and repeated on every
 //! target so that any one of them describes the whole geometry. The superblock is written
 //! once by mkfs and never rewritten: the moving state lives in the metadata trees' root
@@ -51,6 +56,8 @@ pub struct Superblock {
     pub journal_blocks: u64,
     pub journal_unit: u32,
     pub mkfs_time_sec: i64,
+    /// The random id `add-target` gave this target's membership (0: made by mkfs).
+    pub member_id: u64,
 }
 
 impl Superblock {
@@ -80,6 +87,7 @@ impl Superblock {
         e.u64(self.journal_blocks);
         e.u32(self.journal_unit);
         e.i64(self.mkfs_time_sec);
+        e.u64(self.member_id);
         let mut buf = e.buf;
         buf.resize(SB_BYTES - 4, 0);
         let crc = crc32c(&buf);
@@ -156,6 +164,7 @@ impl Superblock {
             journal_blocks: d.u64()?,
             journal_unit: d.u32()?,
             mkfs_time_sec: d.i64()?,
+            member_id: d.u64()?,
         };
         sb.validate(&what)?;
         Ok(sb)
@@ -247,6 +256,7 @@ mod tests {
             journal_blocks: 100,
             journal_unit: 4096,
             mkfs_time_sec: 1,
+            member_id: 0,
         }
     }
 

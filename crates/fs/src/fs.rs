@@ -1212,7 +1212,7 @@ fn root_attrs() -> InodeAttrs {
     }
 }
 
-fn random_uuid() -> Uuid {
+pub(crate) fn random_uuid() -> Uuid {
     let mut b = [0u8; 16];
     let ok = std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))

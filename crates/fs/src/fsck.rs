@@ -261,19 +261,10 @@ fn check(targets: Vec<Arc<dyn Target>>, progress: &mut dyn FnMut(FsckStage)) -> 
 fn join_added(o: &mut recovery::Opened, txns: &[(TxnAt, Vec<Record>)]) -> Result<()> {
     for (at, recs) in txns {
         for rec in recs {
-            if let Record::TargetAdd {
-                target,
-                blocks,
-                data_start,
-            } = rec
-            {
-                let area = (*data_start, *blocks);
-                let (_, t) = o.candidates.take(&at.to_string(), *target, area)?;
+            if let Some(j) = recovery::Joining::of(rec) {
+                let (_, t) = o.candidates.take(&at.to_string(), j)?;
                 o.store.give_target(Arc::clone(&t))?;
-                o.geo.targets.push(stripefs_core::geometry::TargetGeometry {
-                    data_start: area.0,
-                    blocks: area.1,
-                });
+                o.geo.targets.push(j.geometry());
                 o.targets.push(t);
             }
         }

@@ -244,18 +244,53 @@ pub(crate) struct Candidates {
     pub list: Vec<(Superblock, Arc<dyn Target>)>,
 }
 
+/// What a `TargetAdd` record says of the target it adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Joining {
+    pub target: stripefs_core::TargetId,
+    pub data_start: u64,
+    pub blocks: u64,
+    /// 0 in records of builds before member ids: nothing to compare.
+    pub member_id: u64,
+}
+
+impl Joining {
+    /// The join `rec` records, if it is a `TargetAdd`.
+    pub fn of(rec: &Record) -> Option<Joining> {
+        match *rec {
+            Record::TargetAdd {
+                target,
+                blocks,
+                data_start,
+                member_id,
+            } => Some(Joining {
+                target,
+                data_start,
+                blocks,
+                member_id,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Its data area as a geometry.
+    pub fn geometry(&self) -> stripefs_core::geometry::TargetGeometry {
+        stripefs_core::geometry::TargetGeometry {
+            data_start: self.data_start,
+            blocks: self.blocks,
+        }
+    }
+}
+
 impl Candidates {
-    /// Target `index` for a replayed `TargetAdd` of `(data_start, blocks)`.
+    /// The target a replayed `TargetAdd` (`j`, at `at`) adds.
     ///
     /// # Errors
-    /// `Invalid` when it was not given (naming the transaction); `Corrupted` when its
-    /// superblock does not describe what the record adds.
-    pub fn take(
-        &mut self,
-        at: &str,
-        index: stripefs_core::TargetId,
-        (data_start, blocks): (u64, u64),
-    ) -> Result<(Superblock, Arc<dyn Target>)> {
+    /// `Invalid` when it was not given (naming the transaction), or when the target given
+    /// with that index carries another member id (a disk an add formatted but never made
+    /// a member); `Corrupted` when its superblock does not describe what the record adds.
+    pub fn take(&mut self, at: &str, j: Joining) -> Result<(Superblock, Arc<dyn Target>)> {
+        let (index, blocks, data_start) = (j.target, j.blocks, j.data_start);
         let Some(pos) = self
             .list
             .iter()
@@ -266,6 +301,14 @@ impl Candidates {
             )));
         };
         let (sb, t) = self.list.remove(pos);
+        if j.member_id != 0 && sb.member_id != j.member_id {
+            return Err(not_the_member(
+                t.info().name.as_ref(),
+                index,
+                sb.member_id,
+                j.member_id,
+            ));
+        }
         if sb.data_start != data_start || sb.target_blocks != blocks {
             return Err(CoreError::corrupted(
                 format!("superblock of target {}", t.info().name),
@@ -278,6 +321,36 @@ impl Candidates {
         }
         Ok((sb, t))
     }
+}
+
+/// The error for a device whose superblock claims member `index` with member id `has`
+/// while the file system's member `index` joined with `want` (decision 118).
+fn not_the_member(name: &str, index: stripefs_core::TargetId, has: u64, want: u64) -> FsError {
+    FsError::invalid(format!(
+        "target {name} has index {index} of this file system but member id {has:#018x}, and member {index} joined with {want:#018x}: it is a disk an add-target formatted but never made a member (or a copy of one); give the device of member {index}"
+    ))
+}
+
+/// Every member given that joined by `add-target` must carry the member id the trees
+/// keep for it.
+///
+/// # Errors
+/// `Invalid` naming the first that does not; the trees' errors.
+fn check_member_ids(store: &Store, o: &Ordered, members: usize) -> Result<()> {
+    let uuid = o.superblocks[0].uuid;
+    for (sb, t) in o.superblocks.iter().zip(&o.targets).take(members) {
+        if o.absent.contains(sb.target_index.0) {
+            continue;
+        }
+        let id = store.target_member_id(sb.target_index);
+        if let Some(want) = id.map_err(|e| o.absent.unreadable(uuid, e))? {
+            if sb.member_id != want {
+                let name = t.info().name.to_string();
+                return Err(not_the_member(&name, sb.target_index, sb.member_id, want));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The metadata store's configuration for `geo`.
@@ -342,6 +415,7 @@ pub(crate) fn open(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         let d = format!("counts {members} targets, fewer than the {mkfs_count} of mkfs");
         return Err(CoreError::corrupted("metadata page log", d).into());
     }
+    check_member_ids(&store, &o, members)?;
     let states = (0..members as u32)
         .map(|i| store.target_state(stripefs_core::TargetId(i)))
         .collect::<std::result::Result<Vec<_>, _>>()

@@ -33,11 +33,11 @@ use stripefs_core::alloc::Allocator;
 use stripefs_core::btree::Key;
 use stripefs_core::check::{extent_problem, layout_problem, name_problem};
 use stripefs_core::extent::Extent;
-use stripefs_core::geometry::{Geometry, TargetGeometry};
+use stripefs_core::geometry::Geometry;
 use stripefs_core::inode::FileKind;
 use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
-use stripefs_core::{CoreError, Ino, TargetId};
+use stripefs_core::{CoreError, Ino};
 use stripefs_meta::{items, Store};
 use stripefs_target::Target;
 
@@ -151,7 +151,8 @@ impl<'a> Replayer<'a> {
 
     /// A replayed `TargetAdd`: its target, given at mount, joins the store, the
     /// geometry and the scratch map before the record is applied to the trees.
-    fn join(&mut self, at: TxnAt, target: TargetId, area: (u64, u64)) -> Result<()> {
+    fn join(&mut self, at: TxnAt, j: crate::recovery::Joining) -> Result<()> {
+        let target = j.target;
         if target.0 != self.geo.target_count() {
             let d = format!(
                 "adds target {target} to a file system of {} targets",
@@ -159,12 +160,9 @@ impl<'a> Replayer<'a> {
             );
             return Err(CoreError::corrupted(at.to_string(), d).into());
         }
-        let (_, t) = self.candidates.take(&at.to_string(), target, area)?;
+        let (_, t) = self.candidates.take(&at.to_string(), j)?;
         self.store.give_target(Arc::clone(&t))?;
-        let g = TargetGeometry {
-            data_start: area.0,
-            blocks: area.1,
-        };
+        let g = j.geometry();
         self.geo.targets.push(g);
         self.area.add_target(target, g)?;
         self.added.push(t);
@@ -243,13 +241,8 @@ impl<'a> Replayer<'a> {
             if let Record::DirAdd { dir, name, .. } | Record::DirRemove { dir, name } = rec {
                 self.touch_entry(*dir, name)?;
             }
-            if let Record::TargetAdd {
-                target,
-                blocks,
-                data_start,
-            } = rec
-            {
-                self.join(at, *target, (*data_start, *blocks))?;
+            if let Some(j) = crate::recovery::Joining::of(rec) {
+                self.join(at, j)?;
             }
             self.before(rec).map_err(named)?;
             self.unlinked(rec, &mut t);

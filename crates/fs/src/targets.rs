@@ -23,6 +23,7 @@ use stripefs_target::{IoBuf, Target};
 use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::journal::CommitMode;
+use crate::recovery::Joining;
 
 /// What the first sector of a target offered to `add-target` holds.
 #[derive(Debug)]
@@ -51,14 +52,20 @@ impl Fs {
         let _switch = self.inner.access_switch.lock();
         let n = TargetId(self.inner.target_count());
         let g = self.check_new_target(target.as_ref(), n)?;
-        self.write_new_superblock(target.as_ref(), n, g)?;
+        let joining = Joining {
+            target: n,
+            data_start: g.data_start,
+            blocks: g.blocks,
+            member_id: new_member_id(),
+        };
+        self.write_new_superblock(target.as_ref(), joining)?;
         let access = self.inner.access.write();
         if *access == crate::types::Access::ReadOnly {
             return Err(FsError::ReadOnly);
         }
         self.settle(|_, _| false)?;
         self.no_reservations()?;
-        self.commit_target_add(&target, n, g)?;
+        self.commit_target_add(&target, joining)?;
         let at = self
             .inner
             .targets
@@ -225,12 +232,13 @@ impl Fs {
 
     /// Writes target `n`'s superblock (count `n + 1`) with one FUA write, before the
     /// record that makes it a member.
-    fn write_new_superblock(&self, t: &dyn Target, n: TargetId, g: TargetGeometry) -> Result<()> {
+    fn write_new_superblock(&self, t: &dyn Target, j: Joining) -> Result<()> {
         let mut sb = self.inner.geo.superblock(TargetId(0));
-        sb.target_index = n;
-        sb.target_count = n.0 + 1;
-        sb.target_blocks = g.blocks;
-        sb.data_start = g.data_start;
+        sb.target_index = j.target;
+        sb.target_count = j.target.0 + 1;
+        sb.target_blocks = j.blocks;
+        sb.data_start = j.data_start;
+        sb.member_id = j.member_id;
         let sector = t.info().sector_size as usize;
         let mut buf = sb.encode();
         buf.resize(SB_BYTES.next_multiple_of(sector), 0);
@@ -256,7 +264,8 @@ impl Fs {
 
     /// The commit point: the allocator and the store learn target `n`, and the
     /// `TargetAdd` record is logged and committed.
-    fn commit_target_add(&self, t: &Arc<dyn Target>, n: TargetId, g: TargetGeometry) -> Result<()> {
+    fn commit_target_add(&self, t: &Arc<dyn Target>, j: Joining) -> Result<()> {
+        let (n, g) = (j.target, j.geometry());
         let given = self.inner.store.give_target(Arc::clone(t))?;
         if given != n {
             return Err(FsError::invalid(format!(
@@ -272,6 +281,7 @@ impl Fs {
                 target: n,
                 blocks: g.blocks,
                 data_start: g.data_start,
+                member_id: j.member_id,
             };
             self.inner.log_all(&mut m, vec![rec])?;
             m.txn.seq
@@ -280,4 +290,12 @@ impl Fs {
             .journal
             .commit(&self.inner, seq, CommitMode::Append)
     }
+}
+
+/// A random, non-zero member id for a target being added (decision 118).
+fn new_member_id() -> u64 {
+    let u = crate::fs::random_uuid().0;
+    let id = u64::from_le_bytes(u[..8].try_into().expect("8 bytes"))
+        ^ u64::from_le_bytes(u[8..].try_into().expect("8 bytes"));
+    id.max(1)
 }

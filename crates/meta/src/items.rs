@@ -120,7 +120,10 @@ pub fn record_keys(uuid: Uuid, rec: &Record) -> Vec<Key> {
         Record::TargetState { target, .. } => {
             keys.push(stripefs_core::btree::schema::target_state_key(*target));
         }
-        Record::InodeSet(_) | Record::InodeFree(_) | Record::TargetAdd { .. } => {}
+        Record::TargetAdd { target, .. } => {
+            keys.push(stripefs_core::btree::schema::target_member_key(*target));
+        }
+        Record::InodeSet(_) | Record::InodeFree(_) => {}
     }
     keys
 }
@@ -403,7 +406,10 @@ impl<'a> Items<'a> {
                 target,
                 blocks,
                 data_start,
-            } => self.store.add_member(*target, (*data_start, *blocks)),
+                member_id,
+            } => self
+                .store
+                .add_member(*target, (*data_start, *blocks), *member_id),
             Record::TargetState { target, state } => self.store.set_target_state(*target, *state),
         }
     }

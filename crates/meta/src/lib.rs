@@ -290,6 +290,7 @@ impl Store {
         &self,
         target: TargetId,
         (data_start, blocks): (u64, u64),
+        member_id: u64,
     ) -> Result<(), MetaError> {
         let members = self.members();
         if target.0 != members {
@@ -306,6 +307,10 @@ impl Store {
         if self.keeps_space() {
             space::give(self, target, data_start, blocks - data_start)?;
         }
+        if member_id != 0 {
+            let key = schema::target_member_key(target);
+            self.insert(key, &member_id.to_le_bytes())?;
+        }
         self.log.lock().pages.push(0);
         self.alloc.add_member(target);
         Ok(())
@@ -321,6 +326,19 @@ impl Store {
         match self.get(&key)? {
             None => Ok(TargetState::Writable),
             Some(v) => Ok(schema::decode_target_state(&key, &v)?.1),
+        }
+    }
+
+    /// The member id `target` joined with (`add-target`), `None` for a target mkfs made
+    /// or one added by a build before member ids.
+    ///
+    /// # Errors
+    /// A page read's error; `Corrupted` for an item that does not decode.
+    pub fn target_member_id(&self, target: TargetId) -> Result<Option<u64>, MetaError> {
+        let key = schema::target_member_key(target);
+        match self.get(&key)? {
+            None => Ok(None),
+            Some(v) => Ok(Some(schema::decode_target_member(&key, &v)?.1)),
         }
     }
 

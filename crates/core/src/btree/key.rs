@@ -51,6 +51,9 @@ pub enum KeyKind {
     /// `(target, TargetState, 0, 0)`: the target's state when it is not writable
     /// (read-only or retired: `record::TargetState`); a writable target has no item.
     TargetState = 0x41,
+    /// `(target, TargetMember, 0, 0)`: the member id of a target `add-target` joined (the
+    /// one in its superblock); targets mkfs made have none.
+    TargetMember = 0x42,
     /// Reserved (next issue): `(target, Refcount, physical block, 0)`: length and owner
     /// count of a shared physical extent.
     Refcount = 0x50,
@@ -61,7 +64,7 @@ pub enum KeyKind {
 
 impl KeyKind {
     /// Every kind, in key order.
-    pub const ALL: [KeyKind; 11] = [
+    pub const ALL: [KeyKind; 12] = [
         KeyKind::Inode,
         KeyKind::Symlink,
         KeyKind::Orphan,
@@ -71,6 +74,7 @@ impl KeyKind {
         KeyKind::Extent,
         KeyKind::FreeSpace,
         KeyKind::TargetState,
+        KeyKind::TargetMember,
         KeyKind::Refcount,
         KeyKind::DataCsum,
     ];
@@ -92,7 +96,7 @@ impl KeyKind {
             | KeyKind::DirCookie
             | KeyKind::Xattr
             | KeyKind::Extent => TreeId::Fs,
-            KeyKind::FreeSpace | KeyKind::TargetState => TreeId::Space,
+            KeyKind::FreeSpace | KeyKind::TargetState | KeyKind::TargetMember => TreeId::Space,
             KeyKind::Refcount => TreeId::Refcount,
             KeyKind::DataCsum => TreeId::Csum,
         }

@@ -370,6 +370,28 @@ pub fn decode_target_state(key: &Key, value: &[u8]) -> Result<(TargetId, TargetS
     Ok((TargetId(target), state))
 }
 
+/// The key of `target`'s member-id item.
+#[must_use]
+pub fn target_member_key(target: TargetId) -> Key {
+    Key::new(u64::from(target.0), KeyKind::TargetMember, 0, 0)
+}
+
+/// Decodes a member-id item: (target, id), the id not zero.
+///
+/// # Errors
+/// `Corrupted` naming the key: a value that is not one non-zero u64, or a key with
+/// non-zero fields.
+pub fn decode_target_member(key: &Key, value: &[u8]) -> Result<(TargetId, u64), CoreError> {
+    let w = what(key);
+    let mut d = Dec::shown(value, &w);
+    let id = d.u64()?;
+    let target = u32::try_from(key.object).map_err(|_| d.err("target out of range"))?;
+    if d.remaining() != 0 || key.a != 0 || key.b != 0 || id == 0 {
+        return Err(d.err(format!("member id {id:#x} of target {target}")));
+    }
+    Ok((TargetId(target), id))
+}
+
 /// The key of the reference-count item of `target`'s shared range at `start`.
 #[must_use]
 pub fn refcount_key(target: TargetId, start: u64) -> Key {

@@ -271,6 +271,16 @@ impl<'a> Checker<'a> {
                 self.target_state_item(&k, v);
                 Ok(())
             }
+            TreeId::Space if k.kind == KeyKind::TargetMember as u8 => {
+                match stripefs_core::btree::schema::decode_target_member(&k, v) {
+                    Ok((t, _)) if t.0 >= self.geo.target_count() => {
+                        self.item_problem(&k, format!("member id of target {t}, not a member"));
+                    }
+                    Ok(_) => {}
+                    Err(e) => self.item_problem(&k, e),
+                }
+                Ok(())
+            }
             TreeId::Space => {
                 self.free_space_item(&k, v);
                 Ok(())
