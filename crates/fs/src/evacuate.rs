@@ -567,12 +567,7 @@ impl Fs {
         let bs = self.inner.geo.block_size;
         let data =
             self.inner.targets[st.index()].read_sync(bs.to_bytes(sp), bs.to_bytes(len) as usize)?;
-        let datacow = {
-            let m = self.inner.meta.lock();
-            m.state
-                .get(ino)?
-                .is_some_and(|i| stripefs_core::csum::datacow(&i.attrs))
-        };
+        let datacow = self.inner.meta.lock().is_datacow(ino)?;
         if datacow {
             let layout = inode(&self.inner.meta.lock(), ino)?.attrs.layout;
             for (i, block) in data.chunks(bs.bytes() as usize).enumerate() {

@@ -1034,10 +1034,7 @@ impl Fs {
         let mut freed = Vec::new();
         for (rec, f) in batch {
             let datacow = match rec.subject() {
-                Some(ino) => m
-                    .state
-                    .get(ino)?
-                    .is_some_and(|i| stripefs_core::csum::datacow(&i.attrs)),
+                Some(ino) => m.is_datacow(ino)?,
                 None => false,
             };
             self.inner.log_all(m, vec![rec])?;

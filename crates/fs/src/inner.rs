@@ -105,6 +105,17 @@ pub(crate) struct Freed {
 }
 
 impl MetaCore {
+    /// Whether `ino` is a copy-on-write (checksummed) file; false for one that is gone.
+    ///
+    /// # Errors
+    /// The trees' errors reading the inode.
+    pub fn is_datacow(&self, ino: Ino) -> Result<bool> {
+        Ok(self
+            .state
+            .get(ino)?
+            .is_some_and(|i| stripefs_core::csum::datacow(&i.attrs)))
+    }
+
     /// In-core size: what `stat` and reads see.
     pub fn size_of(&self, ino: Ino) -> Option<u64> {
         let disk = self.state.get(ino).ok().flatten()?.attrs.size;

@@ -324,10 +324,7 @@ impl Fs {
     /// are freed once the transaction is durable. In one transaction.
     pub(crate) fn log_remapped(&self, m: &mut MetaCore, ino: Ino, recs: Vec<Record>) -> Result<()> {
         let seq = m.txn.seq;
-        let datacow = m
-            .state
-            .get(ino)?
-            .is_some_and(|i| stripefs_core::csum::datacow(&i.attrs));
+        let datacow = m.is_datacow(ino)?;
         let mut freed = Vec::new();
         for rec in recs {
             let mut old = Vec::new();
@@ -419,12 +416,7 @@ impl Fs {
         let target = self.inner.targets[t.index()].as_ref();
         let old = map.addr.phys + skip;
         let mut block = target.read_sync(bs.to_bytes(old), bs.bytes() as usize)?;
-        let datacow = {
-            let m = self.inner.meta.lock();
-            m.state
-                .get(ino)?
-                .is_some_and(|i| stripefs_core::csum::datacow(&i.attrs))
-        };
+        let datacow = self.inner.meta.lock().is_datacow(ino)?;
         if datacow {
             self.verify_block(ino, bs.round_down(pos), t, old, &block)?;
         }
