@@ -706,7 +706,7 @@ fn add_target_grows_a_mounted_file_system() {
     let (rc, out) = s.fsck();
     assert_ne!(rc, 0, "{out}");
     assert!(
-        out.contains("target 3") && out.contains("give its path"),
+        out.contains("target index 3") && out.contains("give its path"),
         "{out}"
     );
     let (rc, out) = run(bin().arg("inspect").args(&all));
