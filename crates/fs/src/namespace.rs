@@ -8,6 +8,7 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
+use stripefs_core::btree::schema;
 use stripefs_core::inode::{
     FileKind, Inode, InodeAttrs, Timespec, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_TOTAL_MAX,
     XATTR_VALUE_MAX,
@@ -352,6 +353,7 @@ impl Fs {
         let _change = self.begin_change()?;
         self.admit_metadata_growth()?;
         let name = check_name(name)?;
+        let _ahead = self.read_ahead_entries(&[(parent, name)]);
         let mut m = self.inner.meta.lock();
         live_dir(&m, parent)?;
         if m.state.entry(parent, name)?.is_some() {
@@ -417,6 +419,49 @@ impl Fs {
         self.attr_of(&m, ino)
     }
 
+    /// Reads ahead, without the metadata lock, the pages a change of the entries
+    /// `(dir, name)` looks up under it: each directory's inode and the leaf of each
+    /// name's entry (issue 11: a create that missed the cache read them with the lock
+    /// held, and every `fsync` waited behind it). A hint: the pages stay held while the
+    /// guard lives; a failed read is read again, and reported, by the lookup that needs
+    /// it.
+    fn read_ahead_entries(
+        &self,
+        entries: &[(Ino, &[u8])],
+    ) -> Option<stripefs_meta::Prefetched<'_>> {
+        let store = &self.inner.store;
+        let keys: Vec<_> = entries
+            .iter()
+            .flat_map(|&(dir, name)| {
+                let hash = stripefs_core::btree::name_hash(store.uuid(), name);
+                [schema::inode_key(dir), schema::dir_entry_key(dir, hash, 0)]
+            })
+            .collect();
+        store.prefetch(&keys).ok()
+    }
+
+    /// Reads ahead the inodes `inos` (as [`Self::read_ahead_entries`]).
+    fn read_ahead_inodes(&self, inos: &[Ino]) -> Option<stripefs_meta::Prefetched<'_>> {
+        let keys: Vec<_> = inos.iter().map(|&i| schema::inode_key(i)).collect();
+        self.inner.store.prefetch(&keys).ok()
+    }
+
+    /// Reads ahead the inodes the entries `(dir, name)` name in the trees now (the
+    /// entries' leaves read ahead already): the inodes an unlink or rename changes.
+    fn read_ahead_named(&self, entries: &[(Ino, &[u8])]) -> Option<stripefs_meta::Prefetched<'_>> {
+        let store = &self.inner.store;
+        let inos: Vec<Ino> = entries
+            .iter()
+            .filter_map(|&(dir, name)| {
+                stripefs_meta::items::lookup_entry(store, dir, name)
+                    .ok()
+                    .flatten()
+                    .map(|e| e.ino)
+            })
+            .collect();
+        self.read_ahead_inodes(&inos)
+    }
+
     fn check_layout(&self, l: StripeLayout) -> Result<StripeLayout> {
         let g = &self.inner.geo;
         let n = self.inner.target_count();
@@ -464,6 +509,8 @@ impl Fs {
         let _change = self.begin_change()?;
         self.admit_metadata_growth()?;
         let name = check_name(newname)?;
+        let _ahead = self.read_ahead_entries(&[(newparent, name)]);
+        let _child = self.read_ahead_inodes(&[ino]);
         let mut m = self.inner.meta.lock();
         let i = inode(&m, ino)?;
         if i.attrs.kind == FileKind::Directory {
@@ -506,8 +553,10 @@ impl Fs {
     pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<()> {
         self.inner.check()?;
         let _change = self.begin_change()?;
-        let m = self.inner.meta.lock();
         let name = name.as_bytes();
+        let _ahead = self.read_ahead_entries(&[(parent, name)]);
+        let _child = self.read_ahead_named(&[(parent, name)]);
+        let m = self.inner.meta.lock();
         let e = entry(&m, parent, name)?;
         if e.kind == FileKind::Directory {
             return Err(FsError::IsDir);
@@ -570,8 +619,10 @@ impl Fs {
             b".." => return Err(FsError::NotEmpty),
             _ => {}
         }
-        let m = self.inner.meta.lock();
         let name = name.as_bytes();
+        let _ahead = self.read_ahead_entries(&[(parent, name)]);
+        let _child = self.read_ahead_named(&[(parent, name)]);
+        let m = self.inner.meta.lock();
         let e = entry(&m, parent, name)?;
         if e.kind != FileKind::Directory {
             return Err(FsError::NotDir);
@@ -617,6 +668,9 @@ impl Fs {
         if old.is_empty() || old == b"." || old == b".." {
             return Err(FsError::invalid("cannot rename '.' or '..'"));
         }
+        let both = [(parent, old), (newparent, new)];
+        let _ahead = self.read_ahead_entries(&both);
+        let _children = self.read_ahead_named(&both);
         let mut m = self.inner.meta.lock();
         let src = entry(&m, parent, old)?;
         live_dir(&m, newparent)?;
