@@ -21,7 +21,7 @@
 //! blocks (a sub-block read is widened and the caller's bytes copied out), verifies each
 //! block, and fails the read with `EIO` on a mismatch, counted and logged once per block.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -36,23 +36,27 @@ use stripefs_target::{
 
 use crate::error::{FsError, Result};
 use crate::mapping::DevAddr;
+use crate::runmap::{RunMap, RunValue};
 use crate::Fs;
 
-/// One run of changed blocks: `[start, end)`, its checksums (`None`: cleared), and the
-/// transaction that changed it.
+/// The checksums a record gave a run of blocks, one per block (`None`: cleared).
 #[derive(Debug, Clone)]
-struct Change {
-    end: u64,
-    seq: u64,
-    csums: Option<Vec<BlockCsum>>,
+struct Csums(Option<Vec<BlockCsum>>);
+
+impl RunValue for Csums {
+    fn slice(&self, from: u64, to: u64) -> Self {
+        let at = |b: u64| usize::try_from(b).expect("in run");
+        Csums(self.0.as_ref().map(|v| v[at(from)..at(to)].to_vec()))
+    }
 }
 
-#[derive(Debug, Default)]
-struct OverlayInner {
-    /// Non-overlapping runs by (target, first block).
-    runs: BTreeMap<(TargetId, u64), Change>,
-    /// Every change made, in log order: `(seq, target, start, end)`.
-    order: VecDeque<(u64, TargetId, u64, u64)>,
+impl Csums {
+    /// Block `b` of the run (counted from its first): its checksum, or `None` (cleared).
+    fn block(&self, b: u64) -> Option<BlockCsum> {
+        self.0
+            .as_ref()
+            .map(|v| v[usize::try_from(b).expect("in run")])
+    }
 }
 
 /// The checksum changes of records the trees do not hold yet (see the module
@@ -60,82 +64,25 @@ struct OverlayInner {
 /// however many blocks it covers), never the index.
 #[derive(Debug, Default)]
 pub(crate) struct CsumOverlay {
-    inner: Mutex<OverlayInner>,
-}
-
-impl OverlayInner {
-    /// Cuts the runs overlapping `[start, end)` of `t` away from that range.
-    fn cut(&mut self, t: TargetId, start: u64, end: u64) {
-        let first = match self.runs.range(..=(t, start)).next_back() {
-            Some((&(rt, s), c)) if rt == t && c.end > start => s,
-            _ => start,
-        };
-        let keys: Vec<u64> = self
-            .runs
-            .range((t, first)..(t, end))
-            .map(|(&(_, s), _)| s)
-            .collect();
-        for s in keys {
-            let c = self.runs.remove(&(t, s)).expect("listed");
-            let piece = |from: u64, to: u64| Change {
-                end: to,
-                seq: c.seq,
-                csums: c.csums.as_ref().map(|v| {
-                    v[usize::try_from(from - s).expect("in run")
-                        ..usize::try_from(to - s).expect("in run")]
-                        .to_vec()
-                }),
-            };
-            if s < start {
-                self.runs.insert((t, s), piece(s, start));
-            }
-            if c.end > end {
-                self.runs.insert((t, end), piece(end, c.end));
-            }
-        }
-    }
+    runs: Mutex<RunMap<Csums>>,
 }
 
 impl CsumOverlay {
     /// Records a change of `[start, start + len)` of `t` by transaction `seq`.
     pub fn set(&self, t: TargetId, start: u64, len: u64, csums: Option<&[BlockCsum]>, seq: u64) {
-        let end = start.saturating_add(len);
-        let mut o = self.inner.lock();
-        o.cut(t, start, end);
-        o.runs.insert(
-            (t, start),
-            Change {
-                end,
-                seq,
-                csums: csums.map(<[BlockCsum]>::to_vec),
-            },
-        );
-        o.order.push_back((seq, t, start, end));
+        if len == 0 {
+            return;
+        }
+        let value = Csums(csums.map(<[BlockCsum]>::to_vec));
+        self.runs
+            .lock()
+            .set(t, start, start.saturating_add(len), value, seq);
     }
 
     /// Drops the changes of transactions at or below `applied` (the trees hold them):
     /// constant time when there are none.
     pub fn drop_applied(&self, applied: u64) {
-        let mut o = self.inner.lock();
-        while let Some(&(seq, t, start, end)) = o.order.front() {
-            if seq > applied {
-                return;
-            }
-            o.order.pop_front();
-            let first = match o.runs.range(..=(t, start)).next_back() {
-                Some((&(rt, s), c)) if rt == t && c.end > start => s,
-                _ => start,
-            };
-            let gone: Vec<u64> = o
-                .runs
-                .range((t, first)..(t, end))
-                .filter(|(_, c)| c.seq <= applied)
-                .map(|(&(_, s), _)| s)
-                .collect();
-            for s in gone {
-                o.runs.remove(&(t, s));
-            }
-        }
+        self.runs.lock().drop_applied(applied);
     }
 
     /// For each block of `[start, start + len)` of `t`: `Some(what the overlay says)`
@@ -143,18 +90,10 @@ impl CsumOverlay {
     fn lookup(&self, t: TargetId, start: u64, len: u64) -> Vec<Option<Option<BlockCsum>>> {
         let end = start.saturating_add(len);
         let mut out = vec![None; usize::try_from(len).unwrap_or(0)];
-        let o = self.inner.lock();
-        let first = match o.runs.range(..=(t, start)).next_back() {
-            Some((&(rt, s), c)) if rt == t && c.end > start => s,
-            _ => start,
-        };
-        for (&(_, s), c) in o.runs.range((t, first)..(t, end)) {
-            for b in s.max(start)..c.end.min(end) {
-                let v = c
-                    .csums
-                    .as_ref()
-                    .map(|v| v[usize::try_from(b - s).expect("in run")]);
-                out[usize::try_from(b - start).expect("in range")] = Some(v);
+        let o = self.runs.lock();
+        for (s, r) in o.overlapping(t, start, end) {
+            for b in s.max(start)..r.end.min(end) {
+                out[usize::try_from(b - start).expect("in range")] = Some(r.value.block(b - s));
             }
         }
         out
@@ -162,7 +101,7 @@ impl CsumOverlay {
 
     /// Runs held (statistics, tests).
     pub fn runs(&self) -> usize {
-        self.inner.lock().runs.len()
+        self.runs.lock().len()
     }
 }
 
@@ -570,12 +509,12 @@ impl Fs {
             Ok(())
         })
         .map_err(|e| e.to_string())?;
-        let o = self.inner.csum_overlay.inner.lock();
-        for (&(t, s), c) in &o.runs {
-            for b in s..c.end {
-                match &c.csums {
-                    Some(v) => {
-                        have.insert((t, b), v[usize::try_from(b - s).expect("in run")]);
+        let o = self.inner.csum_overlay.runs.lock();
+        for (t, s, r) in o.iter() {
+            for b in s..r.end {
+                match r.value.block(b - s) {
+                    Some(c) => {
+                        have.insert((t, b), c);
                     }
                     None => {
                         have.remove(&(t, b));

@@ -52,6 +52,7 @@ mod recovery;
 mod refcount;
 mod reflink;
 mod replay;
+mod runmap;
 mod scrub;
 mod targets;
 mod types;

@@ -34,8 +34,6 @@
 //! `RefcountIndex` holding the counts over just the ranges involved (overlay over trees)
 //! is built and asked, as `RefcountIndex::share`/`release` ask the whole index.
 
-use std::collections::{BTreeMap, VecDeque};
-
 use stripefs_core::record::Record;
 use stripefs_core::refcount::{PhysPiece, RefcountIndex, Release};
 use stripefs_core::TargetId;
@@ -44,22 +42,21 @@ use parking_lot::Mutex;
 
 use crate::error::{FsError, Result};
 use crate::inner::MetaCore;
+use crate::runmap::{RunMap, RunValue};
 
-/// One run of blocks `[start, end)` whose count a record set, and its transaction.
+/// A run's count (1: not shared): the same for every block, so a piece keeps it.
 #[derive(Debug, Clone, Copy)]
-struct Run {
-    end: u64,
-    /// 1: not shared.
-    count: u32,
-    seq: u64,
+struct Count(u32);
+
+impl RunValue for Count {
+    fn slice(&self, _from: u64, _to: u64) -> Self {
+        *self
+    }
 }
 
 #[derive(Debug, Default)]
 struct OverlayInner {
-    /// Non-overlapping runs by (target, first block).
-    runs: BTreeMap<(TargetId, u64), Run>,
-    /// Every change made, in log order: `(seq, target, start, end)`.
-    order: VecDeque<(u64, TargetId, u64, u64)>,
+    runs: RunMap<Count>,
     /// False only when the `refcount` tree holds no entry and no record logged since
     /// could add one: lookups then read nothing (a file system that shares nothing
     /// costs no tree read, as when the index was in memory). Set by every count of 2 or
@@ -87,87 +84,34 @@ impl RefcountOverlay {
             }),
         }
     }
-}
 
-impl OverlayInner {
-    /// The key of the first run of `t` that may overlap a range starting at `start`.
-    fn first_from(&self, t: TargetId, start: u64) -> u64 {
-        match self.runs.range(..=(t, start)).next_back() {
-            Some((&(rt, s), r)) if rt == t && r.end > start => s,
-            _ => start,
-        }
-    }
-
-    /// Cuts the runs overlapping `[start, end)` of `t` away from that range.
-    fn cut(&mut self, t: TargetId, start: u64, end: u64) {
-        let first = self.first_from(t, start);
-        let keys: Vec<u64> = self
-            .runs
-            .range((t, first)..(t, end))
-            .map(|(&(_, s), _)| s)
-            .collect();
-        for s in keys {
-            let r = self.runs.remove(&(t, s)).expect("listed");
-            if s < start {
-                self.runs.insert((t, s), Run { end: start, ..r });
-            }
-            if r.end > end {
-                self.runs.insert((t, end), r);
-            }
-        }
-    }
-}
-
-impl RefcountOverlay {
     /// Records that `[start, start + len)` of `t` has `count` owners since transaction
     /// `seq`.
     pub fn set(&self, t: TargetId, start: u64, len: u64, count: u32, seq: u64) {
         if len == 0 {
             return;
         }
-        let end = start.saturating_add(len);
         let mut o = self.inner.lock();
         o.trees_may_hold |= count >= 2;
-        o.cut(t, start, end);
-        o.runs.insert((t, start), Run { end, count, seq });
-        o.order.push_back((seq, t, start, end));
+        o.runs
+            .set(t, start, start.saturating_add(len), Count(count), seq);
     }
 
     /// Drops the changes of transactions at or below `applied` (the trees hold them):
     /// constant time when there are none.
     pub fn drop_applied(&self, applied: u64) {
-        let mut o = self.inner.lock();
-        while let Some(&(seq, t, start, end)) = o.order.front() {
-            if seq > applied {
-                return;
-            }
-            o.order.pop_front();
-            let first = o.first_from(t, start);
-            let gone: Vec<u64> = o
-                .runs
-                .range((t, first)..(t, end))
-                .filter(|(_, r)| r.seq <= applied)
-                .map(|(&(_, s), _)| s)
-                .collect();
-            for s in gone {
-                o.runs.remove(&(t, s));
-            }
-        }
+        self.inner.lock().runs.drop_applied(applied);
     }
 
     /// What a lookup of `[start, end)` of `t` needs from the overlay, read under its
     /// lock at one moment (`OverlayView`).
     fn view(&self, t: TargetId, start: u64, end: u64, durable: Option<u64>) -> OverlayView {
         let o = self.inner.lock();
-        let first = o.first_from(t, start);
-        let cut = |(&(_, s), r): (&(TargetId, u64), &Run)| (s.max(start), r.end.min(end), *r);
         let mut runs = Vec::new();
         let mut pending = Vec::new();
-        for (lo, hi, r) in o.runs.range((t, first)..(t, end)).map(cut) {
-            if lo >= hi {
-                continue;
-            }
-            runs.push((lo, hi, r.count));
+        for (s, r) in o.runs.overlapping(t, start, end) {
+            let (lo, hi) = (s.max(start), r.end.min(end));
+            runs.push((lo, hi, r.value.0));
             if durable.is_some_and(|d| r.seq > d) {
                 pending.push((lo, hi));
             }
@@ -190,7 +134,7 @@ impl RefcountOverlay {
         let o = self.inner.lock();
         o.runs
             .iter()
-            .map(|(&(t, s), r)| (t, s, r.end, r.count))
+            .map(|(t, s, r)| (t, s, r.end, r.value.0))
             .collect()
     }
 
@@ -422,7 +366,6 @@ mod tests {
         o.drop_applied(6);
         assert!(o.is_empty());
         let o = o.inner.lock();
-        assert!(o.order.is_empty());
         assert!(
             o.trees_may_hold,
             "a count of 2 was logged: the trees may hold it"
