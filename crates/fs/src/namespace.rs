@@ -420,8 +420,9 @@ impl Fs {
     }
 
     /// Reads ahead, without the metadata lock, the pages a change of the entries
-    /// `(dir, name)` looks up under it: each directory's inode and the leaf of each
-    /// name's entry (issue 11: a create that missed the cache read them with the lock
+    /// `(dir, name)` looks up under it: each directory's inode, the leaf of each name's
+    /// entry and the leaf of the directory's highest cookie (a new entry takes the next
+    /// one) (issue 11: a create that missed the cache read them with the lock
     /// held, and every `fsync` waited behind it). A hint: the pages stay held while the
     /// guard lives; a failed read is read again, and reported, by the lookup that needs
     /// it.
@@ -434,7 +435,12 @@ impl Fs {
             .iter()
             .flat_map(|&(dir, name)| {
                 let hash = stripefs_core::btree::name_hash(store.uuid(), name);
-                [schema::inode_key(dir), schema::dir_entry_key(dir, hash, 0)]
+                [
+                    schema::inode_key(dir),
+                    schema::dir_entry_key(dir, hash, 0),
+                    // The directory's highest cookie: a new entry takes the next one.
+                    schema::dir_cookie_key(dir, u64::MAX),
+                ]
             })
             .collect();
         store.prefetch(&keys).ok()

@@ -19,6 +19,7 @@ pub mod refcount;
 pub mod region;
 pub mod space;
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -136,25 +137,59 @@ pub struct Store {
     mark: Mutex<JournalMark>,
     /// The durable generation's page log (with [`SpaceBooks::Kept`]).
     log: Mutex<pagelog::Durable>,
-    /// Pages read ahead by [`Store::prefetch`], held while its [`Prefetched`] lives: an
-    /// operation that misses one takes it from here instead of reading it again.
-    ahead: Mutex<HashMap<PageAddr, (Generation, Arc<Node>)>>,
+    /// Pages read ahead by [`Store::prefetch`], each held while a [`Prefetched`] that
+    /// read or found it lives: an operation that misses one takes it from here instead
+    /// of reading it again.
+    ahead: Mutex<HashMap<PageAddr, AheadPage>>,
     poisoned: AtomicBool,
 }
 
-/// Pages [`Store::prefetch`] read, held until this is dropped (the cache alone could
-/// evict them before they are used when pinned pages fill its budget).
+/// A page read ahead, and how many live [`Prefetched`] hold it.
+#[derive(Debug)]
+struct AheadPage {
+    generation: Generation,
+    node: Arc<Node>,
+    holders: usize,
+}
+
+/// Pages [`Store::prefetch`] read or found read ahead, held until this is dropped (the
+/// cache alone could evict them before they are used when pinned pages fill its budget).
+/// Each guard releases only its own holds: concurrent changes each keep theirs.
 #[derive(Debug)]
 #[must_use = "the pages read ahead are held only while this lives"]
 pub struct Prefetched<'a> {
     store: &'a Store,
     /// Pages read from disk (those already in memory are not counted).
     pub pages_read: usize,
+    /// The pages this guard holds in `Store::ahead` (one hold each).
+    held: Vec<PageAddr>,
+}
+
+impl Prefetched<'_> {
+    /// Takes one hold on each of `addrs` (in `ahead`, locked by the caller).
+    fn hold(&mut self, ahead: &mut HashMap<PageAddr, AheadPage>, addrs: &[PageAddr]) {
+        for a in addrs {
+            if let Some(p) = ahead.get_mut(a) {
+                p.holders += 1;
+                self.held.push(*a);
+            }
+        }
+    }
 }
 
 impl Drop for Prefetched<'_> {
     fn drop(&mut self) {
-        self.store.ahead.lock().clear();
+        let mut ahead = self.store.ahead.lock();
+        for a in self.held.drain(..) {
+            let Some(p) = ahead.get_mut(&a) else {
+                debug_assert!(false, "a held page left the read-ahead set");
+                continue;
+            };
+            p.holders -= 1;
+            if p.holders == 0 {
+                ahead.remove(&a);
+            }
+        }
     }
 }
 
@@ -450,7 +485,11 @@ impl Store {
     /// Returns the page for the operation's [`Held`] set.
     fn fill(&self, m: Miss) -> Result<(PageRef, Arc<Node>), MetaError> {
         let e = m.0;
-        let ahead = self.ahead.lock().get(&e.at.addr).cloned();
+        let ahead = self
+            .ahead
+            .lock()
+            .get(&e.at.addr)
+            .map(|p| (p.generation, Arc::clone(&p.node)));
         let node = match ahead {
             // Read ahead and verified against the same expectations: a page address is
             // written once per generation, so the generation identifies the content.
@@ -498,6 +537,7 @@ impl Store {
         let mut out = Prefetched {
             store: self,
             pages_read: 0,
+            held: Vec::new(),
         };
         for (i, mut pending) in by_tree {
             pending.sort_unstable();
@@ -506,10 +546,11 @@ impl Store {
                 let mut want: BTreeMap<PageAddr, Expect> = BTreeMap::new();
                 let mut next = Vec::new();
                 {
-                    let ahead = self.ahead.lock();
+                    let mut ahead = self.ahead.lock();
                     let src = Ahead {
                         cache: &self.cache,
                         ahead: &ahead,
+                        found: RefCell::new(Vec::new()),
                     };
                     let tree = self.trees[i].read();
                     for k in &pending {
@@ -518,6 +559,9 @@ impl Store {
                             next.push(*k);
                         }
                     }
+                    // Pages another change read ahead are held for this one too.
+                    let found = src.found.into_inner();
+                    out.hold(&mut ahead, &found);
                 }
                 let want: Vec<Expect> = want.into_values().collect();
                 let mut progress = false;
@@ -527,7 +571,17 @@ impl Store {
                     out.pages_read += usize::from(read);
                     let pinned = self.pinned();
                     self.cache.insert(e.at, Arc::clone(&node), pinned);
-                    self.ahead.lock().insert(e.at.addr, (e.at.generation, node));
+                    let mut ahead = self.ahead.lock();
+                    let p = ahead.entry(e.at.addr).or_insert_with(|| AheadPage {
+                        generation: e.at.generation,
+                        node: Arc::clone(&node),
+                        holders: 0,
+                    });
+                    // A page address is written once per generation: a newer one
+                    // replaces what another change holds (its key's path moved anyway).
+                    p.generation = e.at.generation;
+                    p.node = node;
+                    out.hold(&mut ahead, &[e.at.addr]);
                 }
                 if !progress {
                     break; // every read failed: the operations report it
@@ -1093,16 +1147,20 @@ impl PageSource for Held<'_> {
 /// A page from [`Store::read_each`]: the node and whether it was read from disk.
 type PageRead = Result<(Arc<Node>, bool), MetaError>;
 
-/// The cache, then the pages a running [`Store::prefetch`] has read.
+/// The cache, then the pages read ahead; remembers which of those it served.
 struct Ahead<'a> {
     cache: &'a PageCache,
-    ahead: &'a HashMap<PageAddr, (Generation, Arc<Node>)>,
+    ahead: &'a HashMap<PageAddr, AheadPage>,
+    found: RefCell<Vec<PageAddr>>,
 }
 
 impl PageSource for Ahead<'_> {
     fn page(&self, r: &PageRef) -> Option<Arc<Node>> {
         match self.ahead.get(&r.addr) {
-            Some((g, n)) if *g == r.generation => Some(Arc::clone(n)),
+            Some(p) if p.generation == r.generation => {
+                self.found.borrow_mut().push(r.addr);
+                Some(Arc::clone(&p.node))
+            }
             _ => self.cache.page(r),
         }
     }

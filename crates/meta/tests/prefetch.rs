@@ -112,3 +112,58 @@ fn a_damaged_page_is_skipped_by_the_read_ahead_and_named_by_the_lookup() {
     assert_eq!(store.get(&inode(0)).unwrap().unwrap(), vec![0u8; 90]);
     drop(ahead);
 }
+
+/// Two changes read ahead at once (decision 119: creates in two directories): the one
+/// that finishes first releases only its own pages, and the other's lookups still read
+/// nothing, though the cache cannot keep the pages. A page both read ahead is held until
+/// both are done.
+#[test]
+fn one_guard_dropped_keeps_the_pages_another_holds() {
+    let (_sim, store) = cold(64);
+    let (leaves, _) = shape(&store);
+    assert!(leaves > 64, "{leaves} leaves: more than the cache holds");
+    let low: Vec<Key> = (0..KEYS / 2).map(inode).collect();
+    let high: Vec<Key> = (KEYS / 2..KEYS).map(inode).collect();
+    let a = store.prefetch(&low).unwrap();
+    let b = store.prefetch(&high).unwrap();
+    assert!(b.pages_read > 0, "the second guard read its own leaves");
+    drop(b);
+    // Fill the cache with the other half, pushing the first half's pages out of it.
+    for k in &high {
+        store.get(k).unwrap().unwrap();
+    }
+    let before = store.stats().cache;
+    for k in &low {
+        assert_eq!(store.get(k).unwrap().unwrap(), vec![k.object as u8; 90]);
+    }
+    assert_eq!(
+        store.stats().cache.reads - before.reads,
+        0,
+        "the first guard's pages are still held after the second was dropped"
+    );
+    drop(a);
+    // Shared holds, from a cold cache so that the first guard reads every page: the
+    // second finds them all read ahead, and dropping the first keeps them for it.
+    let (_sim, store) = cold(64);
+    let all: Vec<Key> = (0..KEYS).step_by(7).map(inode).collect();
+    let c = store.prefetch(&all).unwrap();
+    let d = store.prefetch(&all).unwrap();
+    assert_eq!(
+        d.pages_read, 0,
+        "the second read ahead finds the first's pages"
+    );
+    drop(c);
+    for k in &high {
+        store.get(k).unwrap().unwrap();
+    }
+    let before = store.stats().cache;
+    for k in &all {
+        store.get(k).unwrap().unwrap();
+    }
+    assert_eq!(
+        store.stats().cache.reads - before.reads,
+        0,
+        "pages both guards hold stay until the last is dropped"
+    );
+    drop(d);
+}
