@@ -424,6 +424,19 @@ fn crash_at_every_point_of_an_add() {
     );
 }
 
+/// Where the add of member 2 is when the impostor is given in its place.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum AddState {
+    /// Only the journal holds the add: the `TargetAdd` record's member id is compared.
+    InJournal,
+    /// Checkpointed, with tree pages on member 2: their verification may refuse the disk
+    /// first, as corruption at that page.
+    Checkpointed,
+    /// Checkpointed after an evacuation moved every page and extent off member 2 (it
+    /// stays read-only and needed): only the trees' `TargetMember` item can refuse it.
+    CheckpointedNothingOnIt,
+}
+
 /// A disk whose superblock claims member 2 of this file system but whose member id is not
 /// the one member 2 joined with (an add formatted it and never committed, and another
 /// disk was added as 2 after): given in place of member 2 it is refused by name, both
@@ -432,7 +445,11 @@ fn crash_at_every_point_of_an_add() {
 #[test]
 fn a_disk_an_add_formatted_but_never_joined_cannot_pass_for_the_member() {
     use stripefs_core::superblock::Superblock;
-    for checkpointed in [true, false] {
+    for state in [
+        AddState::Checkpointed,
+        AddState::InJournal,
+        AddState::CheckpointedNothingOnIt,
+    ] {
         let s = sims(2, 32 * MB);
         let fs = fresh(&s, 4096, 64 << 10);
         let member = new_sim("member", 32 * MB);
@@ -441,13 +458,17 @@ fn a_disk_an_add_formatted_but_never_joined_cannot_pass_for_the_member() {
         let f = file(&fs, "f", over_all(3));
         fs.write_at(f, 0, &pattern(4, 0, 1 << 20)).unwrap();
         fs.fsync(f, SyncScope::All).unwrap();
-        let images: Vec<Vec<u8>> = if checkpointed {
-            fs.unmount().unwrap();
-            s.iter().map(|t| t.durable_image()).collect()
-        } else {
+        if state == AddState::CheckpointedNothingOnIt {
+            fs.evacuate(TargetId(2), &mut |_| {})
+                .expect("evacuate member 2");
+        }
+        let images: Vec<Vec<u8>> = if state == AddState::InJournal {
             let i = s.iter().map(|t| t.durable_image()).collect();
             std::mem::forget(fs);
             i
+        } else {
+            fs.unmount().unwrap();
+            s.iter().map(|t| t.durable_image()).collect()
         };
         // The impostor: member 2's superblock with another member id, as an add that
         // formatted this disk and never committed would have left it.
@@ -470,12 +491,10 @@ fn a_disk_an_add_formatted_but_never_joined_cannot_pass_for_the_member() {
         let msg = err.to_string();
         let named =
             msg.contains("target impostor has index 2") && msg.contains("never made a member");
-        // Checkpointed, the trees' own pages may be on member 2: their verification
-        // refuses the disk first, as corruption at that page.
         let page = matches!(err, FsError::Corrupted(_)) && msg.contains("at target 2 block");
         assert!(
-            named || (checkpointed && page),
-            "checkpointed {checkpointed}: {msg}"
+            named || (state == AddState::Checkpointed && page),
+            "{state:?}: {msg}"
         );
         let mut right = dyns(&base);
         right.push(Arc::clone(&member) as Arc<dyn Target>);
