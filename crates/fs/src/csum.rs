@@ -70,9 +70,6 @@ pub(crate) struct CsumOverlay {
 impl CsumOverlay {
     /// Records a change of `[start, start + len)` of `t` by transaction `seq`.
     pub fn set(&self, t: TargetId, start: u64, len: u64, csums: Option<&[BlockCsum]>, seq: u64) {
-        if len == 0 {
-            return;
-        }
         let value = Csums(csums.map(<[BlockCsum]>::to_vec));
         self.runs
             .lock()

@@ -84,9 +84,12 @@ impl<V: RunValue> RunMap<V> {
         }
     }
 
-    /// Gives `[start, end)` of `t` the value `value`, set by transaction `seq`.
+    /// Gives `[start, end)` of `t` the value `value`, set by transaction `seq`. An empty
+    /// range changes nothing (as a run it would replace the run keyed at `start`).
     pub fn set(&mut self, t: TargetId, start: u64, end: u64, value: V, seq: u64) {
-        debug_assert!(start < end, "a run holds at least one block");
+        if start >= end {
+            return;
+        }
         self.cut(t, start, end);
         self.runs.insert((t, start), Run { end, seq, value });
         self.order.push_back((seq, t, start, end));
@@ -195,6 +198,19 @@ mod tests {
         );
         assert_eq!(blocks(&m, T, 3, 5), vec![(3, 30), (4, 4)], "a window");
         assert_eq!(blocks(&m, U, 5, 9), vec![(5, 9)], "targets apart");
+    }
+
+    #[test]
+    fn an_empty_range_changes_nothing() {
+        let mut m = RunMap::default();
+        m.set(T, 0, 6, PerBlock((0..6).collect()), 1);
+        m.set(T, 2, 2, PerBlock(vec![]), 2);
+        m.set(T, 0, 0, PerBlock(vec![]), 2);
+        assert_eq!(
+            blocks(&m, T, 0, 6),
+            (0..6).map(|b| (b, b as u32)).collect::<Vec<_>>()
+        );
+        assert_eq!((m.len(), m.pending_changes()), (1, 1));
     }
 
     #[test]
