@@ -1,7 +1,9 @@
 //! Entry changes read the pages they look up before they take the metadata lock
 //! (issue 11, "no global lock is held across a metadata page read"): a create, link,
 //! unlink or rename in a directory whose entry leaf is not cached reads it ahead, so a
-//! change of another file, which needs the lock, does not wait for that read.
+//! change of another file, which needs the lock, does not wait for that read. Every
+//! page read the change's thread makes is held in turn, and each must leave the lock
+//! free.
 mod common;
 
 use std::sync::mpsc;
@@ -54,49 +56,73 @@ fn setup() -> (Arc<Fs>, Vec<Arc<GateTarget>>, Ino, Ino) {
     (fs, gates, d, r)
 }
 
-/// Runs `change` with the next metadata read held at the device; while it is held, a
-/// chmod of the resident file `r` (which takes the metadata lock) must complete.
-fn chmod_passes_a_held_read(what: &str, change: impl FnOnce(&Fs, Ino) + Send + 'static) {
+/// Runs `change` with each page read it makes held at the device in turn (the change's
+/// own thread's reads: the checkpointer's pass); while each is held, a chmod of the
+/// resident file `r` (which takes the metadata lock) must complete, so no read of the
+/// change is made under the lock.
+fn chmod_passes_every_held_read(what: &str, change: impl FnOnce(&Fs, Ino) + Send + 'static) {
     let (fs, gates, d, r) = setup();
-    for g in &gates {
-        g.hold_next(|op| matches!(op, IoOp::Read { .. }));
-    }
+    let (go, wait) = mpsc::channel::<()>();
     let changer = {
         let fs = Arc::clone(&fs);
-        thread::spawn(move || change(&fs, d))
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !gates.iter().any(|g| g.is_holding()) {
-        assert!(Instant::now() < deadline, "{what}: reads a metadata page");
-        thread::sleep(Duration::from_millis(1));
-    }
-    let (tx, rx) = mpsc::channel();
-    {
-        let fs = Arc::clone(&fs);
         thread::spawn(move || {
-            let chmod = SetAttr {
-                mode: Some(0o640),
-                ..SetAttr::default()
-            };
-            tx.send(fs.setattr(r, &chmod).map(|a| a.mode & 0o7777))
-                .unwrap();
-        });
+            wait.recv().unwrap();
+            change(&fs, d);
+        })
+    };
+    let me = changer.thread().id();
+    let its_reads =
+        move |op: &IoOp| matches!(op, IoOp::Read { .. }) && thread::current().id() == me;
+    for g in &gates {
+        g.hold_next(its_reads);
     }
-    let done = rx.recv_timeout(Duration::from_secs(20));
-    let still_held = gates.iter().any(|g| g.is_holding());
+    go.send(()).unwrap();
+    let mut held = 0;
+    let mut mode = 0o640;
+    loop {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !gates.iter().any(|g| g.is_holding()) && !changer.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: neither reads nor finishes"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        if !gates.iter().any(|g| g.is_holding()) {
+            break;
+        }
+        held += 1;
+        let (tx, rx) = mpsc::channel();
+        {
+            let fs = Arc::clone(&fs);
+            thread::spawn(move || {
+                let chmod = SetAttr {
+                    mode: Some(mode),
+                    ..SetAttr::default()
+                };
+                tx.send(fs.setattr(r, &chmod).map(|a| a.mode & 0o7777))
+                    .unwrap();
+            });
+        }
+        let Ok(done) = rx.recv_timeout(Duration::from_secs(20)) else {
+            gates.iter().for_each(|g| g.release());
+            panic!("{what}: a chmod of another file waited for the change's held page read {held}");
+        };
+        assert_eq!(done.unwrap(), mode);
+        mode ^= 0o004;
+        for g in gates.iter().filter(|g| g.is_holding()) {
+            g.release_and_hold_next(its_reads);
+        }
+    }
     gates.iter().for_each(|g| g.release());
-    let mode = done.unwrap_or_else(|_| {
-        panic!("{what}: a chmod of another file waited for the change's held page read")
-    });
-    assert!(still_held, "{what}: the held read was still in progress");
-    assert_eq!(mode.unwrap(), 0o640);
     changer.join().unwrap();
+    assert!(held > 0, "{what}: reads a metadata page");
     fs.unmount().unwrap();
 }
 
 #[test]
 fn a_create_reads_its_entry_leaf_before_the_metadata_lock() {
-    chmod_passes_a_held_read("create", |fs, d| {
+    chmod_passes_every_held_read("create", |fs, d| {
         fs.create(d, "entry-new".as_ref(), CreateParams::with_perm(0o644))
             .unwrap();
         assert!(fs.lookup(d, "entry-new".as_ref()).is_ok());
@@ -105,7 +131,7 @@ fn a_create_reads_its_entry_leaf_before_the_metadata_lock() {
 
 #[test]
 fn an_unlink_reads_its_entry_leaf_and_inode_before_the_metadata_lock() {
-    chmod_passes_a_held_read("unlink", |fs, d| {
+    chmod_passes_every_held_read("unlink", |fs, d| {
         fs.unlink(d, "entry-700".as_ref()).unwrap();
         assert!(fs.lookup(d, "entry-700".as_ref()).is_err());
     });
@@ -113,7 +139,7 @@ fn an_unlink_reads_its_entry_leaf_and_inode_before_the_metadata_lock() {
 
 #[test]
 fn a_rename_reads_both_entry_leaves_before_the_metadata_lock() {
-    chmod_passes_a_held_read("rename", |fs, d| {
+    chmod_passes_every_held_read("rename", |fs, d| {
         fs.rename(
             d,
             "entry-900".as_ref(),

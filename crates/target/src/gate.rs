@@ -82,6 +82,14 @@ impl GateTarget {
         *self.state.lock() == HoldState::Holding
     }
 
+    /// Lets the held operation through and arms a new hold in the same step, so no
+    /// matching operation the released one leads to can pass between the two.
+    pub fn release_and_hold_next(&self, matches: impl Fn(&IoOp) -> bool + Send + Sync + 'static) {
+        *self.armed.lock() = Some(Box::new(matches));
+        *self.state.lock() = HoldState::Idle;
+        self.cv.notify_all();
+    }
+
     /// Lets the held operation through (and disarms a hold that matched nothing yet).
     pub fn release(&self) {
         self.armed.lock().take();
@@ -139,6 +147,33 @@ mod tests {
         gate.release();
         assert_eq!(held.join().unwrap().unwrap(), 512);
         assert!(!gate.is_holding());
+    }
+
+    #[test]
+    fn release_and_hold_next_holds_the_following_operation() {
+        let sim: Arc<dyn Target> = Arc::new(SimTarget::new("g", 1 << 20, 512));
+        let gate = Arc::new(GateTarget::new(sim));
+        let reads = |op: &IoOp| matches!(op, IoOp::Read { .. });
+        gate.hold_next(reads);
+        let g = Arc::clone(&gate);
+        let two = thread::spawn(move || {
+            let a = g.read_sync(0, 512).map(|b| b.len());
+            let b = g.read_sync(512, 512).map(|b| b.len());
+            (a, b)
+        });
+        assert!(
+            gate.wait_held(Duration::from_secs(10)),
+            "the first read was held"
+        );
+        gate.release_and_hold_next(reads);
+        assert!(
+            gate.wait_held(Duration::from_secs(10)),
+            "the second read was held"
+        );
+        assert!(!two.is_finished());
+        gate.release();
+        let (a, b) = two.join().unwrap();
+        assert_eq!((a.unwrap(), b.unwrap()), (512, 512));
     }
 
     #[test]
