@@ -560,7 +560,9 @@ impl Store {
                         }
                     }
                     // Pages another change read ahead are held for this one too.
-                    let found = src.found.into_inner();
+                    let mut found = src.found.into_inner();
+                    found.sort_unstable();
+                    found.dedup();
                     out.hold(&mut ahead, &found);
                 }
                 let want: Vec<Expect> = want.into_values().collect();
