@@ -325,15 +325,15 @@ fn walk_tree(
         let Items::Leaf(items) = &node.items else {
             return;
         };
-        for (k, v) in items {
+        for (k, v) in items.iter() {
             if failed.is_none() {
-                if let Err(e) = c.item(tree, *k, v) {
+                if let Err(e) = c.item(tree, k, v) {
                     failed = Some(e);
                 }
             }
         }
         if tree == TreeId::Fs {
-            let done = items.last().map_or(0, |(k, _)| k.object);
+            let done = items.keys().last().map_or(0, |k| k.object);
             progress(FsckStage::Walking {
                 pages,
                 done,

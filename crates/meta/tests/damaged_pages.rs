@@ -47,7 +47,7 @@ fn pages(sim: &Arc<SimTarget>) -> Vec<(PageAddr, u8, Key)> {
     store
         .walk(TreeId::Fs, &mut |a, n| {
             let first = match &n.items {
-                Items::Leaf(v) => v[0].0,
+                Items::Leaf(v) => v.key(0),
                 Items::Branch(v) => v[1].0,
             };
             out.push((a, n.level, first));

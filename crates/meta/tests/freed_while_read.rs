@@ -60,7 +60,7 @@ fn a_page_rewritten_during_its_read_is_not_corruption() {
     let mut leaf = None;
     store
         .walk(TreeId::Fs, &mut |a, n| {
-            if matches!(&n.items, Items::Leaf(v) if v[0].0 == inode(0)) {
+            if matches!(&n.items, Items::Leaf(v) if v.key(0) == inode(0)) {
                 leaf = Some(a);
             }
         })

@@ -35,7 +35,7 @@ fn a_miss_in_one_subtree_does_not_block_another() {
     store
         .walk(TreeId::Fs, &mut |a, n| {
             if let Items::Leaf(v) = &n.items {
-                if v.iter().any(|(k, _)| *k == inode(0)) {
+                if v.iter().any(|(k, _)| k == inode(0)) {
                     leaf_of_0 = Some(a);
                 }
             }

@@ -83,8 +83,8 @@ fn a_damaged_page_is_skipped_by_the_read_ahead_and_named_by_the_lookup() {
     store
         .walk(TreeId::Fs, &mut |a, node| {
             if let (Items::Leaf(v), None) = (&node.items, leaf) {
-                if v[0].0.object > 100 {
-                    leaf = Some((a, v[0].0));
+                if v.key(0).object > 100 {
+                    leaf = Some((a, v.key(0)));
                 }
             }
         })

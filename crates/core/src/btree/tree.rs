@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::key::{Key, TreeId};
+use super::leaf::LeafItems;
 use super::page::{self, Expect, Generation, Page, PageAddr, PageBody, PageRef, PageSize};
 use crate::Uuid;
 
@@ -56,7 +57,7 @@ pub enum Child {
 /// The content of a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Items {
-    Leaf(Vec<(Key, Vec<u8>)>),
+    Leaf(LeafItems),
     Branch(Vec<(Key, Child)>),
 }
 
@@ -84,14 +85,11 @@ impl Node {
     }
 
     /// Bytes of memory this node occupies decoded (what a cache budget counts): the
-    /// node, each entry, and each value's heap buffer.
+    /// node and its buffers.
     #[must_use]
     pub fn mem_bytes(&self) -> usize {
         let entries = match &self.items {
-            Items::Leaf(v) => {
-                let values: usize = v.iter().map(|(_, x)| x.capacity()).sum();
-                v.capacity() * std::mem::size_of::<(Key, Vec<u8>)>() + values
-            }
+            Items::Leaf(v) => v.mem_bytes(),
             Items::Branch(v) => v.capacity() * std::mem::size_of::<(Key, Child)>(),
         };
         std::mem::size_of::<Node>() + entries
@@ -100,7 +98,7 @@ impl Node {
     fn empty_leaf() -> Node {
         Node {
             level: 0,
-            items: Items::Leaf(Vec::new()),
+            items: Items::Leaf(LeafItems::new()),
         }
     }
 
@@ -108,10 +106,7 @@ impl Node {
     #[must_use]
     pub fn encoded_len(&self) -> usize {
         match &self.items {
-            Items::Leaf(v) => v
-                .iter()
-                .map(|(_, val)| page::ITEM_OVERHEAD + val.len())
-                .sum(),
+            Items::Leaf(v) => v.encoded_len(),
             Items::Branch(v) => v.len() * page::BRANCH_ENTRY_BYTES,
         }
     }
@@ -137,7 +132,7 @@ impl Node {
         }
     }
 
-    fn leaf_mut(&mut self) -> &mut Vec<(Key, Vec<u8>)> {
+    fn leaf_mut(&mut self) -> &mut LeafItems {
         match &mut self.items {
             Items::Leaf(v) => v,
             Items::Branch(_) => panic!("leaf expected"),
@@ -463,10 +458,7 @@ impl Tree {
         let Items::Leaf(items) = &leaf.items else {
             unreachable!("level 0 is a leaf")
         };
-        Ok(items
-            .binary_search_by(|(k, _)| k.cmp(key))
-            .ok()
-            .map(|i| items[i].1.clone()))
+        Ok(items.search(key).ok().map(|i| items.value(i).to_vec()))
     }
 
     /// The item with the greatest key at or below `key` (an extent lookup: the extent
@@ -482,9 +474,10 @@ impl Tree {
             let Items::Leaf(items) = &leaf.node.items else {
                 unreachable!("level 0 is a leaf")
             };
-            let n = items.partition_point(|(k, _)| *k <= at);
+            let n = items.partition_point(|k| *k <= at);
             if n > 0 {
-                return Ok(Some(items[n - 1].clone()));
+                let (k, v) = items.get(n - 1);
+                return Ok(Some((k, v.to_vec())));
             }
             // Everything here is above `at`: look in the leaf before this one.
             match leaf.low.predecessor() {
@@ -514,16 +507,16 @@ impl Tree {
             let Items::Leaf(items) = &leaf.node.items else {
                 unreachable!("level 0 is a leaf")
             };
-            let start = items.partition_point(|(k, _)| *k < at);
-            for (k, v) in &items[start..] {
-                if to.is_some_and(|t| *k >= t) {
+            let start = items.partition_point(|k| *k < at);
+            for (k, v) in items.iter_from(start) {
+                if to.is_some_and(|t| k >= t) {
                     return out;
                 }
                 if out.items.len() == limit {
-                    out.resume = Some(*k);
+                    out.resume = Some(k);
                     return out;
                 }
-                out.items.push((*k, v.clone()));
+                out.items.push((k, v.to_vec()));
             }
             // Continue at the start of the next leaf's range: the high bound of this one.
             match leaf.high {
@@ -586,17 +579,17 @@ impl Tree {
         };
         // A smaller replacement value shrinks the leaf like a remove does.
         let shrink = items
-            .binary_search_by(|(k, _)| k.cmp(&key))
-            .map_or(0, |i| items[i].1.len().saturating_sub(value.len()));
+            .search(&key)
+            .map_or(0, |i| items.value(i).len().saturating_sub(value.len()));
         let (fixes, siblings) = self.plan_shrink(src, &path, shrink)?;
         let ids = self.cow_path(path);
         let sib_ids = self.cow_siblings(&ids, &fixes, &siblings);
         let leaf = self.node_mut(*ids.last().expect("path"));
         let items = leaf.leaf_mut();
-        let (old, at) = match items.binary_search_by(|(k, _)| k.cmp(&key)) {
-            Ok(i) => (Some(std::mem::replace(&mut items[i].1, value)), i),
+        let (old, at) = match items.search(&key) {
+            Ok(i) => (Some(items.replace(i, &value)), i),
             Err(i) => {
-                items.insert(i, (key, value));
+                items.insert(i, key, &value);
                 (None, i)
             }
         };
@@ -625,10 +618,10 @@ impl Tree {
         let Items::Leaf(items) = &leaf.items else {
             unreachable!("level 0 is a leaf")
         };
-        let Ok(pos) = items.binary_search_by(|(k, _)| k.cmp(key)) else {
+        let Ok(pos) = items.search(key) else {
             return Ok(None);
         };
-        let removed = page::ITEM_OVERHEAD + items[pos].1.len();
+        let removed = items.item_bytes(pos);
         let (fixes, siblings) = self.plan_shrink(src, &path, removed)?;
         let ids = self.cow_path(path);
         let sib_ids = self.cow_siblings(&ids, &fixes, &siblings);
@@ -798,10 +791,7 @@ impl Tree {
         let level = node.level;
         let items = match &mut node.items {
             Items::Leaf(v) => {
-                let sizes: Vec<usize> = v
-                    .iter()
-                    .map(|(_, x)| page::ITEM_OVERHEAD + x.len())
-                    .collect();
+                let sizes: Vec<usize> = (0..v.len()).map(|i| v.item_bytes(i)).collect();
                 Items::Leaf(v.split_off(split_point(&sizes, floor, fill)))
             }
             Items::Branch(v) => {
@@ -810,7 +800,7 @@ impl Tree {
             }
         };
         let sep = match &items {
-            Items::Leaf(v) => v[0].0,
+            Items::Leaf(v) => v.key(0),
             Items::Branch(v) => v[0].0,
         };
         let right = self.add(Node { level, items });
@@ -839,7 +829,10 @@ impl Tree {
             let merged =
                 self.node(left).encoded_len() + self.node(right).encoded_len() <= self.size.body();
             if merged {
-                let moved = std::mem::replace(&mut self.node_mut(right).items, Items::Leaf(vec![]));
+                let moved = std::mem::replace(
+                    &mut self.node_mut(right).items,
+                    Items::Leaf(LeafItems::new()),
+                );
                 append(&mut self.node_mut(left).items, moved);
                 self.dirty.remove(&right);
                 self.node_mut(parent).branch_mut().remove(ridx);
@@ -854,19 +847,23 @@ impl Tree {
     /// Evens out two siblings by bytes; returns the right one's new lowest key.
     fn borrow(&mut self, left: NodeId, right: NodeId) -> Key {
         let target = (self.node(left).encoded_len() + self.node(right).encoded_len()) / 2;
-        let mut l = std::mem::replace(&mut self.node_mut(left).items, Items::Leaf(vec![]));
-        let mut r = std::mem::replace(&mut self.node_mut(right).items, Items::Leaf(vec![]));
+        let mut l = std::mem::replace(
+            &mut self.node_mut(left).items,
+            Items::Leaf(LeafItems::new()),
+        );
+        let mut r = std::mem::replace(
+            &mut self.node_mut(right).items,
+            Items::Leaf(LeafItems::new()),
+        );
         match (&mut l, &mut r) {
-            (Items::Leaf(l), Items::Leaf(r)) => {
-                even_out(l, r, target, |(_, v)| page::ITEM_OVERHEAD + v.len())
-            }
+            (Items::Leaf(l), Items::Leaf(r)) => even_out_leaves(l, r, target),
             (Items::Branch(l), Items::Branch(r)) => {
                 even_out(l, r, target, |_| page::BRANCH_ENTRY_BYTES)
             }
             _ => unreachable!("siblings are at one level"),
         }
         let sep = match &r {
-            Items::Leaf(v) => v[0].0,
+            Items::Leaf(v) => v.key(0),
             Items::Branch(v) => v[0].0,
         };
         self.node_mut(left).items = l;
@@ -1118,7 +1115,7 @@ fn split_point(sizes: &[usize], floor: usize, fill: Fill) -> usize {
 
 fn append(into: &mut Items, from: Items) {
     match (into, from) {
-        (Items::Leaf(a), Items::Leaf(b)) => a.extend(b),
+        (Items::Leaf(a), Items::Leaf(b)) => a.append(b),
         (Items::Branch(a), Items::Branch(b)) => a.extend(b),
         _ => unreachable!("siblings are at one level"),
     }
@@ -1138,6 +1135,20 @@ fn even_out<T>(l: &mut Vec<T>, r: &mut Vec<T>, target: usize, size: impl Fn(&T) 
         lbytes += size(&first);
         l.push(first);
     }
+}
+
+/// [`even_out`] for leaves: the same split, made by one cut of the joined items (the
+/// items' bytes move once, not one item at a time).
+fn even_out_leaves(l: &mut LeafItems, r: &mut LeafItems, target: usize) {
+    let right = std::mem::take(r);
+    l.append(right);
+    // The longest prefix within `target`, but at least one item on each side.
+    let (mut acc, mut at) = (0, 0);
+    while at < l.len() && acc + l.item_bytes(at) <= target {
+        acc += l.item_bytes(at);
+        at += 1;
+    }
+    *r = l.split_off(at.clamp(1, l.len() - 1));
 }
 
 #[cfg(test)]

@@ -229,9 +229,9 @@ fn walk_node(
     }
     match &node.items {
         Items::Leaf(v) => {
-            for (k, val) in v {
-                assert!(*k >= low && high.is_none_or(|hi| *k < hi));
-                out.0.push((*k, val.clone()));
+            for (k, val) in v.iter() {
+                assert!(k >= low && high.is_none_or(|hi| k < hi));
+                out.0.push((k, val.to_vec()));
             }
         }
         Items::Branch(v) => {
