@@ -62,6 +62,9 @@ pub struct MountReport {
     pub replayed_txns: u64,
     /// Records in them.
     pub replayed_records: u64,
+    /// The most inodes replay held in memory at once to check the records (bounded by
+    /// its read-ahead window, not by the journal: decisions.md, 121).
+    pub replay_peak_inodes: u64,
     /// Unlinked-but-open inodes freed (orphans left by a crash).
     pub orphans_freed: u64,
     /// Targets given that are not members: formatted for this file system by an
@@ -249,6 +252,7 @@ impl Fs {
         let report = MountReport {
             replayed_txns: l.replayed_txns,
             replayed_records,
+            replay_peak_inodes: l.replay_peak_inodes,
             orphans_freed: orphans,
             ignored_targets: l.ignored,
         };

@@ -48,6 +48,8 @@ pub(crate) struct Loaded {
     pub replayed_txns: u64,
     /// Records replayed (applied to the trees).
     pub replayed_records: u64,
+    /// The most inodes the replay's checks held at once.
+    pub replay_peak_inodes: u64,
     /// Each member's state (read-only and retired ones are persisted, decision 106).
     pub states: Vec<TargetState>,
 }
@@ -475,6 +477,7 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
     r.finish()?;
     let end = end?;
     let replayed_records = r.records;
+    let replay_peak_inodes = r.peak_inodes;
     let crate::replay::Members {
         mut geo,
         added,
@@ -520,6 +523,7 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         next_seq: end.next_seq,
         replayed_txns: end.txns,
         replayed_records,
+        replay_peak_inodes,
         states,
     })
 }

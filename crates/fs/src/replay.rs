@@ -7,7 +7,10 @@
 //! only what the replay touches: the inodes its records name (without their directory
 //! entries) and the entries its records add or remove, read from the trees as they stand
 //! before each record and kept, changed, in a partial `MetaState`; so mount reads what the
-//! journal names, not the file system, nor a whole directory.
+//! journal names, not the file system, nor a whole directory. The partial model is let go
+//! after each window (below): every record is in the trees by then, so a later window
+//! reads again what it names, and the replay holds one window's inodes, not every inode
+//! a full journal names (decisions.md, 121).
 //!
 //! Rules checked per record (as `ReplayCheck` does): the record fits (`MetaState::apply`:
 //! existing inode, object in range, entry in a directory, no change of type), entry
@@ -53,13 +56,15 @@ pub(crate) struct Replayer<'a> {
     candidates: Candidates,
     /// Targets replayed `TargetAdd`s made members, in index order.
     added: Vec<Arc<dyn Target>>,
-    /// Every inode a replayed record named, as the replay left it (absent: freed, or not
-    /// in the trees).
+    /// Every inode a record of the current window named, as the replay left it (absent:
+    /// freed, or not in the trees).
     partial: MetaState,
-    /// Inodes looked up (present in `partial` or known absent).
+    /// Inodes looked up in the current window (present in `partial` or known absent).
     seen: BTreeSet<Ino>,
     /// Inodes the trees held when the replay first named them.
     existed: BTreeSet<Ino>,
+    /// The most inodes `partial` held at once.
+    pub peak_inodes: u64,
     /// Inodes the replay created, with the entries naming them (by the replay).
     created: BTreeMap<Ino, u32>,
     /// A scratch map for the data-area check of extents (each claim is given back).
@@ -112,6 +117,7 @@ impl<'a> Replayer<'a> {
             seen: BTreeSet::new(),
             existed: BTreeSet::new(),
             created: BTreeMap::new(),
+            peak_inodes: 0,
             records: 0,
             window: Vec::new(),
             keys: Vec::new(),
@@ -188,6 +194,14 @@ impl<'a> Replayer<'a> {
             self.apply_txn(at, &recs)?;
         }
         drop(ahead);
+        // The trees hold everything the window's records did, and the checks' partial
+        // model is a copy of what they say about the inodes it holds; the next window
+        // reads again what it names. `existed` and `created` stay: they are about the
+        // replay as a whole.
+        let held = u64::try_from(self.partial.inodes.len()).unwrap_or(u64::MAX);
+        self.peak_inodes = self.peak_inodes.max(held);
+        self.partial = MetaState::new();
+        self.seen.clear();
         Ok(())
     }
 
@@ -197,7 +211,10 @@ impl<'a> Replayer<'a> {
         if self.seen.insert(ino) {
             if let Some(i) = items::load_inode_without_entries(self.store, ino)? {
                 self.partial.inodes.insert(ino, i);
-                self.existed.insert(ino);
+                // One the replay created is in the trees from its window on.
+                if !self.created.contains_key(&ino) {
+                    self.existed.insert(ino);
+                }
             }
         }
         Ok(())

@@ -97,6 +97,15 @@ fn replay(images: &[Vec<u8>], meta_cache: u64) -> (u64, u64, u64, u64) {
         "replayed {} records",
         report.replayed_records
     );
+    // The checks hold one window's inodes (a quarter of the cache's pages in keys, at
+    // least 256, past which the transaction that crossed it still joins: at most the 500
+    // chmods between two syncs), not every inode the journal names (decisions.md, 121).
+    let window = (meta_cache / 4096 / 4).max(256);
+    assert!(
+        report.replay_peak_inodes <= window + 500,
+        "cache {meta_cache}: replay held {} inodes at once for a window of {window} keys",
+        report.replay_peak_inodes
+    );
     let st = fs.status();
     let target_reads = s.iter().map(|t| t.stats().reads).sum();
     let pages = st.meta_page_blocks;

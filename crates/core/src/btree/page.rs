@@ -643,8 +643,7 @@ mod tests {
             body: PageBody::Leaf(items.collect()),
         };
         let bytes = encode(SIZE, U, addr(77), &p);
-        let PageBody::Leaf(got) = decode(SIZE, U, &expect_for(&p, 77), &bytes).unwrap().body
-        else {
+        let PageBody::Leaf(got) = decode(SIZE, U, &expect_for(&p, 77), &bytes).unwrap().body else {
             panic!("a leaf decodes as a leaf");
         };
         assert_eq!(got.len(), per_page);
