@@ -334,18 +334,20 @@ impl Fs {
         Ok(())
     }
 
-    /// Writes back every dirty file.
+    /// Writes back every dirty file. With [`WbWait::Busy`] it also waits for writeback
+    /// that others started (the flusher's, another `fsync`'s) on files with nothing
+    /// dirty left: between taking a file's folios and recording them, that writeback's
+    /// data is neither dirty nor in the journal, and a sync that passed it would commit
+    /// without it (as Linux's sync waits for every inode under writeback).
     ///
     /// # Errors
     /// The first writeback error.
     pub(crate) fn writeback_all(&self, wait: WbWait) -> Result<()> {
-        let mut files: Vec<Ino> = self
-            .inner
-            .cache
-            .dirty_files()
-            .iter()
-            .map(|fc| Ino(fc.key))
-            .collect();
+        let cache = &self.inner.cache;
+        let mut files: Vec<Ino> = cache.dirty_files().iter().map(|fc| Ino(fc.key)).collect();
+        if wait == WbWait::Busy {
+            files.extend(cache.writeback_files().iter().map(|fc| Ino(fc.key)));
+        }
         // Files whose in-core size is ahead with nothing dirty still need settling.
         files.extend(
             self.inner

@@ -600,7 +600,19 @@ impl PageCache {
     /// Files with dirty folios (from the dirty list: O(dirty folios), not O(cache)).
     #[must_use]
     pub fn dirty_files(&self) -> Vec<Arc<FileCache>> {
-        let mut keys: Vec<u64> = self.lru.lock().keys(LruList::Dirty).map(|k| k.0).collect();
+        self.files_on(LruList::Dirty)
+    }
+
+    /// Files with folios under writeback and not dirty again (from the writeback list).
+    /// A writeback that took a file's folios and has not yet recorded them leaves the
+    /// file only here: a sync must wait for it too.
+    #[must_use]
+    pub fn writeback_files(&self) -> Vec<Arc<FileCache>> {
+        self.files_on(LruList::Writeback)
+    }
+
+    fn files_on(&self, list: LruList) -> Vec<Arc<FileCache>> {
+        let mut keys: Vec<u64> = self.lru.lock().keys(list).map(|k| k.0).collect();
         keys.sort_unstable();
         keys.dedup();
         let files = self.files.lock();
