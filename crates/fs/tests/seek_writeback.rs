@@ -4,20 +4,15 @@
 //! cache (`FileCache::block_pending`). Found by `model_ops`' late-write configurations.
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use stripefs::{CreateParams, Fs, Ino, MkfsOptions, SyncScope, Whence};
-use stripefs_target::{GateTarget, IoOp, Target};
+use stripefs::{CreateParams, Ino, SyncScope, Whence};
+use stripefs_target::IoOp;
 
 #[test]
 fn seek_finds_data_whose_writeback_is_in_flight() {
-    let s = sims(1, 64 << 20);
-    let gate = Arc::new(GateTarget::new(Arc::clone(&s[0]) as Arc<dyn Target>));
-    let targets: Vec<Arc<dyn Target>> = vec![Arc::clone(&gate) as Arc<dyn Target>];
-    Fs::mkfs(&targets, &MkfsOptions::default()).expect("mkfs");
-    let (fs, _) = Fs::mount(targets, quiet()).expect("mount");
+    let (gate, _, fs) = gated_fs();
     let f = fs
         .create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o644))
         .expect("create");

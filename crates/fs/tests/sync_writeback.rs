@@ -7,20 +7,15 @@
 //! blocks are still promised to delayed allocations after writeback").
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use stripefs::{CreateParams, Fs, Ino, MkfsOptions, SyncScope};
-use stripefs_target::{GateTarget, IoOp, Target};
+use stripefs::{CreateParams, Ino, SyncScope};
+use stripefs_target::IoOp;
 
 #[test]
 fn sync_waits_for_a_writeback_another_thread_started() {
-    let s = sims(1, 64 << 20);
-    let gate = Arc::new(GateTarget::new(Arc::clone(&s[0]) as Arc<dyn Target>));
-    let targets: Vec<Arc<dyn Target>> = vec![Arc::clone(&gate) as Arc<dyn Target>];
-    Fs::mkfs(&targets, &MkfsOptions::default()).expect("mkfs");
-    let (fs, _) = Fs::mount(targets, quiet()).expect("mount");
+    let (gate, _, fs) = gated_fs();
     let f = fs
         .create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o644))
         .expect("create");

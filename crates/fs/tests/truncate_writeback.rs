@@ -8,12 +8,11 @@
 //! a clean unmount", "got 0x0").
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use stripefs::{CreateParams, Fs, Ino, MkfsOptions, SyncScope};
-use stripefs_target::{GateTarget, IoOp, Target};
+use stripefs::{CreateParams, Fs, Ino, SyncScope};
+use stripefs_target::IoOp;
 
 const LEN: usize = 64 << 10;
 /// Inside the last 4 KiB block of the 64 KiB folio: the block past it starts the next
@@ -30,11 +29,7 @@ enum Before {
 }
 
 fn truncate_under_held_write(before: Before) {
-    let s = sims(1, 64 << 20);
-    let gate = Arc::new(GateTarget::new(Arc::clone(&s[0]) as Arc<dyn Target>));
-    let targets: Vec<Arc<dyn Target>> = vec![Arc::clone(&gate) as Arc<dyn Target>];
-    Fs::mkfs(&targets, &MkfsOptions::default()).expect("mkfs");
-    let (fs, _) = Fs::mount(targets.clone(), quiet()).expect("mount");
+    let (gate, targets, fs) = gated_fs();
     let f = fs
         .create(Ino::ROOT, "f".as_ref(), CreateParams::with_perm(0o644))
         .expect("create");

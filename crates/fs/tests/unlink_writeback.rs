@@ -7,22 +7,17 @@
 //! hunt; `docs/design/cache.md`, "Freeing a dead inode's blocks").
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use stripefs::{CreateParams, Fs, FsError, Ino, MkfsOptions, SyncScope};
-use stripefs_target::{GateTarget, IoOp, Target};
+use stripefs::{CreateParams, Fs, FsError, Ino, SyncScope};
+use stripefs_target::IoOp;
 
 const LEN: usize = 64 << 10;
 
 #[test]
 fn a_dead_files_late_write_never_lands_on_reused_blocks() {
-    let s = sims(1, 64 << 20);
-    let gate = Arc::new(GateTarget::new(Arc::clone(&s[0]) as Arc<dyn Target>));
-    let targets: Vec<Arc<dyn Target>> = vec![Arc::clone(&gate) as Arc<dyn Target>];
-    Fs::mkfs(&targets, &MkfsOptions::default()).expect("mkfs");
-    let (fs, _) = Fs::mount(targets.clone(), quiet()).expect("mount");
+    let (gate, targets, fs) = gated_fs();
     let new = |name: &str| {
         fs.create(Ino::ROOT, name.as_ref(), CreateParams::with_perm(0o644))
             .expect("create")

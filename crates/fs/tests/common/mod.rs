@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use stripefs::{CreateParams, Fs, Ino, MkfsOptions, MountOptions};
-use stripefs_target::{Recorder, RecordingTarget, SimTarget, Target};
+use stripefs_target::{GateTarget, Recorder, RecordingTarget, SimTarget, Target};
 
 /// Byte that fills fresh simulated disks: `pattern` never produces it (its bytes are odd),
 /// so a never-written block that becomes visible shows up as a mismatch, not as zeros.
@@ -86,4 +86,16 @@ pub fn read_all(fs: &Fs, ino: Ino) -> Vec<u8> {
     let n = fs.read_at(ino, 0, &mut buf).expect("read");
     assert_eq!(n as u64, size, "short read");
     buf
+}
+
+/// A file system on one 64 MiB simulated target behind a [`GateTarget`], mounted with
+/// [`quiet`]: the gate, the targets as given (to remount or check them) and the file
+/// system. For tests that hold one I/O in flight and look at what proceeds meanwhile.
+pub fn gated_fs() -> (Arc<GateTarget>, Vec<Arc<dyn Target>>, Fs) {
+    let s = sims(1, 64 << 20);
+    let gate = Arc::new(GateTarget::new(Arc::clone(&s[0]) as Arc<dyn Target>));
+    let targets: Vec<Arc<dyn Target>> = vec![Arc::clone(&gate) as Arc<dyn Target>];
+    Fs::mkfs(&targets, &MkfsOptions::default()).expect("mkfs");
+    let (fs, _) = Fs::mount(targets.clone(), quiet()).expect("mount");
+    (gate, targets, fs)
 }
