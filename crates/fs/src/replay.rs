@@ -198,8 +198,6 @@ impl<'a> Replayer<'a> {
         // model is a copy of what they say about the inodes it holds; the next window
         // reads again what it names. `existed` and `created` stay: they are about the
         // replay as a whole.
-        let held = u64::try_from(self.partial.inodes.len()).unwrap_or(u64::MAX);
-        self.peak_inodes = self.peak_inodes.max(held);
         self.partial = MetaState::new();
         self.seen.clear();
         Ok(())
@@ -257,6 +255,7 @@ impl<'a> Replayer<'a> {
             }
             if let Record::DirAdd { dir, name, .. } | Record::DirRemove { dir, name } = rec {
                 self.touch_entry(*dir, name)?;
+                self.touch_unlinked(*dir, name)?;
             }
             if let Some(j) = crate::recovery::Joining::of(rec) {
                 self.join(at, j)?;
@@ -272,9 +271,27 @@ impl<'a> Replayer<'a> {
             self.after(rec, &mut t);
             items::apply_record(self.store, rec).map_err(|e| named(e.to_string()))?;
             self.records += 1;
+            let held = u64::try_from(self.partial.inodes.len()).unwrap_or(u64::MAX);
+            self.peak_inodes = self.peak_inodes.max(held);
         }
         self.end(&t).map_err(named)?;
         Ok(())
+    }
+
+    /// Reads the inode the entry `name` of `dir` names, if the replay created it: the
+    /// entry is about to be replaced or removed, and the end of the transaction checks
+    /// that inode's link count ([`Self::end`]), which needs it in the partial model even
+    /// when an earlier window read it.
+    fn touch_unlinked(&mut self, dir: Ino, name: &[u8]) -> Result<()> {
+        let old = self
+            .partial
+            .get(dir)
+            .and_then(|d| d.entries.get(name))
+            .map(|e| e.ino);
+        match old {
+            Some(ino) if self.created.contains_key(&ino) => self.touch(ino),
+            _ => Ok(()),
+        }
     }
 
     /// The entry `rec` replaces or removes no longer names its inode.
