@@ -592,3 +592,61 @@ fn random_metadata_damage_never_panics() {
     eprintln!("random damage: {failed} refused, {mounted} mounted (damage hit unused bytes)");
     assert!(failed > 0);
 }
+
+/// A link count broken more than a replay window after the file's create (decision 121):
+/// replay drops its partial model after each window, and must still read the file whose
+/// second name an unlink removes, to check its link count. The unlink's `InodeSet` of
+/// the file is redirected to another file, so only the `DirRemove` names it.
+#[test]
+fn a_link_count_broken_a_window_after_the_create_is_refused() {
+    let s = sims(2, 8 << 20);
+    let fs = fresh(&s, 4096, 16384);
+    let before = fs.status().checkpoints;
+    let p = || CreateParams::with_perm(0o644);
+    let f = fs.create(Ino::ROOT, "f".as_ref(), p()).unwrap().ino;
+    fs.link(f, Ino::ROOT, "g".as_ref()).unwrap();
+    // Far more distinct keys than the smallest cache's window (256) between the link
+    // and the unlink.
+    let others: Vec<Ino> = (0..400)
+        .map(|i| {
+            let name = format!("o{i}");
+            fs.create(Ino::ROOT, name.as_ref(), p()).unwrap().ino
+        })
+        .collect();
+    fs.sync().unwrap();
+    let lsn = fs.status().journal.head;
+    fs.unlink(Ino::ROOT, "g".as_ref()).unwrap();
+    fs.sync().unwrap();
+    let st = fs.status();
+    assert_eq!(st.checkpoints, before, "the journal holds the create");
+    let t = Logged {
+        lsn,
+        seq: st.committed_seq,
+    };
+    let geo = fs.geometry().clone();
+    std::mem::forget(fs);
+    for t in &s {
+        t.crash(CrashMode::DropUnflushed);
+    }
+    let h = others[0];
+    let c = rewrite_txn(&s, &geo, t, &|r| {
+        if let Record::InodeSet(a) = r {
+            if a.ino == f {
+                a.ino = h;
+            }
+        }
+    });
+    let small = || stripefs::MountOptions {
+        meta_cache: stripefs::MetaCacheBytes(64 * 4096),
+        ..quiet()
+    };
+    let err = match Fs::mount(dyns(&c), small()) {
+        Ok(_) => panic!("mount of a journal with a broken link count succeeded"),
+        Err(e) => e.to_string(),
+    };
+    let why = format!("inode {f} has link count 2, but 1 entries reference it");
+    assert!(err.contains(&why), "{err}");
+    // The untouched journal mounts with the same cache.
+    let c = rewrite_txn(&s, &geo, t, &|_| {});
+    Fs::mount(dyns(&c), small()).unwrap().0.unmount().unwrap();
+}
