@@ -126,14 +126,10 @@ impl LeafItems {
             + self.bytes.capacity()
     }
 
-    fn end_after(&self, len: usize) -> u32 {
-        u32::try_from(self.bytes.len() + len).expect("a leaf's values fit u32")
-    }
-
     /// Appends an item. The caller keeps the order: a page being decoded may be out of
     /// order, which its verification then reports.
     pub fn push(&mut self, key: Key, value: &[u8]) {
-        let end = self.end_after(value.len());
+        let end = offset(self.bytes.len() + value.len());
         self.keys.push(key);
         self.ends.push(end);
         self.bytes.extend_from_slice(value);
@@ -145,14 +141,14 @@ impl LeafItems {
     /// If `i` is past the end.
     pub fn insert(&mut self, i: usize, key: Key, value: &[u8]) {
         let at = self.start(i);
-        let grow = u32::try_from(value.len()).expect("value fits u32");
-        let _fits = self.end_after(value.len());
+        let grow = offset(value.len());
+        offset(self.bytes.len() + value.len()); // the new total fits too
         self.bytes.splice(at..at, value.iter().copied());
         for e in &mut self.ends[i..] {
             *e += grow;
         }
         self.keys.insert(i, key);
-        self.ends.insert(i, at as u32 + grow);
+        self.ends.insert(i, offset(at + value.len()));
         self.check();
     }
 
@@ -165,7 +161,7 @@ impl LeafItems {
         let old: Vec<u8> = self.bytes.splice(at..end, value.iter().copied()).collect();
         let new_end = at + value.len();
         for e in &mut self.ends[i..] {
-            *e = u32::try_from(*e as usize - end + new_end).expect("a leaf's values fit u32");
+            *e = offset(*e as usize - end + new_end);
         }
         self.check();
         old
@@ -178,7 +174,7 @@ impl LeafItems {
     pub fn remove(&mut self, i: usize) -> (Key, Vec<u8>) {
         let (at, end) = (self.start(i), self.ends[i] as usize);
         let value: Vec<u8> = self.bytes.drain(at..end).collect();
-        let shrink = (end - at) as u32;
+        let shrink = offset(end - at);
         self.ends.remove(i);
         for e in &mut self.ends[i..] {
             *e -= shrink;
@@ -198,7 +194,7 @@ impl LeafItems {
         let keys = self.keys.split_off(at);
         let mut ends = self.ends.split_off(at);
         let bytes = self.bytes.split_off(cut);
-        let cut = cut as u32;
+        let cut = offset(cut);
         for e in &mut ends {
             *e -= cut;
         }
@@ -217,8 +213,8 @@ impl LeafItems {
                 .is_none_or(|(l, f)| l < f),
             "appended items out of order"
         );
-        let base = self.end_after(0);
-        let _fits = self.end_after(other.bytes.len());
+        let base = offset(self.bytes.len());
+        offset(self.bytes.len() + other.bytes.len()); // the joined total fits too
         self.keys.extend(other.keys);
         self.ends.extend(other.ends.iter().map(|e| e + base));
         self.bytes.extend(other.bytes);
@@ -233,6 +229,14 @@ impl LeafItems {
             self.bytes.len()
         );
     }
+}
+
+/// `n` as an offset into a leaf's values. A leaf holds at most a page and one more item
+/// before it splits (values of at most [`super::VALUE_MAX`]), so its values never
+/// approach `u32::MAX` bytes: failing here is a bug in the tree, never a property of
+/// data read from disk (a decoded page's body is at most a page).
+fn offset(n: usize) -> u32 {
+    u32::try_from(n).expect("a leaf's values fit u32")
 }
 
 impl<'a> FromIterator<(Key, &'a [u8])> for LeafItems {
