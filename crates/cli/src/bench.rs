@@ -105,6 +105,10 @@ pub struct BenchArgs {
     /// per 512 bytes of `meta_cache`).
     #[arg(long, value_name = "N")]
     inode_cache: Option<usize>,
+    /// meta: run the final lookups and unlinks on M files picked at random instead of
+    /// every file (at 10 million files those take hours on a small machine).
+    #[arg(long, value_name = "M")]
+    final_sample: Option<u64>,
     /// w1-unaligned-dio, w3-striped-dio: whether their files are copy on write (`on`:
     /// every overwrite copies and checksums its blocks) or NOCOW (`off`, the mount's
     /// default: the seeds' in-place overwrites).
@@ -161,6 +165,7 @@ impl BenchArgs {
             plot_series: self.plot_series.clone(),
             checkpoints: self.checkpoint,
             inode_cache: self.inode_cache,
+            final_sample: self.final_sample,
         }
     }
 

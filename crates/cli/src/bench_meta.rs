@@ -6,7 +6,9 @@
 //! directory reads, resident memory, checkpoint bytes written. Then, at N files: mount
 //! time after a clean unmount, lookups of every file, reads of every directory, mount
 //! time after a crash with the journal filled to just below its checkpoint trigger,
-//! and unlinks of every file. On `ENOSPC` (free space, metadata pages included) the creates
+//! and unlinks of every file. `--final-sample M` runs those lookups and unlinks on M
+//! files picked at random instead (at 10 million files, looking up and unlinking every
+//! one takes hours on a small machine). On `ENOSPC` (free space, metadata pages included) the creates
 //! stop, the count reached is reported, and the later phases run on what exists.
 //!
 //! The crash: the file system is mounted again with `checkpoint=inline` (no checkpointer
@@ -57,6 +59,9 @@ pub(crate) struct MetaParams {
     pub checkpoints: stripefs::Checkpoints,
     /// In-core decoded inode bound (`--inode-cache`; the mount's default when `None`).
     pub inode_cache: Option<usize>,
+    /// The final lookups and unlinks run on this many files picked at random
+    /// (`--final-sample`; every file when `None`).
+    pub final_sample: Option<u64>,
 }
 
 impl MetaParams {
@@ -85,6 +90,9 @@ impl MetaParams {
         }
         if self.file_size > 1 << 30 {
             return Err("--file-size must be at most 1 GiB".into());
+        }
+        if self.final_sample == Some(0) {
+            return Err("--final-sample must be at least 1".into());
         }
         Ok(())
     }
@@ -215,6 +223,8 @@ pub(crate) struct MetaReport {
     pub targets: usize,
     pub target_size: u64,
     pub files_created: u64,
+    /// Files the final lookups and unlinks ran on (all, or `--final-sample` of them).
+    pub final_files: u64,
     /// The error that stopped the creates (`ENOSPC`), if any.
     pub enospc: Option<String>,
     pub steps: Vec<Step>,
@@ -302,6 +312,27 @@ impl FileSet {
                 })
             })
         })
+    }
+
+    /// `n` distinct members picked at random, as a set (the whole set when it has no
+    /// more than `n`).
+    fn subset(&self, n: u64, rng: &mut Rng) -> FileSet {
+        let len = self.len();
+        let out = FileSet::new(self.bits.len() as u64 * 64);
+        if len <= n {
+            self.iter().for_each(|f| out.add(f));
+            return out;
+        }
+        let span = self.bits.len() as u64 * 64;
+        let mut taken = 0;
+        while taken < n {
+            let f = rng.below(span);
+            if self.contains(f) && !out.contains(f) {
+                out.add(f);
+                taken += 1;
+            }
+        }
+        out
     }
 
     /// Up to `n` members picked at random (all of them when the set is smaller).
@@ -755,8 +786,11 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
     r.mount_clean = clean;
     r.phases.push(PhaseMemory::end("unmount, mount", Some(&fs)));
     r.first_lookup = first_lookup(&fs, &dirs, files.iter())?;
+    // The final lookups and unlinks: every file, or a sample of them.
+    let last = files.subset(p.final_sample.unwrap_or(u64::MAX), &mut Rng::new(13));
+    r.final_files = last.len();
     PhaseMemory::start();
-    r.stat_per_sec = stat_all(&fs, &dirs, files.iter(), p.threads)?;
+    r.stat_per_sec = stat_all(&fs, &dirs, last.iter(), p.threads)?;
     r.readdir_entries_per_sec = readdir_all(&fs, &dirs, p.threads)?;
     r.phases.push(PhaseMemory::end("stat, readdir", Some(&fs)));
     PhaseMemory::start();
@@ -780,14 +814,14 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
     PhaseMemory::start();
     let t = Instant::now();
     on_threads(p.threads, |th| {
-        for n in files.iter().skip(th as usize).step_by(p.threads) {
+        for n in last.iter().skip(th as usize).step_by(p.threads) {
             let dir = dirs[(n % dirs.len() as u64) as usize];
             fs.unlink(dir, &name(n))
                 .map_err(|e| format!("unlink f{n}: {e}"))?;
         }
         Ok(())
     })?;
-    r.unlink_per_sec = r.files_created as f64 / t.elapsed().as_secs_f64();
+    r.unlink_per_sec = r.final_files as f64 / t.elapsed().as_secs_f64();
     r.phases.push(PhaseMemory::end("unlink", Some(&fs)));
     PhaseMemory::start();
     fs.unmount().map_err(err)?;
@@ -966,17 +1000,24 @@ pub(crate) fn table(r: &MetaReport) -> String {
     if let Some(e) = &r.enospc {
         let _ = writeln!(s, "ENOSPC after {} files: {e}", r.files_created);
     }
+    let sampled = if r.final_files < r.files_created {
+        format!(" (of {} files picked at random)", r.final_files)
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         s,
-        "at {} files: creates/s {:.0}, fsync p50/p99/max {}/{}/{} ms, stat/s {:.0}, readdir entries/s {:.0}, unlink/s {:.0}, checkpoint bytes per file created {:.0}",
+        "at {} files: creates/s {:.0}, fsync p50/p99/max {}/{}/{} ms, stat/s {:.0}{}, readdir entries/s {:.0}, unlink/s {:.0}{}, checkpoint bytes per file created {:.0}",
         r.files_created,
         r.create_per_sec,
         ms(r.fsync.p50),
         ms(r.fsync.p99),
         ms(r.fsync.max),
         r.stat_per_sec,
+        sampled,
         r.readdir_entries_per_sec,
         r.unlink_per_sec,
+        sampled,
         r.ckpt_bytes_per_file
     );
     let _ = writeln!(
@@ -1116,7 +1157,7 @@ pub(crate) fn to_json(r: &MetaReport) -> String {
         .map(|(n, v)| format!("[{n},{}]", json_f(*v)))
         .collect();
     format!(
-        "{{\"workload\":\"meta\",\"files\":{},\"dirs\":{},\"threads\":{},\"file_size\":{},\"targets\":{},\"target_size\":{},\"files_created\":{},\"enospc\":{},\"create_per_sec\":{},\"fsync\":{},\"stat_per_sec\":{},\"readdir_entries_per_sec\":{},\"unlink_per_sec\":{},\"mount_clean\":{},\"mount_crash\":{},\"ckpt_bytes_per_file\":{},\"vm_hwm_bytes\":{},\"tree_levels\":[{}],\"tree_pages\":{},\"phases\":[{}],\"steps\":[{}],\"fsyncs\":[{}]}}",
+        "{{\"workload\":\"meta\",\"files\":{},\"dirs\":{},\"threads\":{},\"file_size\":{},\"targets\":{},\"target_size\":{},\"files_created\":{},\"final_files\":{},\"enospc\":{},\"create_per_sec\":{},\"fsync\":{},\"stat_per_sec\":{},\"readdir_entries_per_sec\":{},\"unlink_per_sec\":{},\"mount_clean\":{},\"mount_crash\":{},\"ckpt_bytes_per_file\":{},\"vm_hwm_bytes\":{},\"tree_levels\":[{}],\"tree_pages\":{},\"phases\":[{}],\"steps\":[{}],\"fsyncs\":[{}]}}",
         r.params_files,
         r.dirs,
         r.threads,
@@ -1124,6 +1165,7 @@ pub(crate) fn to_json(r: &MetaReport) -> String {
         r.targets,
         r.target_size,
         r.files_created,
+        r.final_files,
         r.enospc.as_deref().map_or_else(|| "null".into(), json_str),
         json_f(r.create_per_sec),
         json_q(&r.fsync),
@@ -1169,6 +1211,7 @@ mod tests {
             targets: 4,
             target_size: 1 << 30,
             files_created: 1500,
+            final_files: 1500,
             enospc: Some("file 1500: \"full\"".into()),
             steps: vec![Step {
                 files: 1500,
@@ -1221,7 +1264,7 @@ mod tests {
         assert_eq!(
             j,
             "{\"workload\":\"meta\",\"files\":2000,\"dirs\":10,\"threads\":2,\"file_size\":0,\
-             \"targets\":4,\"target_size\":1073741824,\"files_created\":1500,\
+             \"targets\":4,\"target_size\":1073741824,\"files_created\":1500,\"final_files\":1500,\
              \"enospc\":\"file 1500: \\\"full\\\"\",\"create_per_sec\":1000.000000,\
              \"fsync\":{\"count\":2,\"p50_s\":0.001000,\"p99_s\":0.002000,\"max_s\":0.003000},\
              \"stat_per_sec\":7.000000,\"readdir_entries_per_sec\":8.000000,\"unlink_per_sec\":null,\
@@ -1267,6 +1310,13 @@ mod tests {
         assert_eq!(set.sample(10, &mut rng).len(), 5, "all of a small set");
         let s = set.sample(3, &mut rng);
         assert!(s.len() == 3 && s.iter().all(|&n| set.contains(n)), "{s:?}");
+        let sub = set.subset(4, &mut rng);
+        assert_eq!(sub.len(), 4, "distinct members");
+        assert!(sub.iter().all(|n| set.contains(n)));
+        assert_eq!(
+            set.subset(u64::MAX, &mut rng).iter().collect::<Vec<_>>(),
+            vec![0, 63, 64, 130, 199]
+        );
     }
 
     #[test]
