@@ -7,6 +7,7 @@ mod bench_meta;
 mod bench_nocow;
 mod evacuate;
 mod fsck;
+mod heap;
 mod inspect;
 mod io;
 mod mkfs;
@@ -45,23 +46,8 @@ enum Cmd {
     RemoveTarget(evacuate::RemoveTargetArgs),
 }
 
-/// One malloc arena for the whole process (glibc; decisions.md, 83). glibc gives each
-/// thread that meets contention an arena of its own and keeps what is freed in each, so
-/// memory freed by the checkpointer, the committers and the FUSE workers stayed
-/// resident: `stripefs bench -w meta --files 300000` peaked at 478 MiB with the default
-/// and 280 MiB with one arena, at the same create rate (BENCHMARKS.md, "Resident memory
-/// at scale"). Set before any thread starts. Other C libraries have no such option.
-fn one_malloc_arena() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `mallopt` takes two integers and changes only the allocator's tuning;
-    // called on the main thread before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
-}
-
 fn main() {
-    one_malloc_arena();
+    heap::one_arena();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("STRIPEFS_LOG")
@@ -72,6 +58,7 @@ fn main() {
         // closed pipe: a daemon must never die over a log line.
         .log_internal_errors(false)
         .init();
+    heap::start_trimmer();
     let cli = match mount::helper_args(std::env::args_os()) {
         Some(Ok(args)) => Cli::parse_from(args),
         Some(Err(e)) => {
