@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{OnceLock, Weak};
 
 use parking_lot::Mutex;
-use stripefs_core::alloc::{Allocator, Draw};
+use stripefs_core::alloc::Allocator;
 use stripefs_core::btree::PageAddr;
 use stripefs_core::geometry::Geometry;
 use stripefs_core::{PhysBlock, TargetId};
@@ -130,18 +130,14 @@ impl MetaPages {
     /// Up to `want` pages from one target; the blocks of a partial page go back.
     fn take_on(&self, a: &mut Allocator, t: TargetId, want: u64, out: &mut Vec<PageAddr>) {
         let pb = self.page_blocks;
-        let Some((start, len)) = a.alloc_from(t, None, want * pb, Draw::Meta) else {
-            return;
-        };
-        let pages = len / pb;
-        if len % pb != 0 {
-            a.free_now(t, start + pages * pb, len % pb);
+        for (start, len) in a.alloc_meta_lowest(t, want * pb, pb) {
+            let pages = len / pb;
+            out.extend((0..pages).map(|i| PageAddr {
+                target: t,
+                block: PhysBlock(start + i * pb),
+            }));
+            self.live[t.index()].fetch_add(pages * pb, Ordering::Relaxed);
         }
-        out.extend((0..pages).map(|i| PageAddr {
-            target: t,
-            block: PhysBlock(start + i * pb),
-        }));
-        self.live[t.index()].fetch_add(pages * pb, Ordering::Relaxed);
     }
 
     fn free_all(&self, a: &mut Allocator, pages: &[PageAddr]) {
