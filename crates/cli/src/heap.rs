@@ -3,12 +3,15 @@
 //! grows (decisions.md, 83 and 123). The library sets none of this: a program that embeds
 //! the engine owns its allocator.
 
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 use std::time::Duration;
 
 /// How often the trimmer looks at the resident set.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TRIM_PERIOD: Duration = Duration::from_secs(1);
 
 /// Growth of the resident set since the last trim that makes the trimmer trim again.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TRIM_GROWTH_BYTES: u64 = 16 << 20;
 
 /// One malloc arena for the whole process (decisions.md, 83). glibc gives each thread
