@@ -759,6 +759,7 @@ impl Fs {
             journal_full_waits: self.inner.journal.full_waits.load(Ordering::Relaxed),
             journal_full_checkpoints: self.inner.journal.full_checkpoints.load(Ordering::Relaxed),
             apply_throttled: self.inner.journal.apply_throttled.load(Ordering::Relaxed),
+            meta_pinned_peak_bytes: self.inner.journal.pinned_peak.load(Ordering::Relaxed),
             cache: self.inner.cache.stats(),
             dio_shared: self.inner.dio_shared.load(Ordering::Relaxed),
             dio_exclusive: self.inner.dio_exclusive.load(Ordering::Relaxed),

@@ -298,6 +298,9 @@ pub struct FsStatus {
     /// Changes that applied a slice of the journal's apply queue before starting,
     /// because it held more records than the in-core inode bound (back-pressure).
     pub apply_throttled: u64,
+    /// The most bytes of metadata tree pages pinned in memory (dirty or frozen) after
+    /// applying journal records to the trees, since mount: what `meta_cache` bounds.
+    pub meta_pinned_peak_bytes: u64,
     /// Page cache counters.
     pub cache: stripefs_iomap::cache::CacheStats,
     /// Direct writes run under the shared / exclusive inode lock since mount.
