@@ -491,11 +491,10 @@ impl Fs {
             r => r,
         }?;
         self.commit_if_large()?;
-        // The apply queue holds at most the in-core inode bound's number of records:
-        // past it, this change applies a slice first (`Journal::throttle_apply`).
-        self.inner
-            .journal
-            .throttle_apply(&self.inner, self.inner.opts.inode_bound().0)?;
+        // The apply queue holds at most a quarter of the in-core inode bound's number of
+        // records: past it, this change applies a slice first (`Journal::throttle_apply`).
+        let limit = crate::journal::queue_bound(self.inner.opts.inode_bound().0);
+        self.inner.journal.throttle_apply(&self.inner, limit)?;
         Ok(g)
     }
 

@@ -59,6 +59,18 @@ use crate::options::Checkpoints;
 /// batches rather than once per commit).
 const APPLY_BATCH_RECORDS: usize = 4096;
 
+/// The most records the apply queue holds before a change applies a slice itself
+/// ([`Journal::throttle_apply`]), for an in-core bound of `inodes` decoded inodes: a
+/// quarter of it. Queued records pin their inodes in core, so
+/// a queue as long as the bound (as before) let the queue's inodes and the bound's
+/// resident ones both stay: at 10 million files, where the trees apply slower than
+/// files are created, 108,128 records were queued at the end of the creates, which
+/// held 218-220 MiB against a goal of 192 (decisions.md, 126). At least a slice, so the
+/// checkpointer's slices stay whole; never more than the bound.
+pub(crate) fn queue_bound(inodes: usize) -> usize {
+    (inodes / 4).max(APPLY_BATCH_RECORDS).min(inodes)
+}
+
 /// Records a checkpoint that must apply everything queued (unmount, a full journal)
 /// applies between looks at the pinned pages, so their memory stays near the bound the
 /// checkpointer keeps ([`Journal::memory_due`]) plus what one such slice dirties.
