@@ -296,7 +296,8 @@ pub struct FsStatus {
     /// free enough of the journal).
     pub journal_full_checkpoints: u64,
     /// Changes that applied a slice of the journal's apply queue before starting,
-    /// because it held more records than the in-core inode bound (back-pressure).
+    /// because it held more records than a quarter of the in-core inode bound
+    /// (back-pressure; `journal::queue_bound`).
     pub apply_throttled: u64,
     /// The most bytes of metadata tree pages pinned in memory (dirty or frozen) after
     /// applying journal records to the trees, since mount: what `meta_cache` bounds.
