@@ -242,17 +242,7 @@ fn an_unmount_applying_a_long_queue_keeps_its_pinned_pages_within_meta_cache() {
     };
     let (fs, _) = Fs::mount(dyns(&s), o.clone()).expect("mount");
     fs.debug_stop_background();
-    let dirs: Vec<Ino> = (0..DIRS)
-        .map(|d| {
-            fs.mkdir(
-                Ino::ROOT,
-                format!("d{d}").as_ref(),
-                CreateParams::with_perm(0o755),
-            )
-            .expect("mkdir")
-            .ino
-        })
-        .collect();
+    let dirs = common::root_dirs(&fs, DIRS);
     for i in 0..FILES {
         fs.create(
             dirs[i % DIRS],

@@ -164,17 +164,7 @@ fn a_hundred_thousand_files_in_bounded_memory_and_a_mount_that_reads_no_inode() 
 
     // Creates.
     let (fs, _) = Fs::mount(targets(&scratch.0, false), opts()).expect("mount");
-    let dirs: Vec<Ino> = (0..DIRS)
-        .map(|d| {
-            fs.mkdir(
-                Ino::ROOT,
-                format!("d{d}").as_ref(),
-                CreateParams::with_perm(0o755),
-            )
-            .unwrap()
-            .ino
-        })
-        .collect();
+    let dirs = common::root_dirs(&fs, DIRS as usize);
     let base = phase_start();
     let (mut peak_cache, mut peak_pinned, mut peak_inodes) = (0, 0, 0);
     for n in 0..FILES {

@@ -99,3 +99,18 @@ pub fn gated_fs() -> (Arc<GateTarget>, Vec<Arc<dyn Target>>, Fs) {
     let (fs, _) = Fs::mount(targets.clone(), quiet()).expect("mount");
     (gate, targets, fs)
 }
+
+/// Makes directories `d0` .. `d{n-1}` in the root (mode 0755); their inodes in order.
+pub fn root_dirs(fs: &Fs, n: usize) -> Vec<Ino> {
+    (0..n)
+        .map(|d| {
+            fs.mkdir(
+                Ino::ROOT,
+                format!("d{d}").as_ref(),
+                CreateParams::with_perm(0o755),
+            )
+            .unwrap_or_else(|e| panic!("mkdir d{d}: {e}"))
+            .ino
+        })
+        .collect()
+}
