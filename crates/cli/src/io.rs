@@ -46,7 +46,7 @@ pub struct IoArgs {
     commands: Vec<String>,
     /// Mount options, `key=value[,...]`: folio_size, folio_sizing=file|fixed, cache_size,
     /// dirty_limit, readahead, readahead_mode=async|sync, writeback_depth,
-    /// writeback_copy=lend|stage, wb_batch=files|single,
+    /// writeback_copy=lend|stage, read_copy=swap|bounce, wb_batch=files|single,
     /// dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off,
     /// datacow=on|off, commit_interval, writeback_interval; for NBD targets nbd_timeout=SECS|NNms,
     /// nbd_conns=N.

@@ -12,6 +12,7 @@ use crate::size::parse_size;
 /// The keys `-o` understands, for help texts and errors.
 pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, meta_cache=SIZE (metadata page cache, default 64m), inode_cache=N (decoded inodes in core, default one per 512 bytes of meta_cache), checkpoint=background|inline, readahead=SIZE, readahead_mode=async|sync (sync: wait for the window inside the read), writeback_depth=N (batches in flight, 1: wait for each), \
 writeback_copy=lend|stage (stage: copy written bytes into staging buffers), \
+read_copy=swap|bounce (bounce: copy read bytes from a bounce buffer into the folios), \
 wb_batch=files|single (single: write dirty files back one at a time), \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
 datacow=on|off (new files copy on write; default off), \
@@ -123,6 +124,13 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
                     _ => return Err(format!("writeback_copy must be lend or stage, not {v:?}")),
                 }
             }
+            "read_copy" => {
+                o.cache.read_copy = match v {
+                    "swap" => stripefs::ReadCopy::Swap,
+                    "bounce" => stripefs::ReadCopy::Bounce,
+                    _ => return Err(format!("read_copy must be swap or bounce, not {v:?}")),
+                }
+            }
             "dirty_tracking" => {
                 o.cache.dirty_tracking = match v {
                     "block" => DirtyTracking::Block,
@@ -224,6 +232,17 @@ mod tests {
         assert!(parse(&["readahead_mode=later".into()])
             .unwrap_err()
             .contains("async or sync"));
+        assert_eq!(
+            parse(&[]).unwrap().cache.read_copy,
+            stripefs::ReadCopy::Swap
+        );
+        assert_eq!(
+            parse(&["read_copy=bounce".into()]).unwrap().cache.read_copy,
+            stripefs::ReadCopy::Bounce
+        );
+        assert!(parse(&["read_copy=move".into()])
+            .unwrap_err()
+            .contains("swap or bounce"));
         assert_eq!(
             parse(&["wb_batch=single".into()]).unwrap().wb_batch,
             stripefs::WbBatch::Single

@@ -180,7 +180,9 @@ pub struct MountOptions {
     /// Page cache: largest folio size and how folios are sized (`folio_sizing = fixed`
     /// brings back one size for all), memory budget, dirty limit, dirty tracking
     /// (`dirty_tracking = folio` brings back whole-folio writeback), readahead (size, and
-    /// `readahead_mode = sync` brings back readahead waited for inside the read).
+    /// `readahead_mode = sync` brings back readahead waited for inside the read), how
+    /// writeback and reads move bytes (`writeback_copy = stage` and `read_copy = bounce`
+    /// bring back the copies).
     pub cache: CacheConfig,
     /// Metadata page cache budget (`meta_cache`).
     pub meta_cache: MetaCacheBytes,

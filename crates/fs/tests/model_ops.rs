@@ -266,6 +266,9 @@ struct Run {
     last_read: Option<(u32, u64)>,
     /// Bytes asynchronous readahead submitted, over every mount of the run.
     readahead_async_bytes: u64,
+    /// Bytes device reads installed as whole folios' memory (`read_copy = swap`), over
+    /// every mount of the run.
+    read_swapped_bytes: u64,
     /// Multi-file writeback groups and the files in them, over every mount of the run.
     wb_groups: u64,
     wb_group_files: u64,
@@ -754,6 +757,7 @@ impl Run {
     fn count_mount(&mut self) {
         let st = self.sut.fs.status();
         self.readahead_async_bytes += st.cache.readahead_async_bytes;
+        self.read_swapped_bytes += st.cache.read_swapped_bytes;
         self.wb_groups += st.wb_groups;
         self.wb_group_files += st.wb_group_files;
         self.lent_rewrites += st.cache.lent_rewrites;
@@ -1309,6 +1313,7 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
         ops: 0,
         last_read: None,
         readahead_async_bytes: 0,
+        read_swapped_bytes: 0,
         wb_groups: 0,
         wb_group_files: 0,
         lent_rewrites: 0,
@@ -1343,6 +1348,10 @@ fn run_model_on(targets: Vec<std::sync::Arc<dyn Target>>, c: Cfg, seed: u64, ops
     assert!(
         !c.late_reads || run.readahead_async_bytes > 0,
         "({c:?}): no asynchronous readahead ran: the configuration tests nothing"
+    );
+    assert!(
+        !c.late_reads || run.read_swapped_bytes > 0,
+        "({c:?}): no read installed its buffer as a folio: the configuration tests nothing"
     );
     assert!(
         !c.group_sync || run.wb_group_files > run.wb_groups,

@@ -14,7 +14,7 @@ use stripefs_target::{Batch, IoBuf};
 
 use crate::cache::{FileCache, Folio, FolioCell, PageCache, ReadaheadMode};
 use crate::folio::DirtyTracking;
-use crate::readahead;
+use crate::readahead::{self, ReadSpan};
 use crate::zero::{zero_range, ZeroMode};
 use crate::{iterate, CacheIo, FileIo, IoDir, Iomap, IomapOp, IterError};
 
@@ -107,18 +107,19 @@ pub fn fill<O: FileIo>(
     // are zeroed on the way: reads see nothing there).
     let runs = readahead::runs_to_read(cache, ops.size(), &mut guards);
     let batch = Batch::new();
-    let mut pending: Vec<(usize, u64, u64)> = Vec::new();
+    let shared = cache.reads();
+    let mut pending: Vec<(usize, ReadSpan)> = Vec::new();
     for (a, e) in runs {
         iterate(ops, a, e - a, IomapOp::Read, |map, p, n| {
             if map.is_written() {
-                let slot = ops.submit(
-                    &batch,
-                    map,
-                    p,
-                    IoDir::Read,
-                    vec![ops.buffers().get(n as usize)],
-                );
-                pending.push((slot, p, n));
+                let (bufs, layout) = readahead::read_bufs(shared, ops.buffers(), &mut guards, p, n);
+                let slot = ops.submit(&batch, map, p, IoDir::Read, bufs);
+                let span = ReadSpan {
+                    pos: p,
+                    len: n,
+                    layout,
+                };
+                pending.push((slot, span));
             } else {
                 for_each_span(&mut guards, p, n, |g, off, len| {
                     g.data[off..off + len].fill(0);
@@ -129,22 +130,21 @@ pub fn fill<O: FileIo>(
         })
         .map_err(|e| iter_err(ops, e).1)?;
     }
-    let done = batch.wait();
+    let mut done = batch.wait();
     let mut failed = None;
-    for (slot, p, n) in pending {
-        match &done[slot].result {
-            Ok(()) => {
-                let src = &done[slot].bufs[0];
-                for_each_span(&mut guards, p, n, |g, off, len| {
-                    let from = (g.pos + off as u64 - p) as usize;
-                    g.data[off..off + len].copy_from_slice(&src[from..from + len]);
-                    mark_uptodate(g, off, len, bs);
-                });
+    let mut spare: Vec<IoBuf> = Vec::new();
+    for (slot, span) in pending {
+        let d = &mut done[slot];
+        let bufs = std::mem::take(&mut d.bufs);
+        match &d.result {
+            Ok(()) => spare.extend(readahead::take_read(shared, &mut guards, span, bufs, bs)),
+            Err(e) => {
+                failed = Some(ops.io_error(e.clone()));
+                spare.extend(bufs);
             }
-            Err(e) => failed = Some(ops.io_error(e.clone())),
         }
     }
-    ops.buffers().put_all(done.into_iter().flat_map(|d| d.bufs));
+    ops.buffers().put_all(spare);
     drop(guards);
     match failed {
         Some(e) => Err(e),

@@ -63,6 +63,23 @@ pub struct CacheConfig {
     /// Whether writeback lends the folios' memory to the device or copies it into
     /// staging buffers.
     pub writeback_copy: WbCopy,
+    /// Whether a read of whole folios becomes their memory or is copied into them.
+    pub read_copy: ReadCopy,
+}
+
+/// How a device read of folio blocks (a readahead window, a cold read) reaches the folios
+/// (`docs/design/cache.md`, "Reads without the bounce copy").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadCopy {
+    /// The device reads each folio span into a buffer of its own; a buffer that is a
+    /// whole folio (none of its blocks was uptodate) becomes the folio's memory at
+    /// completion, and the folio's old memory goes back to the pool: no copy. Spans of
+    /// partly uptodate folios are still copied.
+    #[default]
+    Swap,
+    /// The device reads each mapping piece into one pooled buffer, copied into the
+    /// folios at completion (the behaviour before, kept as the benchmark switch).
+    Bounce,
 }
 
 /// How writeback hands the folios' bytes to the device (`docs/design/cache.md`,
@@ -95,6 +112,7 @@ impl Default for CacheConfig {
             readahead: ReadaheadMode::Async,
             writeback_depth: WbDepth(2),
             writeback_copy: WbCopy::Lend,
+            read_copy: ReadCopy::Swap,
         }
     }
 }
@@ -500,6 +518,10 @@ pub struct CacheStats {
     /// (their blocks were left not uptodate).
     pub readahead_async_bytes: u64,
     pub readahead_failed_reads: u64,
+    /// Bytes device reads (readahead and cold reads) brought into folios by becoming
+    /// their memory ([`ReadCopy::Swap`]), and by being copied into them.
+    pub read_swapped_bytes: u64,
+    pub read_copied_bytes: u64,
     /// Buffered writes into a folio whose memory a write in flight held (lent by
     /// writeback): each made the folio copy its bytes first (stable pages).
     pub lent_rewrites: u64,
@@ -560,6 +582,7 @@ impl PageCache {
             reads: Arc::new(ReadShared::new(
                 usize::try_from(cfg.readahead_bytes.min(cfg.budget_bytes / 8) * 2)
                     .unwrap_or(usize::MAX),
+                cfg.read_copy,
             )),
             dirty_fell: (Mutex::new(()), Condvar::new()),
             spare: Mutex::new(Spare::default()),
@@ -945,6 +968,8 @@ impl PageCache {
             reading_folios: self.reads.reading_folios(),
             readahead_async_bytes: self.reads.submitted_bytes(),
             readahead_failed_reads: self.reads.failed_reads(),
+            read_swapped_bytes: self.reads.swapped_bytes(),
+            read_copied_bytes: self.reads.copied_bytes(),
             lent_rewrites: self.lent_rewrites.load(Ordering::Relaxed),
         }
     }

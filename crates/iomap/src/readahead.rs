@@ -25,10 +25,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use stripefs_target::{Batch, BufPool, IoDone};
+use stripefs_target::{Batch, BufPool, IoBuf, IoDone, SharedBuf};
 
 use crate::buffered::{for_each_span, mark_uptodate};
-use crate::cache::{FileCache, Folio, FolioCell, PageCache};
+use crate::cache::{FileCache, Folio, FolioCell, PageCache, ReadCopy};
 use crate::{iterate, FileIo, IoDir, IomapOp};
 
 /// The window a file's asynchronous readahead submitted last: `[mark, end)`. A
@@ -51,21 +51,28 @@ pub(crate) struct ReadShared {
     /// Readahead's own I/O buffers: the completion runs without the file system, so it
     /// returns them here rather than to the file system's pool.
     bufs: BufPool,
+    /// How device reads reach the folios (readahead's and `fill`'s alike).
+    copy: ReadCopy,
     reading_folios: AtomicU64,
     submitted_bytes: AtomicU64,
     failed_reads: AtomicU64,
+    swapped_bytes: AtomicU64,
+    copied_bytes: AtomicU64,
 }
 
 impl ReadShared {
     /// Shared state keeping at most `pool_bytes` of idle readahead buffers.
-    pub(crate) fn new(pool_bytes: usize) -> Self {
+    pub(crate) fn new(pool_bytes: usize, copy: ReadCopy) -> Self {
         Self {
             settle: Mutex::new(()),
             settled: Condvar::new(),
             bufs: BufPool::new(pool_bytes),
+            copy,
             reading_folios: AtomicU64::new(0),
             submitted_bytes: AtomicU64::new(0),
             failed_reads: AtomicU64::new(0),
+            swapped_bytes: AtomicU64::new(0),
+            copied_bytes: AtomicU64::new(0),
         }
     }
 
@@ -93,6 +100,14 @@ impl ReadShared {
 
     pub(crate) fn failed_reads(&self) -> u64 {
         self.failed_reads.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn swapped_bytes(&self) -> u64 {
+        self.swapped_bytes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn copied_bytes(&self) -> u64 {
+        self.copied_bytes.load(Ordering::Relaxed)
     }
 }
 
@@ -125,6 +140,7 @@ struct Pending {
     slot: usize,
     pos: u64,
     len: u64,
+    layout: BufLayout,
 }
 
 /// Submits the readahead of `[from, to)` without waiting (see the module documentation).
@@ -165,13 +181,14 @@ pub(crate) fn submit<O: FileIo>(cache: &PageCache, ops: &O, fc: &FileCache, from
     for (a, e) in runs {
         let walked = iterate(ops, a, e - a, IomapOp::Read, |map, p, n| {
             if map.is_written() {
-                let buf = shared.bufs.get(n as usize);
-                let slot = ops.submit(&batch, map, p, IoDir::Read, vec![buf]);
+                let (bufs, layout) = read_bufs(&shared, &shared.bufs, &mut guards, p, n);
+                let slot = ops.submit(&batch, map, p, IoDir::Read, bufs);
                 shared.submitted_bytes.fetch_add(n, Ordering::Relaxed);
                 pending.push(Pending {
                     slot,
                     pos: p,
                     len: n,
+                    layout,
                 });
             } else {
                 for_each_span(&mut guards, p, n, |g, off, len| {
@@ -232,23 +249,26 @@ fn complete(
     shared: &ReadShared,
     cells: Vec<Arc<FolioCell>>,
     pending: &[Pending],
-    done: Vec<IoDone>,
+    mut done: Vec<IoDone>,
     bs: u64,
 ) {
     let mut guards: Vec<MutexGuard<'_, Folio>> = cells.iter().map(|c| c.lock()).collect();
+    let mut spare: Vec<IoBuf> = Vec::new();
     for p in pending {
-        let d = &done[p.slot];
+        let d = &mut done[p.slot];
+        let bufs = std::mem::take(&mut d.bufs);
         if d.result.is_err() {
             // Left not uptodate: the next reader retries synchronously.
             shared.failed_reads.fetch_add(1, Ordering::Relaxed);
+            spare.extend(bufs);
             continue;
         }
-        let src = &d.bufs[0];
-        for_each_span(&mut guards, p.pos, p.len, |g, off, len| {
-            let from = (g.pos + off as u64 - p.pos) as usize;
-            g.data[off..off + len].copy_from_slice(&src[from..from + len]);
-            mark_uptodate(g, off, len, bs);
-        });
+        let span = ReadSpan {
+            pos: p.pos,
+            len: p.len,
+            layout: p.layout,
+        };
+        spare.extend(take_read(shared, &mut guards, span, bufs, bs));
     }
     for g in &mut guards {
         debug_assert!(
@@ -264,6 +284,98 @@ fn complete(
     // Let go of the folios before waking anyone: a woken user may count references
     // (`drop_if_empty`, reclaim) and must not count ours.
     drop(cells);
-    shared.bufs.put_all(done.into_iter().flat_map(|d| d.bufs));
+    shared.bufs.put_all(spare);
     shared.notify_settled();
+}
+
+/// Most folio spans one device read is split into under [`ReadCopy::Swap`] (an iovec
+/// each; the kernel takes at most 1,024): a piece over more, smaller folios is read into
+/// one buffer and copied, as under [`ReadCopy::Bounce`].
+const SWAP_MAX_SPANS: usize = 256;
+
+/// How the buffers of one device read of folio bytes are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BufLayout {
+    /// One buffer for the whole read, copied into the folios.
+    Whole,
+    /// One buffer per folio span, in order: a span that is a whole folio becomes its
+    /// memory ([`ReadCopy::Swap`]).
+    PerFolio,
+}
+
+/// One completed device read of folio bytes `[pos, pos + len)`, as [`read_bufs`] laid it
+/// out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadSpan {
+    pub(crate) pos: u64,
+    pub(crate) len: u64,
+    pub(crate) layout: BufLayout,
+}
+
+/// The buffers, from `pool`, that a device read of folio bytes `[p, p + n)` of `guards`
+/// reads into (see [`ReadCopy`]).
+pub(crate) fn read_bufs(
+    shared: &ReadShared,
+    pool: &BufPool,
+    guards: &mut [MutexGuard<'_, Folio>],
+    p: u64,
+    n: u64,
+) -> (Vec<IoBuf>, BufLayout) {
+    if shared.copy == ReadCopy::Swap {
+        let mut lens: Vec<usize> = Vec::new();
+        for_each_span(guards, p, n, |_, _, len| lens.push(len));
+        if lens.len() <= SWAP_MAX_SPANS {
+            let bufs = lens.into_iter().map(|len| pool.get(len)).collect();
+            return (bufs, BufLayout::PerFolio);
+        }
+    }
+    (vec![pool.get(n as usize)], BufLayout::Whole)
+}
+
+/// Puts what a completed device read brought in `bufs` into the folios of `guards` and
+/// marks those blocks uptodate; returns the buffers left for the pool. Under
+/// [`BufLayout::PerFolio`] a buffer that is a whole folio becomes that folio's memory and
+/// the folio's old memory is returned in its place: every block of such a folio was read
+/// (a read covers only blocks that were not uptodate), and while the read was in flight
+/// nothing else changed the folio's data (the caller held it locked, or it was
+/// `reading`), so no byte of the old memory is still wanted. A window of the old memory
+/// still lent to a write keeps it alive until that write is done (`SharedBuf`).
+pub(crate) fn take_read(
+    shared: &ReadShared,
+    guards: &mut [MutexGuard<'_, Folio>],
+    span: ReadSpan,
+    bufs: Vec<IoBuf>,
+    bs: u64,
+) -> Vec<IoBuf> {
+    let (p, n) = (span.pos, span.len);
+    if span.layout == BufLayout::Whole {
+        let src = &bufs[0];
+        for_each_span(guards, p, n, |g, off, len| {
+            let from = (g.pos + off as u64 - p) as usize;
+            g.data[off..off + len].copy_from_slice(&src[from..from + len]);
+            mark_uptodate(g, off, len, bs);
+        });
+        shared.copied_bytes.fetch_add(n, Ordering::Relaxed);
+        return bufs;
+    }
+    let mut spare: Vec<IoBuf> = Vec::with_capacity(bufs.len());
+    let mut it = bufs.into_iter();
+    let (mut swapped, mut copied) = (0u64, 0u64);
+    for_each_span(guards, p, n, |g, off, len| {
+        let buf = it.next().expect("one buffer per folio span");
+        assert_eq!(buf.len(), len, "a folio span's buffer is the span");
+        if off == 0 && len as u64 == g.len() {
+            let old = std::mem::replace(&mut g.data, SharedBuf::from(buf));
+            spare.extend(old.into_unshared());
+            swapped += len as u64;
+        } else {
+            g.data[off..off + len].copy_from_slice(&buf);
+            spare.push(buf);
+            copied += len as u64;
+        }
+        mark_uptodate(g, off, len, bs);
+    });
+    shared.swapped_bytes.fetch_add(swapped, Ordering::Relaxed);
+    shared.copied_bytes.fetch_add(copied, Ordering::Relaxed);
+    spare
 }

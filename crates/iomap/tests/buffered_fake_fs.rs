@@ -7,7 +7,9 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use stripefs_iomap::cache::{CacheConfig, FolioSizing, PageCache, ReadaheadMode, WbCopy, WbDepth};
+use stripefs_iomap::cache::{
+    CacheConfig, FolioSizing, PageCache, ReadCopy, ReadaheadMode, WbCopy, WbDepth,
+};
 use stripefs_iomap::folio::DirtyTracking;
 use stripefs_iomap::{
     self as iomap, CacheIo, FileIo, IoDir, Iomap, IomapFlags, IomapKind, IomapOp, IomapOps, WbEnd,
@@ -246,6 +248,11 @@ fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32, folio_sizing: Folio
             WbCopy::Lend
         } else {
             WbCopy::Stage
+        },
+        read_copy: if seed % 8 < 4 {
+            ReadCopy::Swap
+        } else {
+            ReadCopy::Bounce
         },
     };
     let cache = PageCache::new(cfg, BS as u32);
