@@ -362,20 +362,30 @@ impl Journal {
     /// made this commit fail (after which it is poisoned).
     pub fn commit(&self, fs: &FsInner, upto: u64, mode: CommitMode) -> Result<()> {
         {
+            let mut phases = CommitPhases::start();
             let mut head = self.head.lock();
+            phases.mark(CommitPhase::Lock);
             if mode == CommitMode::Append && self.committed() >= upto {
+                // Another commit carried it (group commit): the wait was for that one.
+                phases.report(upto, 0);
                 return Ok(());
             }
             fs.check()?;
-            match self.take(fs)? {
+            let taken = self.take(fs)?;
+            phases.mark(CommitPhase::Take);
+            match taken {
                 None => fs
                     .flush_dirty()
                     .inspect_err(|e| fs.poison(&format!("data flush failed: {e}")))?,
                 Some(work) => {
                     let seq = work.seq;
-                    let res = fs
-                        .flush_dirty()
-                        .and_then(|()| self.write(fs, &mut head, work));
+                    let full = self.full_waits.load(Ordering::Relaxed);
+                    let res = fs.flush_dirty().and_then(|()| {
+                        phases.mark(CommitPhase::DataFlush);
+                        self.write(fs, &mut head, work)
+                    });
+                    phases.mark(CommitPhase::Write);
+                    phases.report(seq, self.full_waits.load(Ordering::Relaxed) - full);
                     if let Err(e) = res {
                         fs.poison(&format!("commit of transaction {seq} failed: {e}"));
                         return Err(e);
@@ -729,6 +739,67 @@ impl Journal {
     /// The control the checkpointer thread waits on.
     pub fn control(&self) -> Arc<CheckpointCtl> {
         Arc::clone(&self.ctl)
+    }
+}
+
+/// A commit slower than this logs where its time went (`STRIPEFS_LOG=debug`).
+const SLOW_COMMIT: Duration = Duration::from_millis(50);
+
+/// The steps of a commit, timed for the slow-commit log.
+#[derive(Debug, Clone, Copy)]
+enum CommitPhase {
+    /// Waiting for the commit lock (another commit in progress).
+    Lock,
+    /// Taking the running transaction (the metadata lock) and encoding it.
+    Take,
+    /// Flushing the data targets (ordered data).
+    DataFlush,
+    /// Making room in a full journal, if needed, and the FUA append.
+    Write,
+}
+
+/// Where one commit's time went.
+struct CommitPhases {
+    t0: Instant,
+    last: Instant,
+    spent: [Duration; 4],
+}
+
+impl CommitPhases {
+    fn start() -> Self {
+        let now = Instant::now();
+        Self {
+            t0: now,
+            last: now,
+            spent: [Duration::ZERO; 4],
+        }
+    }
+
+    /// `phase` ended now.
+    fn mark(&mut self, phase: CommitPhase) {
+        let now = Instant::now();
+        self.spent[phase as usize] += now - self.last;
+        self.last = now;
+    }
+
+    /// Logs the phases if the commit was slow; `full_waits`: how often it found the
+    /// journal full.
+    fn report(&self, seq: u64, full_waits: u64) {
+        let total = self.last - self.t0;
+        if total < SLOW_COMMIT {
+            return;
+        }
+        let ms = |p: CommitPhase| self.spent[p as usize].as_secs_f64() * 1e3;
+        tracing::debug!(
+            seq,
+            total_ms = total.as_secs_f64() * 1e3,
+            lock_ms = ms(CommitPhase::Lock),
+            take_ms = ms(CommitPhase::Take),
+            data_flush_ms = ms(CommitPhase::DataFlush),
+            write_ms = ms(CommitPhase::Write),
+            full_waits,
+            "slow commit"
+        );
     }
 }
 
