@@ -885,17 +885,24 @@ impl Store {
         let page_bytes = self.cfg.page_size.bytes();
         let mut batch = Batch::new();
         let mut in_flight = 0;
-        let mut touched = vec![false; self.targets.len()];
+        // Targets written since their last flush: every page is flushed before the root
+        // record names it.
+        let mut unflushed = vec![false; self.targets.len()];
         for run in self.page_runs(&plans) {
             if in_flight + run.len() > WRITE_WINDOW_PAGES {
                 std::mem::replace(&mut batch, Batch::new())
                     .wait()
                     .into_iter()
                     .try_for_each(|d| d.result)?;
+                // Flushed window by window: a device with a write-back cache then holds
+                // at most a window of this checkpoint unflushed, and a journal append
+                // (a FUA write, carried out as a write and a cache flush where the
+                // device has no FUA) waits behind that much, not the whole checkpoint.
+                self.flush_targets(&mut unflushed)?;
                 in_flight = 0;
             }
             let t = run[0].at.addr.target.index();
-            touched[t] = true;
+            unflushed[t] = true;
             let offset = self.cfg.block_size.to_bytes(run[0].at.addr.block.0);
             let bufs = run
                 .iter()
@@ -910,17 +917,13 @@ impl Store {
         }
         for (at, bytes) in log.iter().flat_map(|l| l.blocks()) {
             let t = at.target.index();
-            touched[t] = true;
+            unflushed[t] = true;
             let offset = self.cfg.block_size.to_bytes(at.block.0);
             let bufs = vec![IoBuf::from_slice(bytes)];
             batch.submit(&*self.targets[t], IoOp::Write { offset, bufs });
         }
         batch.wait().into_iter().try_for_each(|d| d.result)?;
-        let flushes = Batch::new();
-        for (t, _) in touched.iter().enumerate().filter(|(_, x)| **x) {
-            flushes.submit(&*self.targets[t], IoOp::Flush);
-        }
-        flushes.wait().into_iter().try_for_each(|d| d.result)?;
+        self.flush_targets(&mut unflushed)?;
         let slot = RootRecord::slot_of(generation);
         let rec = RootRecord {
             slot,
@@ -941,6 +944,18 @@ impl Store {
         let offset = self.cfg.slots.offsets[slot as usize];
         target.write_fua_sync(offset, IoBuf::from_slice(&sector))?;
         Ok(plans)
+    }
+
+    /// Flushes the targets marked in `unflushed`, at once, and clears the marks.
+    fn flush_targets(&self, unflushed: &mut [bool]) -> Result<(), MetaError> {
+        let flushes = Batch::new();
+        for (t, u) in unflushed.iter_mut().enumerate() {
+            if std::mem::take(u) {
+                flushes.submit(&*self.targets[t], IoOp::Flush);
+            }
+        }
+        flushes.wait().into_iter().try_for_each(|d| d.result)?;
+        Ok(())
     }
 
     /// The pages of `plans` in address order, cut into runs of adjacent pages on one
