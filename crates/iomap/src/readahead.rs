@@ -138,9 +138,7 @@ pub(crate) fn next_window(fc: &FileCache, e: u64, size: u64, want: u64) -> Optio
 /// A device read of readahead: its completion slot and file range.
 struct Pending {
     slot: usize,
-    pos: u64,
-    len: u64,
-    layout: BufLayout,
+    span: ReadSpan,
 }
 
 /// Submits the readahead of `[from, to)` without waiting (see the module documentation).
@@ -186,9 +184,11 @@ pub(crate) fn submit<O: FileIo>(cache: &PageCache, ops: &O, fc: &FileCache, from
                 shared.submitted_bytes.fetch_add(n, Ordering::Relaxed);
                 pending.push(Pending {
                     slot,
-                    pos: p,
-                    len: n,
-                    layout,
+                    span: ReadSpan {
+                        pos: p,
+                        len: n,
+                        layout,
+                    },
                 });
             } else {
                 for_each_span(&mut guards, p, n, |g, off, len| {
@@ -263,12 +263,7 @@ fn complete(
             spare.extend(bufs);
             continue;
         }
-        let span = ReadSpan {
-            pos: p.pos,
-            len: p.len,
-            layout: p.layout,
-        };
-        spare.extend(take_read(shared, &mut guards, span, bufs, bs));
+        spare.extend(take_read(shared, &mut guards, p.span, bufs, bs));
     }
     for g in &mut guards {
         debug_assert!(

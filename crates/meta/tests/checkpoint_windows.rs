@@ -10,7 +10,7 @@ use common::*;
 use stripefs_core::btree::{Generation, Key, KeyKind};
 use stripefs_meta::region::RegionAlloc;
 use stripefs_meta::Store;
-use stripefs_target::{Event, Recorder, RecordingTarget, SimTarget, Target, UnflushedPolicy};
+use stripefs_target::{Event, Recorder, SimTarget, Target, UnflushedPolicy};
 
 /// Room for two generations of a few thousand pages on each of two targets.
 const BIG_TARGET: u64 = 32 << 20;
@@ -39,12 +39,7 @@ fn value(i: u64) -> Vec<u8> {
 #[test]
 fn a_checkpoint_of_many_windows_is_flushed_by_window_and_survives_a_crash_at_each() {
     let recorder = Recorder::new();
-    let targets: Vec<Arc<dyn Target>> = (0..2u32)
-        .map(|i| {
-            let sim: Arc<dyn Target> = Arc::new(SimTarget::new("t", BIG_TARGET, SECTOR));
-            Arc::new(RecordingTarget::new(sim, i, Arc::clone(&recorder))) as Arc<dyn Target>
-        })
-        .collect();
+    let targets = recording_targets(2, BIG_TARGET, &recorder);
     let store = Store::create(config(64), targets, region());
     let mut small = Oracle::new();
     for i in 0..10 {

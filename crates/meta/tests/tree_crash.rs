@@ -14,7 +14,7 @@ use std::sync::Arc;
 use common::*;
 use stripefs_core::btree::{Generation, Key, KeyKind};
 use stripefs_meta::Store;
-use stripefs_target::{Recorder, RecordingTarget, Rng, SimTarget, Target, UnflushedPolicy};
+use stripefs_target::{Recorder, Rng, SimTarget, Target, UnflushedPolicy};
 
 /// Small enough that the pinned dirty pages often leave no room for clean ones.
 const CACHE_PAGES: usize = 16;
@@ -28,12 +28,7 @@ struct Run {
 
 fn run(seed: u64, steps: usize) -> Run {
     let recorder = Recorder::new();
-    let targets: Vec<Arc<dyn Target>> = (0..2u32)
-        .map(|i| {
-            let sim: Arc<dyn Target> = Arc::new(SimTarget::new("t", TARGET_BYTES, SECTOR));
-            Arc::new(RecordingTarget::new(sim, i, Arc::clone(&recorder))) as Arc<dyn Target>
-        })
-        .collect();
+    let targets = recording_targets(2, TARGET_BYTES, &recorder);
     let store = Store::create(config(CACHE_PAGES), targets, region(2));
     let mut rng = Rng::new(seed);
     let mut oracle = Oracle::new();

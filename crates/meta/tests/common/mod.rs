@@ -9,7 +9,7 @@ use stripefs_core::btree::{Key, KeyKind, PageSize, TreeId};
 use stripefs_core::{BlockSize, TargetId, Uuid};
 use stripefs_meta::region::RegionAlloc;
 use stripefs_meta::{RootSlots, Store, StoreConfig};
-use stripefs_target::{Rng, Target};
+use stripefs_target::{Recorder, RecordingTarget, Rng, SimTarget, Target};
 
 pub const UUID: Uuid = Uuid([0x5a; 16]);
 pub const TARGET_BYTES: u64 = 4 << 20;
@@ -30,6 +30,16 @@ pub fn config(cache_pages: usize) -> StoreConfig {
         },
         space: stripefs_meta::SpaceBooks::Off,
     }
+}
+
+/// `count` simulated targets of `bytes` each, every write and flush logged in `recorder`.
+pub fn recording_targets(count: u32, bytes: u64, recorder: &Arc<Recorder>) -> Vec<Arc<dyn Target>> {
+    (0..count)
+        .map(|i| {
+            let sim: Arc<dyn Target> = Arc::new(SimTarget::new("t", bytes, SECTOR));
+            Arc::new(RecordingTarget::new(sim, i, Arc::clone(recorder))) as Arc<dyn Target>
+        })
+        .collect()
 }
 
 /// Pages from block 16 on, round robin over `targets` targets.
