@@ -340,10 +340,23 @@ impl Record {
 
     /// Appends the encoded record to `e`.
     pub fn encode(&self, e: &mut Enc) {
-        let mut b = Enc::new();
-        let tag = match self {
+        // Tag, body length, body: the body is written in place and its length patched
+        // after (this runs under the metadata lock for every record a change logs).
+        let start = e.len();
+        e.u8(0);
+        e.u32(0);
+        let body = e.len();
+        let tag = self.encode_body(e);
+        let len = u32::try_from(e.len() - body).expect("record body below 4 GiB");
+        e.buf[start] = tag;
+        e.buf[start + 1..body].copy_from_slice(&len.to_le_bytes());
+    }
+
+    /// Appends the record's body to `b` and returns its tag.
+    fn encode_body(&self, b: &mut Enc) -> u8 {
+        match self {
             Record::InodeSet(a) => {
-                enc_attrs(&mut b, a);
+                enc_attrs(b, a);
                 T_INODE_SET
             }
             Record::InodeFree(ino) => {
@@ -458,21 +471,29 @@ impl Record {
             }
             Record::TargetState { target, state } => {
                 b.u32(target.0);
-                state.encode(&mut b);
+                state.encode(b);
                 T_TARGET_STATE
             }
-        };
-        e.u8(tag);
-        e.u32(u32::try_from(b.len()).expect("record body below 4 GiB"));
-        e.bytes(&b.buf);
+        }
     }
 
     /// Encoded size in bytes.
     #[must_use]
     pub fn encoded_len(&self) -> usize {
-        let mut e = Enc::new();
-        self.encode(&mut e);
-        e.len()
+        // Encoded into a buffer kept per thread: a change sizes each record it logs,
+        // and a fresh vector grew five times per record (issue 11's create profile).
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Enc> = std::cell::RefCell::new(Enc::new());
+        }
+        SCRATCH.with(|s| {
+            let mut e = s.borrow_mut();
+            e.buf.clear();
+            self.encode(&mut e);
+            let n = e.len();
+            // A large record (a checksum run) does not keep its buffer's size.
+            e.buf.shrink_to(4096);
+            n
+        })
     }
 
     /// Decodes one record.
