@@ -13,6 +13,7 @@ pub mod csum;
 pub mod error;
 pub mod extent;
 pub mod geometry;
+pub mod idhash;
 pub mod inode;
 pub mod journal;
 pub mod layout;

@@ -21,11 +21,11 @@
 //! afterwards starts from, so `fsync` of an inode whose in-core state was evicted before
 //! its last change was durable still commits (conservatively: up to the floor).
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::RwLock;
+use stripefs_core::idhash::IdMap;
 use stripefs_core::inode::Timespec;
 use stripefs_core::Ino;
 use stripefs_iomap::cache::{FileCache, PageCache};
@@ -185,7 +185,7 @@ enum Pin {
 /// The in-core inodes of a mount (protected by the metadata lock).
 #[derive(Debug)]
 pub(crate) struct InodeTable {
-    map: HashMap<Ino, InCoreInode>,
+    map: IdMap<Ino, InCoreInode>,
     /// The highest journal sequence of any inode evicted: inodes created later start
     /// with it as their sequences, so `fsync` never skips a commit an evicted inode
     /// needed.
@@ -202,7 +202,7 @@ pub(crate) struct InodeTable {
 impl Default for InodeTable {
     fn default() -> Self {
         Self {
-            map: HashMap::new(),
+            map: IdMap::default(),
             seq_floor: 0,
             gens: 0,
             sweep_at: SWEEP_MIN,

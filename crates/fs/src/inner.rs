@@ -15,6 +15,7 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex, RwLock};
 use stripefs_core::alloc::Allocator;
 use stripefs_core::geometry::Geometry;
+use stripefs_core::idhash::IdMap;
 use stripefs_core::record::Record;
 use stripefs_core::Ino;
 use stripefs_target::{
@@ -37,7 +38,7 @@ pub(crate) struct Txn {
     /// Index of the first `InodeSet` per inode, which later ones overwrite in place: a
     /// transaction is atomic, so only its final attributes matter, and rewriting in place
     /// keeps the record before anything that needs the inode to exist.
-    inode_set_at: HashMap<Ino, usize>,
+    inode_set_at: IdMap<Ino, usize>,
 }
 
 impl Txn {

@@ -37,6 +37,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use stripefs_core::btree::schema::{DirEntryItem, COOKIE_FIRST};
+use stripefs_core::idhash::IdMap;
 use stripefs_core::inode::{DirEntry, FileKind, Inode};
 use stripefs_core::meta::{apply_to, new_inode};
 use stripefs_core::record::Record;
@@ -82,7 +83,7 @@ struct NameChange {
 /// depend on the size of any directory.
 #[derive(Debug, Default)]
 struct DirOverlay {
-    dirs: HashMap<Ino, HashMap<Vec<u8>, NameChange>>,
+    dirs: IdMap<Ino, HashMap<Vec<u8>, NameChange>>,
     /// Every change made, in log order (transactions ascending): what to drop when the
     /// trees have applied them (a name changed again is dropped by its last change).
     order: std::collections::VecDeque<(u64, Ino, Vec<u8>)>,
@@ -152,9 +153,9 @@ struct Slot {
 pub(crate) struct MetaView {
     /// Owned boxes (`Box::into_raw`), inserted through `&self`, changed and dropped only
     /// through `&mut self`.
-    slots: UnsafeCell<HashMap<Ino, NonNull<Slot>>>,
+    slots: UnsafeCell<IdMap<Ino, NonNull<Slot>>>,
     /// Freed inodes whose `InodeFree` (of the transaction given) the trees do not have yet.
-    gone: HashMap<Ino, u64>,
+    gone: IdMap<Ino, u64>,
     /// Next inode number to hand out (inode numbers are never reused).
     next_ino: u64,
     /// Inodes in the file system.
@@ -174,6 +175,11 @@ pub(crate) struct MetaView {
     stale_reads: u64,
     /// Directory entries changed by records the trees do not hold yet.
     overlay: DirOverlay,
+    /// The cookie the next new entry of a directory takes, remembered from its last
+    /// `DirAdd` so that a run of creates does not search the trees for the highest
+    /// cookie each time; forgotten when an entry of the directory is removed (the
+    /// highest may go) and when the directory leaves core (bounded with the inodes).
+    next_cookies: IdMap<Ino, DirCookie>,
 }
 
 /// A miss to be read from the trees without the metadata lock: the inode and the view's
@@ -248,8 +254,8 @@ impl MetaView {
     /// is `next_ino` and which has `count` inodes; swept past `bound` in-core inodes.
     pub fn new(store: Arc<Store>, next_ino: u64, count: u64, bound: usize) -> Self {
         Self {
-            slots: UnsafeCell::new(HashMap::new()),
-            gone: HashMap::new(),
+            slots: UnsafeCell::new(IdMap::default()),
+            gone: IdMap::default(),
             next_ino,
             count,
             store,
@@ -261,10 +267,11 @@ impl MetaView {
             epoch: 0,
             stale_reads: 0,
             overlay: DirOverlay::default(),
+            next_cookies: IdMap::default(),
         }
     }
 
-    fn map(&self) -> &HashMap<Ino, NonNull<Slot>> {
+    fn map(&self) -> &IdMap<Ino, NonNull<Slot>> {
         // SAFETY: the map is changed only by `insert_shared` (which holds no reference to
         // it across the change and is not reentrant) and by `&mut self` methods.
         unsafe { &*self.slots.get() }
@@ -484,6 +491,7 @@ impl MetaView {
                 // SAFETY: from `Box::into_raw`, removed from the map: dropped once.
                 drop(unsafe { Box::from_raw(p.as_ptr()) });
                 self.gone.insert(ino, seq);
+                self.next_cookies.remove(&ino);
                 self.epoch += 1;
                 self.count -= 1;
                 return Ok(());
@@ -527,7 +535,22 @@ impl MetaView {
         // takes the cookie the trees will give it when the record is applied.
         let cookie = match self.entry(dir, name)? {
             Some(p) => p.cookie,
-            None => self.next_cookie(dir)?,
+            None => {
+                let c = match self.next_cookies.get(&dir) {
+                    Some(&c) => c,
+                    None => self.next_cookie(dir)?,
+                };
+                if cfg!(debug_assertions) {
+                    // A read error here is the trees' to report elsewhere.
+                    if let Ok(searched) = self.next_cookie(dir) {
+                        assert_eq!(c, searched, "directory {dir}'s remembered next cookie");
+                    }
+                }
+                if let Some(n) = c.0.checked_add(1) {
+                    self.next_cookies.insert(dir, DirCookie(n));
+                }
+                c
+            }
         };
         let now = Some(Placed {
             entry: DirEntry { ino, kind },
@@ -548,6 +571,7 @@ impl MetaView {
             )));
         }
         self.overlay.set(dir, name, NameChange { now: None, seq });
+        self.next_cookies.remove(&dir);
         Ok(())
     }
 
@@ -791,6 +815,8 @@ impl MetaView {
             drop(unsafe { Box::from_raw(p.as_ptr()) });
             false
         });
+        let slots = self.slots.get_mut();
+        self.next_cookies.retain(|ino, _| slots.contains_key(ino));
     }
 }
 

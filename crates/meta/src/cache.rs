@@ -3,8 +3,10 @@
 //! A clean page counts as the memory its decoded node takes (`Node::mem_bytes`), which
 //! for leaves of many small values is more than the page size.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
 use std::sync::Arc;
+use stripefs_core::idhash::IdMap;
 
 use parking_lot::Mutex;
 use stripefs_core::btree::tree::{Node, PageSource};
@@ -20,7 +22,7 @@ struct Entry {
 
 #[derive(Debug, Default)]
 struct Inner {
-    map: HashMap<PageAddr, Entry>,
+    map: IdMap<PageAddr, Entry>,
     lru: BTreeMap<u64, PageAddr>,
     bytes: usize,
     tick: u64,

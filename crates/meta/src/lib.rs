@@ -20,7 +20,7 @@ pub mod region;
 pub mod space;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -31,6 +31,7 @@ use stripefs_core::btree::root::{RootRecord, ROOT_RECORD_BYTES};
 use stripefs_core::btree::schema;
 use stripefs_core::btree::tree::{Miss, Node, PageSource, Tree, WritePlan, WrittenPage};
 use stripefs_core::btree::{Key, TreeId};
+use stripefs_core::idhash::IdMap;
 use stripefs_core::record::TargetState;
 use stripefs_core::{BlockSize, CoreError, TargetId, Uuid};
 use stripefs_target::{Batch, IoBuf, IoOp, Target, TargetError, TargetSet};
@@ -140,7 +141,7 @@ pub struct Store {
     /// Pages read ahead by [`Store::prefetch`], each held while a [`Prefetched`] that
     /// read or found it lives: an operation that misses one takes it from here instead
     /// of reading it again.
-    ahead: Mutex<HashMap<PageAddr, AheadPage>>,
+    ahead: Mutex<IdMap<PageAddr, AheadPage>>,
     poisoned: AtomicBool,
 }
 
@@ -167,7 +168,7 @@ pub struct Prefetched<'a> {
 
 impl Prefetched<'_> {
     /// Takes one hold on each of `addrs` (in `ahead`, locked by the caller).
-    fn hold(&mut self, ahead: &mut HashMap<PageAddr, AheadPage>, addrs: &[PageAddr]) {
+    fn hold(&mut self, ahead: &mut IdMap<PageAddr, AheadPage>, addrs: &[PageAddr]) {
         for a in addrs {
             if let Some(p) = ahead.get_mut(a) {
                 p.holders += 1;
@@ -283,7 +284,7 @@ impl Store {
             checkpoint: Mutex::new(()),
             mark: Mutex::new(mark),
             log: Mutex::new(log),
-            ahead: Mutex::new(HashMap::new()),
+            ahead: Mutex::new(IdMap::default()),
             poisoned: AtomicBool::new(false),
         }
     }
@@ -554,7 +555,7 @@ impl Store {
                     };
                     let tree = self.trees[i].read();
                     for k in &pending {
-                        if let Err(Miss(e)) = tree.get(&src, k) {
+                        if let Err(Miss(e)) = tree.probe(&src, k) {
                             want.entry(e.at.addr).or_insert(e);
                             next.push(*k);
                         }
@@ -1167,7 +1168,7 @@ type PageRead = Result<(Arc<Node>, bool), MetaError>;
 /// The cache, then the pages read ahead; remembers which of those it served.
 struct Ahead<'a> {
     cache: &'a PageCache,
-    ahead: &'a HashMap<PageAddr, AheadPage>,
+    ahead: &'a IdMap<PageAddr, AheadPage>,
     found: RefCell<Vec<PageAddr>>,
 }
 

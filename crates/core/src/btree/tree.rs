@@ -8,7 +8,6 @@
 //! [`super::page::decode`], makes it available through its [`PageSource`] and runs the
 //! operation again from the root (`docs/design/metadata.md`, invariants 4 and 5).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::key::{Key, TreeId};
@@ -20,32 +19,7 @@ use crate::Uuid;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(u64);
 
-/// Hashes a [`NodeId`] (a counter) by one multiplication: every descent looks its
-/// dirty nodes up by id, and the default SipHash was a visible part of applying a record.
-/// Ids come from the tree itself, never from disk or a caller, so no input can be chosen
-/// to collide.
-#[derive(Debug, Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        // Fibonacci hashing: the high bits, which the table's control bytes use, depend
-        // on every bit of the id.
-        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type NodeMap<V> = HashMap<NodeId, V, std::hash::BuildHasherDefault<IdHasher>>;
+type NodeMap<V> = crate::idhash::IdMap<NodeId, V>;
 
 /// A pointer to a child (or the root): a written page, or a node in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -419,25 +393,36 @@ impl Tree {
     /// The path from the root to the leaf whose range holds `key`.
     fn descend(&self, src: &dyn PageSource, key: &Key) -> Result<Vec<Hop>, Miss> {
         let mut path = Vec::with_capacity(usize::from(self.root_level) + 1);
+        self.walk(src, key, |hop| path.push(hop))?;
+        Ok(path)
+    }
+
+    /// Visits each hop from the root to the leaf whose range holds `key`, in order.
+    fn walk(
+        &self,
+        src: &dyn PageSource,
+        key: &Key,
+        mut visit: impl FnMut(Hop),
+    ) -> Result<(), Miss> {
         let (mut child, mut low, mut high) = (self.root, Key::MIN, None);
         let mut level = self.root_level;
         loop {
             let node = self.load(src, child, level, low, high)?;
             debug_assert_eq!(node.level, level, "levels decrease by one");
             if level == 0 {
-                path.push(Hop {
+                visit(Hop {
                     child,
                     node,
                     low,
                     high,
                     idx: 0,
                 });
-                return Ok(path);
+                return Ok(());
             }
             let idx = node.child_index(key);
             let (clow, chigh) = child_range(&node, idx, low, high);
             let next = node.branch()[idx].1;
-            path.push(Hop {
+            visit(Hop {
                 child,
                 node,
                 low,
@@ -446,6 +431,16 @@ impl Tree {
             });
             (child, low, high, level) = (next, clow, chigh, level - 1);
         }
+    }
+
+    /// Whether every page on the way to `key`'s leaf is in memory: a [`Self::get`]
+    /// without building the path or copying the value (read-ahead asks this of each
+    /// key a change will look up).
+    ///
+    /// # Errors
+    /// [`Miss`] for the first page on the way that is not in memory.
+    pub fn probe(&self, src: &dyn PageSource, key: &Key) -> Result<(), Miss> {
+        self.walk(src, key, drop)
     }
 
     /// The value of `key`.
