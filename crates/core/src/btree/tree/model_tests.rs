@@ -301,6 +301,13 @@ fn run(seed: u64, steps: usize, cache_pages: usize) -> (usize, u64, u8) {
         max_level = max_level.max(t.root_level());
         if rng.below(8) == 0 {
             let q = random_key(&mut rng, space);
+            // A probe misses exactly where a get does (read-ahead relies on it).
+            let probed = t.probe(&h, &q).err();
+            assert_eq!(
+                probed,
+                t.get(&h, &q).err(),
+                "probe {q} seed {seed} step {step}"
+            );
             let got = retry(&h, &mut rng, || t.get(&h, &q));
             assert_eq!(
                 got.as_ref(),
