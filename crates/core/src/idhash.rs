@@ -17,7 +17,10 @@ const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // The low bits of a product depend only on the low bits of the key, and the
+        // table picks buckets by the low bits: rotate the mixed middle bits down (page
+        // addresses step by the page's blocks, up to 8).
+        self.0.rotate_left(26)
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -70,5 +73,12 @@ mod tests {
             .map(|p| hash(&p))
             .collect();
         assert_eq!(pairs.len(), 1024, "(target, block) pairs hash apart");
+        // Page addresses step by a page's blocks (up to 8): the low bits must still vary.
+        let strided: HashSet<u64> = (0..1024u64).map(|i| hash(&(1u32, i * 8)) & 1023).collect();
+        assert!(
+            strided.len() > 600,
+            "{} distinct low-10-bit values",
+            strided.len()
+        );
     }
 }

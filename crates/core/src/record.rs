@@ -490,7 +490,9 @@ impl Record {
             e.buf.clear();
             self.encode(&mut e);
             let n = e.len();
-            // A large record (a checksum run) does not keep its buffer's size.
+            // A large record (a checksum run, an xattr value) does not keep its
+            // buffer's size.
+            e.buf.clear();
             e.buf.shrink_to(4096);
             n
         })

@@ -546,9 +546,12 @@ impl MetaView {
                         assert_eq!(c, searched, "directory {dir}'s remembered next cookie");
                     }
                 }
-                if let Some(n) = c.0.checked_add(1) {
-                    self.next_cookies.insert(dir, DirCookie(n));
-                }
+                // At the last cookie nothing is remembered: the next create searches
+                // and meets the limit.
+                match c.0.checked_add(1) {
+                    Some(n) => self.next_cookies.insert(dir, DirCookie(n)),
+                    None => self.next_cookies.remove(&dir),
+                };
                 c
             }
         };

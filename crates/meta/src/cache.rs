@@ -4,13 +4,12 @@
 //! for leaves of many small values is more than the page size.
 
 use std::collections::BTreeMap;
-
 use std::sync::Arc;
-use stripefs_core::idhash::IdMap;
 
 use parking_lot::Mutex;
 use stripefs_core::btree::tree::{Node, PageSource};
 use stripefs_core::btree::{Generation, PageAddr, PageRef};
+use stripefs_core::idhash::IdMap;
 
 #[derive(Debug)]
 struct Entry {
