@@ -319,7 +319,10 @@ fn paged_readdir_is_stable_against_another_thread_changing_the_directory() {
         let (fs, stop) = (Arc::clone(&fs), Arc::clone(&stop));
         std::thread::spawn(move || {
             let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            // Bounded: the directory grows by one entry per two turns, and a thread left
+            // to run as long as a loaded machine takes to list filled the 128 MiB target
+            // (`NoSpace`, "no room for more metadata").
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 20_000 {
                 let a = format!("c{n}");
                 fs.create(d, a.as_ref(), p()).unwrap();
                 if n % 2 == 1 {
