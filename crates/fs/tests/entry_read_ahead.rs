@@ -122,10 +122,16 @@ fn chmod_passes_every_held_read(what: &str, change: impl FnOnce(&Fs, Ino) + Send
 
 #[test]
 fn a_create_reads_its_entry_leaf_before_the_metadata_lock() {
+    // Eight names: where a name lands depends on the file system's random uuid (the
+    // name hash), and one name's leaves were already cached in about 1 run of 13
+    // (no read to hold, `held == 0`); eight make that vanishingly rare.
     chmod_passes_every_held_read("create", |fs, d| {
-        fs.create(d, "entry-new".as_ref(), CreateParams::with_perm(0o644))
-            .unwrap();
-        assert!(fs.lookup(d, "entry-new".as_ref()).is_ok());
+        for k in 0..8 {
+            let name = format!("entry-new-{k}");
+            fs.create(d, name.as_ref(), CreateParams::with_perm(0o644))
+                .unwrap();
+            assert!(fs.lookup(d, name.as_ref()).is_ok());
+        }
     });
 }
 
