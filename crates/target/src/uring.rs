@@ -17,6 +17,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types, IoUring};
 use parking_lot::{Condvar, Mutex};
@@ -25,6 +26,10 @@ use crate::{Completion, IoDone, IoOp, TargetError, TargetErrorKind};
 
 const EVENTFD_TOKEN: u64 = u64::MAX;
 const EAGAIN_RETRIES: u8 = 8;
+
+/// An operation slower than this, from its submission to its completion, logs where its
+/// time went (`STRIPEFS_LOG=stripefs_target=debug`): queued here or in the kernel.
+const SLOW_OP: Duration = Duration::from_millis(50);
 
 #[derive(Debug)]
 pub(crate) struct UringEngine {
@@ -53,10 +58,16 @@ struct Pending {
     op: IoOp,
     done: Completion,
     retries: u8,
+    /// When the submitter queued it (kept across `EAGAIN` retries).
+    queued_at: Instant,
 }
 
 struct InFlight {
     pending: Pending,
+    /// When it went into the submission ring, and how many operations of this target
+    /// were then in the kernel (itself included).
+    issued_at: Instant,
+    in_flight_at_issue: usize,
     /// Keeps the iovec array alive (and unmoved) while the kernel may read it.
     _iov: Box<[libc::iovec]>,
 }
@@ -104,6 +115,7 @@ impl UringEngine {
             op,
             done,
             retries: 0,
+            queued_at: Instant::now(),
         });
         drop(q);
         poke(self.shared.efd.as_raw_fd());
@@ -159,6 +171,7 @@ fn run(mut ring: IoUring, s: &Shared, fd: &Arc<OwnedFd>, depth: usize) {
             .completion()
             .map(|c| (c.user_data(), c.result()))
             .collect();
+        let reaped_at = Instant::now();
         for (token, res) in cqes {
             if token == EVENTFD_TOKEN {
                 efd_armed = false;
@@ -167,6 +180,7 @@ fn run(mut ring: IoUring, s: &Shared, fd: &Arc<OwnedFd>, depth: usize) {
             let slot = usize::try_from(token).expect("token is a slot index");
             let inflight = slots[slot].take().expect("completion for an occupied slot");
             free.push(slot);
+            report_slow(s, &inflight, reaped_at);
             complete(s, inflight.pending, res);
         }
     }
@@ -192,7 +206,12 @@ fn fill(
         };
         free.pop();
         let (sqe, iov) = build_sqe(fd, &mut pending.op, slot as u64);
-        slots[slot] = Some(InFlight { pending, _iov: iov });
+        slots[slot] = Some(InFlight {
+            pending,
+            issued_at: Instant::now(),
+            in_flight_at_issue: slots.len() - free.len(),
+            _iov: iov,
+        });
         push(ring, &sqe);
         moved = true;
     }
@@ -200,6 +219,31 @@ fn fill(
         s.space.notify_all();
     }
     s.shutdown.load(Ordering::Acquire) && q.is_empty() && free.len() == slots.len()
+}
+
+/// Logs an operation that took [`SLOW_OP`] or more: how long it waited in this engine's
+/// queue (behind the in-flight limit or the ring thread), how long in the kernel (until
+/// the ring thread reaped its completion, `reaped_at`), and how long behind the completions
+/// reaped with it.
+fn report_slow(s: &Shared, f: &InFlight, reaped_at: Instant) {
+    let now = Instant::now();
+    let total = now - f.pending.queued_at;
+    if total < SLOW_OP {
+        return;
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    tracing::debug!(
+        target = %s.name,
+        op = ?f.pending.op.kind(),
+        offset = f.pending.op.offset(),
+        len = f.pending.op.len(),
+        total_ms = ms(total),
+        queued_ms = ms(f.issued_at - f.pending.queued_at),
+        kernel_ms = ms(reaped_at - f.issued_at),
+        behind_completions_ms = ms(now - reaped_at),
+        in_flight = f.in_flight_at_issue,
+        "slow operation"
+    );
 }
 
 fn push(ring: &mut IoUring, sqe: &squeue::Entry) {
