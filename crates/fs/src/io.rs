@@ -1,6 +1,8 @@
 //! Size changes, preallocation, punch, zero range, sync and extent listing. (Direct I/O
 //! is `direct.rs` over the generic engine; buffered I/O is `buffered.rs`.)
 
+use std::time::{Duration, Instant};
+
 use stripefs_core::extent::ExtentState;
 use stripefs_core::record::Record;
 use stripefs_core::{CoreError, Ino};
@@ -447,8 +449,16 @@ impl Fs {
     /// `WritebackFailed`, I/O errors (the file system is then poisoned) or `Poisoned`.
     pub fn fsync(&self, ino: Ino, scope: SyncScope) -> Result<()> {
         // The in-core inode is pinned meanwhile, so what it has seen is not lost.
+        let t0 = Instant::now();
         let io = self.inner.io_lock(ino);
         let mut seen = self.inner.meta.lock().inodes.entry(ino).anon_seen;
+        let locked = t0.elapsed();
+        if locked >= SLOW_SYNC {
+            tracing::debug!(
+                ms = locked.as_secs_f64() * 1e3,
+                "slow fsync: waiting for the file's I/O lock and the metadata lock"
+            );
+        }
         let r = self.sync_file(ino, scope, &mut seen);
         self.inner.meta.lock().inodes.entry(ino).anon_seen = seen;
         drop(io);
@@ -457,8 +467,10 @@ impl Fs {
 
     /// Writes back, reports an unseen writeback error, and commits.
     pub(crate) fn sync_file(&self, ino: Ino, scope: SyncScope, seen: &mut u64) -> Result<()> {
+        let t0 = Instant::now();
         self.inner.check()?;
         let wb = self.writeback_file(ino, stripefs_iomap::WbWait::Busy);
+        let t_wb = Instant::now();
         let need = {
             let mut m = self.inner.meta.lock();
             inode(&m, ino)?;
@@ -475,6 +487,7 @@ impl Fs {
             self.inner.sweep_inodes_if_due(&mut m);
             seq
         };
+        let t_meta = Instant::now();
         match need {
             seq if seq > self.inner.journal.committed() => {
                 self.inner
@@ -486,6 +499,7 @@ impl Fs {
                 .flush_dirty()
                 .inspect_err(|e| self.inner.poison(&format!("data flush failed: {e}")))?,
         }
+        report_slow_sync(t0, t_wb, t_meta);
         let unseen = self
             .inner
             .cache
@@ -501,6 +515,27 @@ impl Fs {
             other => other,
         }
     }
+}
+
+/// An `fsync` slower than this logs where its time went (`STRIPEFS_LOG=stripefs::io=debug`);
+/// the commit inside it logs its own phases (`stripefs::journal`).
+const SLOW_SYNC: Duration = Duration::from_millis(50);
+
+/// Logs a slow `sync_file`: its check and writeback (from `t0` to `t_wb`), the metadata lock with
+/// the lazy times and the inode sweep (to `t_meta`), and the commit or data flush (to now).
+fn report_slow_sync(t0: Instant, t_wb: Instant, t_meta: Instant) {
+    let now = Instant::now();
+    if now - t0 < SLOW_SYNC {
+        return;
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    tracing::debug!(
+        total_ms = ms(now - t0),
+        writeback_ms = ms(t_wb - t0),
+        meta_ms = ms(t_meta - t_wb),
+        commit_ms = ms(now - t_meta),
+        "slow fsync"
+    );
 }
 
 /// What a fallocate does to the size.
