@@ -33,6 +33,7 @@
 
 static int jfd, wfd, window, qd;
 static atomic_int stop;
+static int quit;
 static long windows;
 static pthread_barrier_t bar;
 
@@ -49,9 +50,11 @@ static void *writer(void *arg) {
     memset(b, 7, 4096);
     unsigned long long seed = id * 7919 + 1;
     for (;;) {
-        int done = stop;
+        /* One thread decides for all, before the barrier: a thread that read `stop` on
+         * its own could leave the others waiting at the next barrier forever. */
+        if (id == 0) quit = stop;
         pthread_barrier_wait(&bar);
-        if (done) break;
+        if (quit) break;
         for (int i = id; i < window; i += qd) {
             seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
             off_t page = FIRST_PAGE + (off_t)((seed >> 33) % (AREA_PAGES - FIRST_PAGE));
