@@ -28,7 +28,8 @@ const EVENTFD_TOKEN: u64 = u64::MAX;
 const EAGAIN_RETRIES: u8 = 8;
 
 /// An operation slower than this, from its submission to its completion, logs where its
-/// time went (`STRIPEFS_LOG=stripefs_target=debug`): queued here or in the kernel.
+/// time went (`STRIPEFS_LOG=stripefs_target=debug`): queued here or in the kernel. Only
+/// then are operations timed: without that log the I/O path reads no clock.
 const SLOW_OP: Duration = Duration::from_millis(50);
 
 #[derive(Debug)]
@@ -44,6 +45,8 @@ struct Shared {
     shutdown: AtomicBool,
     max_queued: usize,
     name: Arc<str>,
+    /// Slow operations are logged (debug logging of this module was on at start).
+    timed: bool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -58,15 +61,15 @@ struct Pending {
     op: IoOp,
     done: Completion,
     retries: u8,
-    /// When the submitter queued it (kept across `EAGAIN` retries).
-    queued_at: Instant,
+    /// When the submitter queued it (kept across `EAGAIN` retries), if timed.
+    queued_at: Option<Instant>,
 }
 
 struct InFlight {
     pending: Pending,
-    /// When it went into the submission ring, and how many operations of this target
-    /// were then in the kernel (itself included).
-    issued_at: Instant,
+    /// When it went into the submission ring (if timed), and how many operations of this
+    /// target were then in the kernel (itself included).
+    issued_at: Option<Instant>,
     in_flight_at_issue: usize,
     /// Keeps the iovec array alive (and unmoved) while the kernel may read it.
     _iov: Box<[libc::iovec]>,
@@ -95,6 +98,7 @@ impl UringEngine {
             shutdown: AtomicBool::new(false),
             max_queued: depth,
             name,
+            timed: tracing::enabled!(tracing::Level::DEBUG),
         });
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -115,7 +119,7 @@ impl UringEngine {
             op,
             done,
             retries: 0,
-            queued_at: Instant::now(),
+            queued_at: self.shared.timed.then(Instant::now),
         });
         drop(q);
         poke(self.shared.efd.as_raw_fd());
@@ -171,7 +175,7 @@ fn run(mut ring: IoUring, s: &Shared, fd: &Arc<OwnedFd>, depth: usize) {
             .completion()
             .map(|c| (c.user_data(), c.result()))
             .collect();
-        let reaped_at = Instant::now();
+        let reaped_at = s.timed.then(Instant::now);
         for (token, res) in cqes {
             if token == EVENTFD_TOKEN {
                 efd_armed = false;
@@ -180,7 +184,9 @@ fn run(mut ring: IoUring, s: &Shared, fd: &Arc<OwnedFd>, depth: usize) {
             let slot = usize::try_from(token).expect("token is a slot index");
             let inflight = slots[slot].take().expect("completion for an occupied slot");
             free.push(slot);
-            report_slow(s, &inflight, reaped_at);
+            if let Some(at) = reaped_at {
+                report_slow(s, &inflight, at);
+            }
             complete(s, inflight.pending, res);
         }
     }
@@ -208,7 +214,7 @@ fn fill(
         let (sqe, iov) = build_sqe(fd, &mut pending.op, slot as u64);
         slots[slot] = Some(InFlight {
             pending,
-            issued_at: Instant::now(),
+            issued_at: s.timed.then(Instant::now),
             in_flight_at_issue: slots.len() - free.len(),
             _iov: iov,
         });
@@ -226,8 +232,11 @@ fn fill(
 /// the ring thread reaped its completion, `reaped_at`), and how long behind the completions
 /// reaped with it.
 fn report_slow(s: &Shared, f: &InFlight, reaped_at: Instant) {
+    let (Some(queued_at), Some(issued_at)) = (f.pending.queued_at, f.issued_at) else {
+        return;
+    };
     let now = Instant::now();
-    let total = now - f.pending.queued_at;
+    let total = now - queued_at;
     if total < SLOW_OP {
         return;
     }
@@ -238,8 +247,8 @@ fn report_slow(s: &Shared, f: &InFlight, reaped_at: Instant) {
         offset = f.pending.op.offset(),
         len = f.pending.op.len(),
         total_ms = ms(total),
-        queued_ms = ms(f.issued_at - f.pending.queued_at),
-        kernel_ms = ms(reaped_at - f.issued_at),
+        queued_ms = ms(issued_at - queued_at),
+        kernel_ms = ms(reaped_at - issued_at),
         behind_completions_ms = ms(now - reaped_at),
         in_flight = f.in_flight_at_issue,
         "slow operation"
