@@ -108,6 +108,10 @@ int main(int argc, char **argv) {
     stop = 1;
     if (window > 0)
         for (int i = 0; i < qd; i++) pthread_join(t[i], NULL);
+    if (n == 0) {
+        fprintf(stderr, "no append completed in %s seconds\n", argv[3]);
+        return 1;
+    }
     qsort(lat, n, sizeof *lat, cmp);
     size_t over = 0;
     for (size_t i = 0; i < n; i++) over += lat[i] >= 50;

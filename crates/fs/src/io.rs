@@ -518,8 +518,9 @@ impl Fs {
 }
 
 /// An `fsync` slower than this logs where its time went (`STRIPEFS_LOG=stripefs::io=debug`);
-/// the commit inside it logs its own phases (`stripefs::journal`).
-const SLOW_SYNC: Duration = Duration::from_millis(50);
+/// the same bound as a commit's, so a slow `fsync` whose time was its commit finds that
+/// commit's phases logged too (`stripefs::journal`).
+const SLOW_SYNC: Duration = crate::journal::SLOW_COMMIT;
 
 /// Logs a slow `sync_file`: its check and writeback (from `t0` to `t_wb`), the metadata lock with
 /// the lazy times and the inode sweep (to `t_meta`), and the commit or data flush (to now).

@@ -743,7 +743,7 @@ impl Journal {
 }
 
 /// A commit slower than this logs where its time went (`STRIPEFS_LOG=debug`).
-const SLOW_COMMIT: Duration = Duration::from_millis(50);
+pub(crate) const SLOW_COMMIT: Duration = Duration::from_millis(50);
 
 /// The steps of a commit, timed for the slow-commit log.
 #[derive(Debug, Clone, Copy)]
