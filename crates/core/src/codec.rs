@@ -15,6 +15,14 @@ impl Enc {
     pub fn new() -> Self {
         Self::default()
     }
+    /// An empty encoder with room for `bytes` (an item's known size: no regrowth while
+    /// it is written).
+    #[must_use]
+    pub fn with_capacity(bytes: usize) -> Self {
+        Enc {
+            buf: Vec::with_capacity(bytes),
+        }
+    }
     pub fn u8(&mut self, v: u8) {
         self.buf.push(v);
     }

@@ -194,6 +194,9 @@ pub(crate) struct Journal {
     /// Serialises checkpoints (apply and write), with the mark of the last transaction
     /// applied to the trees.
     run: Mutex<JournalMark>,
+    /// What the applier remembers of the items between transactions
+    /// (`items::ApplyMemo`): taken only with `run` held, so by one applier at a time.
+    memo: Mutex<items::ApplyMemo>,
     /// The last transaction whose records the trees hold (read without a lock: an
     /// in-core inode changed by a later one cannot be evicted, `metaview.rs`).
     applied: Arc<AtomicU64>,
@@ -319,6 +322,7 @@ impl Journal {
                 kick: Condvar::new(),
             }),
             run: Mutex::new(mark),
+            memo: Mutex::default(),
             applied: Arc::new(AtomicU64::new(mark.seq.saturating_sub(1))),
             pace: Mutex::new(Pace::new()),
         }
@@ -635,6 +639,7 @@ impl Journal {
         let mut done = 0;
         let mut applied_any = false;
         let mut rest = Queue::More;
+        let mut memo = self.memo.lock();
         while applied.tail < tail && done < records {
             let next = {
                 let mut s = self.ctl.shared.lock();
@@ -647,7 +652,7 @@ impl Journal {
                 break;
             };
             // A whole transaction at once: the counter item is read and written once.
-            items::apply_records(&fs.store, &q.records)?;
+            items::apply_records_with(&fs.store, &q.records, &mut memo)?;
             done += q.records.len();
             applied_any = true;
             *applied = JournalMark {

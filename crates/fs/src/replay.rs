@@ -77,6 +77,9 @@ pub(crate) struct Replayer<'a> {
     keys: Vec<Key>,
     /// Distinct keys a window gathers before it is read ahead and applied.
     window_keys: usize,
+    /// What applying the records remembers from one to the next (`items::ApplyMemo`:
+    /// the replay is the trees' only applier while it runs).
+    memo: items::ApplyMemo,
 }
 
 type Broken = std::result::Result<(), String>;
@@ -122,6 +125,7 @@ impl<'a> Replayer<'a> {
             window: Vec::new(),
             keys: Vec::new(),
             window_keys: window_keys.max(1),
+            memo: items::ApplyMemo::default(),
         }
     }
 
@@ -269,7 +273,8 @@ impl<'a> Replayer<'a> {
                 self.partial.apply(rec).map_err(|e| named(e.to_string()))?;
             }
             self.after(rec, &mut t);
-            items::apply_record(self.store, rec).map_err(|e| named(e.to_string()))?;
+            items::apply_records_with(self.store, std::slice::from_ref(rec), &mut self.memo)
+                .map_err(|e| named(e.to_string()))?;
             self.records += 1;
             let held = u64::try_from(self.partial.inodes.len()).unwrap_or(u64::MAX);
             self.peak_inodes = self.peak_inodes.max(held);

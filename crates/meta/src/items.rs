@@ -23,6 +23,7 @@ use stripefs_core::btree::schema::{
     orphan_range, symlink_items, xattr_items, Counter, DirEntryItem, COOKIE_FIRST,
 };
 use stripefs_core::btree::{name_hash, Key, KeyKind, TreeId};
+use stripefs_core::idhash::IdMap;
 use stripefs_core::extent::{Extent, ExtentMap};
 use stripefs_core::inode::{
     DirEntry, FileKind, Inode, InodeAttrs, NAME_MAX, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX,
@@ -64,10 +65,57 @@ pub fn apply_record(store: &Store, rec: &Record) -> Result<(), MetaError> {
 /// # Errors
 /// As [`apply_record`], for the first record that fails.
 pub fn apply_records(store: &Store, recs: &[Record]) -> Result<(), MetaError> {
+    apply_records_with(store, recs, &mut ApplyMemo::default())
+}
+
+/// What an applier remembers of the items from one transaction to the next, so that a
+/// run of creates does not read its directory's inode and search for its highest cookie
+/// once per entry: the attributes of inodes records had to read (directories taking
+/// entries, files taking extents), and per directory the cookie of its next new entry.
+/// Valid only while every change of those items goes through the applier that owns it:
+/// one applier at a time, and one memo per applier (the journal keeps its applier's
+/// under its applying lock). Bounded: emptied when it passes [`ApplyMemo::BOUND`]
+/// inodes, or after a record fails.
+#[derive(Debug, Default)]
+pub struct ApplyMemo {
+    /// Inodes' attributes as the tree holds them (`None`: no such inode).
+    attrs: IdMap<Ino, Option<InodeAttrs>>,
+    /// The cookie a directory's next new entry takes (one above the last one given);
+    /// forgotten when the directory loses an entry, whose cookie may have been the
+    /// highest.
+    cookies: IdMap<Ino, u64>,
+}
+
+impl ApplyMemo {
+    /// Inodes remembered at most (about 1.5 MiB).
+    pub const BOUND: usize = 8192;
+
+    fn trim(&mut self) {
+        if self.attrs.len() > Self::BOUND || self.cookies.len() > Self::BOUND {
+            *self = Self::default();
+        }
+    }
+}
+
+/// [`apply_records`] with `memo`, what the caller's earlier calls remembered (see
+/// [`ApplyMemo`] for who may keep one across calls).
+///
+/// # Errors
+/// As [`apply_records`]; `memo` is emptied then.
+pub fn apply_records_with(
+    store: &Store,
+    recs: &[Record],
+    memo: &mut ApplyMemo,
+) -> Result<(), MetaError> {
     store.fold_pending()?;
-    let items = Items::new(store, name_hash);
+    let items = Items::new(store, name_hash, std::mem::take(memo));
     let res = recs.iter().try_for_each(|r| items.apply(r));
-    items.write_counter().and(res)
+    let res = items.write_counter().and(res);
+    if res.is_ok() {
+        *memo = items.memo.into_inner();
+        memo.trim();
+    }
+    res
 }
 
 /// The keys whose leaves applying `rec` ([`apply_records`]) and reading the inodes it
@@ -179,7 +227,7 @@ pub fn orphans(store: &Store) -> Result<Vec<Ino>, MetaError> {
 /// # Errors
 /// A page read's error; `Corrupted` if the item does not decode.
 pub fn counter(store: &Store) -> Result<Counter, MetaError> {
-    Items::new(store, name_hash).counter()
+    Items::new(store, name_hash, ApplyMemo::default()).counter()
 }
 
 /// Reads inode `ino` without its directory entries (`Inode::entries` left empty): the
@@ -211,7 +259,7 @@ pub fn lookup_entry(
     dir: Ino,
     name: &[u8],
 ) -> Result<Option<DirEntryItem>, MetaError> {
-    let i = Items::new(store, name_hash);
+    let i = Items::new(store, name_hash, ApplyMemo::default());
     Ok(i.find_entry(dir, i.hash(name), name)?.hit.map(|(_, e)| e))
 }
 
@@ -272,7 +320,7 @@ fn load_ranges(
         return Ok(None);
     }
     let mut l = Loader::new(store, hash);
-    l.next_ino = Items::new(store, hash).counter()?.next_ino;
+    l.next_ino = Items::new(store, hash, ApplyMemo::default()).counter()?.next_ino;
     if store.get(&orphan_key(ino))?.is_some() {
         l.orphans.insert(ino.0);
     }
@@ -333,14 +381,17 @@ struct Items<'a> {
     /// The counter item as the records applied so far leave it, and as the tree holds
     /// it (read once, written by [`Items::write_counter`]).
     counter: std::cell::Cell<Option<(Counter, Counter)>>,
+    /// What the applier remembers, kept up to date by every record applied.
+    memo: std::cell::RefCell<ApplyMemo>,
 }
 
 impl<'a> Items<'a> {
-    fn new(store: &'a Store, hash: NameHash) -> Self {
+    fn new(store: &'a Store, hash: NameHash, memo: ApplyMemo) -> Self {
         Items {
             store,
             hash,
             counter: std::cell::Cell::new(None),
+            memo: std::cell::RefCell::new(memo),
         }
     }
 
@@ -418,6 +469,20 @@ impl<'a> Items<'a> {
         if ino.0 == 0 {
             return Ok(None);
         }
+        if let Some(a) = self.memo.borrow().attrs.get(&ino) {
+            debug_assert_eq!(
+                a,
+                &self.read_attrs(ino)?,
+                "inode {ino}'s remembered attributes"
+            );
+            return Ok(a.clone());
+        }
+        let a = self.read_attrs(ino)?;
+        self.memo.borrow_mut().attrs.insert(ino, a.clone());
+        Ok(a)
+    }
+
+    fn read_attrs(&self, ino: Ino) -> Result<Option<InodeAttrs>, MetaError> {
         let key = inode_key(ino);
         match self.store.get(&key)? {
             Some(v) => Ok(Some(decode_inode(&key, &v)?)),
@@ -497,6 +562,10 @@ impl<'a> Items<'a> {
                 return Err(e);
             }
         };
+        // Only inodes records read are remembered: a new file's own record is no reason.
+        if let Some(m) = self.memo.borrow_mut().attrs.get_mut(&a.ino) {
+            *m = Some(a.clone());
+        }
         let was = self.counter()?;
         let mut c = was;
         c.next_ino = c.next_ino.max(a.ino.0 + 1);
@@ -544,6 +613,11 @@ impl<'a> Items<'a> {
             .checked_sub(1)
             .ok_or_else(|| bad(format!("free of inode {ino} with no inodes counted")))?;
         self.set_counter(c)?;
+        {
+            let mut memo = self.memo.borrow_mut();
+            memo.attrs.remove(&ino);
+            memo.cookies.remove(&ino);
+        }
         self.store.remove(&orphan_key(ino))?;
         let from = Key {
             object: ino.0,
@@ -681,8 +755,21 @@ impl<'a> Items<'a> {
         Ok(found)
     }
 
-    /// One above the highest cookie of `dir`, at least [`COOKIE_FIRST`].
+    /// One above the highest cookie of `dir`, at least [`COOKIE_FIRST`]: remembered from
+    /// this call's last `DirAdd` in `dir`, or else searched for.
     fn next_cookie(&self, dir: Ino) -> Result<u64, MetaError> {
+        if let Some(&c) = self.memo.borrow().cookies.get(&dir) {
+            debug_assert_eq!(
+                c,
+                self.search_next_cookie(dir)?,
+                "directory {dir}'s remembered next cookie"
+            );
+            return Ok(c);
+        }
+        self.search_next_cookie(dir)
+    }
+
+    fn search_next_cookie(&self, dir: Ino) -> Result<u64, MetaError> {
         let Some((k, _)) = self.store.floor(&dir_cookie_key(dir, u64::MAX))? else {
             return Ok(COOKIE_FIRST);
         };
@@ -718,9 +805,9 @@ impl<'a> Items<'a> {
         let Found { hit, taken } = self.find_entry(dir, hash, name)?;
         // A replaced entry keeps its cookie: a readdir in progress neither sees the
         // name twice nor misses it (decisions.md).
-        let (collision, cookie) = match hit {
-            Some((c, old)) => (c, old.cookie),
-            None => (free_collision(taken)?, self.next_cookie(dir)?),
+        let (collision, cookie, fresh) = match hit {
+            Some((c, old)) => (c, old.cookie, false),
+            None => (free_collision(taken)?, self.next_cookie(dir)?, true),
         };
         let item = DirEntryItem {
             ino,
@@ -730,6 +817,14 @@ impl<'a> Items<'a> {
         };
         for (k, v) in dir_entry_items(dir, hash, collision, &item) {
             self.store.insert(k, &v)?;
+        }
+        if fresh {
+            // At the last cookie nothing is remembered: the next search meets the limit.
+            let cookies = &mut self.memo.borrow_mut().cookies;
+            match cookie.checked_add(1) {
+                Some(n) => cookies.insert(dir, n),
+                None => cookies.remove(&dir),
+            };
         }
         Ok(())
     }
@@ -743,6 +838,7 @@ impl<'a> Items<'a> {
                 String::from_utf8_lossy(name)
             )));
         };
+        self.memo.borrow_mut().cookies.remove(&dir);
         self.store.remove(&dir_entry_key(dir, hash, collision))?;
         self.store.remove(&dir_cookie_key(dir, e.cookie))?;
         Ok(())

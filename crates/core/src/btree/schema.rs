@@ -56,7 +56,8 @@ pub fn orphan_range() -> (Key, Option<Key>) {
 /// record carries them.
 #[must_use]
 pub fn encode_inode(a: &InodeAttrs) -> Vec<u8> {
-    let mut v = Enc::new();
+    // 112 bytes today; a little room should the attributes grow.
+    let mut v = Enc::with_capacity(128);
     v.u8(INODE_VALUE_V1);
     enc_attrs(&mut v, a);
     v.buf
@@ -162,12 +163,12 @@ pub fn dir_entry_items(
     e: &DirEntryItem,
 ) -> [(Key, Vec<u8>); 2] {
     debug_assert!(!e.name.is_empty() && e.name.len() <= NAME_MAX);
-    let mut by_name = Enc::new();
+    let mut by_name = Enc::with_capacity(17 + e.name.len());
     by_name.u64(e.ino.0);
     by_name.u8(e.kind.code());
     by_name.u64(e.cookie);
     by_name.bytes(&e.name);
-    let mut by_cookie = Enc::new();
+    let mut by_cookie = Enc::with_capacity(25 + e.name.len());
     by_cookie.u64(hash);
     by_cookie.u64(collision);
     by_cookie.u64(e.ino.0);

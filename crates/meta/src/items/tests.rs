@@ -86,7 +86,7 @@ fn at(s: &Store, c: u64) -> Option<Vec<u8>> {
 #[test]
 fn colliding_names_get_indices_0_and_1_and_survive_each_others_removal() {
     let s = store();
-    let items = Items::new(&s, same_hash);
+    let items = Items::new(&s, same_hash, ApplyMemo::default());
     let mut state = MetaState::new();
     let mut run = |r: Record| {
         items.apply(&r).unwrap();
