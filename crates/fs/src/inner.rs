@@ -668,7 +668,8 @@ impl FsInner {
     }
 
     /// The entry `name` of directory `dir` (`MetaView::entry`), with the trees' items
-    /// read without the metadata lock when the overlay does not hold the name: `m` is the
+    /// read without the metadata lock when neither the overlay nor a kept answer
+    /// (`MetaView::known_entry`) has the name: `m` is the
     /// lock, dropped for the read and returned taken again. The read is kept if no change
     /// of the directory left the overlay meanwhile and the overlay still does not hold the
     /// name (then no record changed it while it was read); if the overlay took the name
@@ -683,7 +684,7 @@ impl FsInner {
         name: &[u8],
     ) -> Result<(MetaGuard<'a>, Option<Placed>)> {
         for _ in 0..MISS_RETRIES {
-            if let Some(now) = m.state.overlay_entry(dir, name) {
+            if let Some(now) = m.state.known_entry(dir, name) {
                 return Ok((m, now));
             }
             let t = m.state.dir_ticket(dir);
@@ -698,6 +699,7 @@ impl FsInner {
                 return Ok((m, now));
             }
             let e = read?.as_ref().map(Placed::of);
+            m.state.keep_entry(t, name, e);
             return Ok((m, e));
         }
         let e = m.state.entry(dir, name)?;

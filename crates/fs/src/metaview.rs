@@ -103,6 +103,65 @@ fn drop_bucket(dir: Ino) -> usize {
     (dir.0 % DROP_BUCKETS as u64) as usize
 }
 
+/// Slots of [`LookedUp`].
+const LOOKED_SLOTS: usize = 64;
+
+/// The trees' answers to the last entry lookups of names the overlay did not hold, a
+/// few slots by (directory, name): a create looks its name up, and its `DirAdd` asks
+/// again under the same lock hold (the cookie of a replaced entry stays), and through the
+/// mount a negative `LOOKUP` precedes each `CREATE`. Each answer is kept with its
+/// directory's bucket epoch ([`DirOverlay::drops`]) as it was when the answer was known
+/// current, and is used only while that epoch is unchanged and the overlay still does not
+/// hold the name: then no record changed the name since (one logged meanwhile would be in
+/// the overlay until it left, and leaving bumps the epoch), so the trees still answer the
+/// same. A slot another name takes is only a miss.
+#[derive(Debug)]
+struct LookedUp {
+    slots: std::cell::RefCell<Vec<Option<Looked>>>,
+}
+
+#[derive(Debug)]
+struct Looked {
+    dir: Ino,
+    name: Box<[u8]>,
+    found: Option<Placed>,
+    epoch: u64,
+}
+
+impl Default for LookedUp {
+    fn default() -> Self {
+        Self {
+            slots: std::cell::RefCell::new((0..LOOKED_SLOTS).map(|_| None).collect()),
+        }
+    }
+}
+
+fn looked_slot(dir: Ino, name: &[u8]) -> usize {
+    use std::hash::Hasher;
+    let mut h = stripefs_core::idhash::IdHasher::default();
+    h.write_u64(dir.0);
+    h.write(name);
+    (h.finish() % LOOKED_SLOTS as u64) as usize
+}
+
+impl LookedUp {
+    /// The kept answer for `name` in `dir`, if its epoch is still `epoch`.
+    fn get(&self, dir: Ino, name: &[u8], epoch: u64) -> Option<Option<Placed>> {
+        let slots = self.slots.borrow();
+        let l = slots[looked_slot(dir, name)].as_ref()?;
+        (l.dir == dir && l.epoch == epoch && *l.name == *name).then_some(l.found)
+    }
+
+    fn put(&self, dir: Ino, name: &[u8], found: Option<Placed>, epoch: u64) {
+        self.slots.borrow_mut()[looked_slot(dir, name)] = Some(Looked {
+            dir,
+            name: name.into(),
+            found,
+            epoch,
+        });
+    }
+}
+
 impl DirOverlay {
     fn names(&self, dir: Ino) -> Option<&HashMap<Vec<u8>, NameChange>> {
         self.dirs.get(&dir)
@@ -180,6 +239,8 @@ pub(crate) struct MetaView {
     /// cookie each time; forgotten when an entry of the directory is removed (the
     /// highest may go) and when the directory leaves core (bounded with the inodes).
     next_cookies: IdMap<Ino, DirCookie>,
+    /// The trees' last answers for names the overlay does not hold ([`LookedUp`]).
+    looked: LookedUp,
 }
 
 /// A miss to be read from the trees without the metadata lock: the inode and the view's
@@ -268,6 +329,7 @@ impl MetaView {
             stale_reads: 0,
             overlay: DirOverlay::default(),
             next_cookies: IdMap::default(),
+            looked: LookedUp::default(),
         }
     }
 
@@ -587,8 +649,48 @@ impl MetaView {
         if let Some(now) = self.overlay_entry(dir, name) {
             return Ok(now);
         }
+        let epoch = self.overlay.drops[drop_bucket(dir)];
+        if let Some(found) = self.looked.get(dir, name, epoch) {
+            if cfg!(debug_assertions) {
+                // A read error here is the trees' to report elsewhere.
+                if let Ok(tree) = items::lookup_entry(&self.store, dir, name) {
+                    assert_eq!(
+                        found,
+                        tree.as_ref().map(Placed::of),
+                        "directory {dir}'s kept answer for {:?}",
+                        String::from_utf8_lossy(name)
+                    );
+                }
+            }
+            return Ok(found);
+        }
         let e = items::lookup_entry(&self.store, dir, name).map_err(FsError::from)?;
-        Ok(e.as_ref().map(Placed::of))
+        let found = e.as_ref().map(Placed::of);
+        self.looked.put(dir, name, found, epoch);
+        Ok(found)
+    }
+
+    /// What is known of entry `name` in `dir` without reading the trees: the overlay's
+    /// change of it, or a kept tree answer still valid ([`LookedUp`]); `None` if neither.
+    pub fn known_entry(&self, dir: Ino, name: &[u8]) -> Option<Option<Placed>> {
+        self.overlay_entry(dir, name).or_else(|| {
+            self.looked
+                .get(dir, name, self.overlay.drops[drop_bucket(dir)])
+        })
+    }
+
+    /// Whether the cookie of `dir`'s next new entry is remembered (a `DirAdd` in it then
+    /// searches no tree page).
+    pub fn remembers_next_cookie(&self, dir: Ino) -> bool {
+        self.next_cookies.contains_key(&dir)
+    }
+
+    /// Keeps `found`, the trees' answer for `name` in `dir` read without the lock under
+    /// ticket `t` (checked valid, the overlay not holding the name), for the next lookup
+    /// of it ([`LookedUp`]).
+    pub fn keep_entry(&self, t: EntriesTicket, name: &[u8], found: Option<Placed>) {
+        debug_assert!(self.dir_ticket_valid(t) && self.overlay_entry(t.dir, name).is_none());
+        self.looked.put(t.dir, name, found, t.epoch);
     }
 
     /// The overlay's change of `name` in `dir`, if it holds one (`Some(None)`: removed).

@@ -69,6 +69,13 @@ fn entry(m: &MetaCore, parent: Ino, name: &[u8]) -> Result<stripefs_core::inode:
     Ok(e.entry)
 }
 
+/// Directory `ino` if it is one in core (what [`dir`] would answer without reading).
+fn dir_of(m: &MetaCore, ino: Ino) -> Option<&Inode> {
+    m.state
+        .resident(ino)
+        .filter(|d| d.attrs.kind == FileKind::Directory)
+}
+
 fn dir(m: &MetaCore, ino: Ino) -> Result<&Inode> {
     let d = inode(m, ino)?;
     if d.attrs.kind != FileKind::Directory {
@@ -353,8 +360,7 @@ impl Fs {
         let _change = self.begin_change()?;
         self.admit_metadata_growth()?;
         let name = check_name(name)?;
-        let _ahead = self.read_ahead_entries(&[(parent, name)]);
-        let mut m = self.inner.meta.lock();
+        let (mut m, _ahead) = self.lock_for_new_entry(parent, name)?;
         live_dir(&m, parent)?;
         if m.state.entry(parent, name)?.is_some() {
             return Err(FsError::Exists);
@@ -444,6 +450,38 @@ impl Fs {
             })
             .collect();
         store.prefetch(&keys).ok()
+    }
+
+    /// The metadata lock for adding entry `name` to `dir`, with what the change reads in
+    /// core or read without the lock first: the directory's inode (`FsInner::meta_with`),
+    /// the name's entry (`FsInner::dir_entry`: through the mount, the kernel's negative
+    /// `LOOKUP` just before a `CREATE` left its answer kept, and nothing is read), and,
+    /// unless its next cookie is remembered, the pages of the directory's highest cookie
+    /// (read ahead and held by the returned guard). So a run of creates takes the lock
+    /// once or twice per create and reads no page under it; the caller checks the
+    /// directory and the name again under the lock it gets.
+    ///
+    /// # Errors
+    /// A read error the tickets show is not a torn read (the trees' own).
+    fn lock_for_new_entry<'a>(
+        &'a self,
+        dir: Ino,
+        name: &[u8],
+    ) -> Result<(
+        crate::inner::MetaGuard<'a>,
+        Option<stripefs_meta::Prefetched<'a>>,
+    )> {
+        let m = self.inner.meta_with(&[dir])?;
+        if dir_of(&m, dir).is_none() {
+            return Ok((m, None));
+        }
+        let (m, _) = self.inner.dir_entry(m, dir, name)?;
+        if m.state.remembers_next_cookie(dir) {
+            return Ok((m, None));
+        }
+        drop(m);
+        let ahead = self.read_ahead_entries(&[(dir, name)]);
+        Ok((self.inner.meta.lock(), ahead))
     }
 
     /// Reads ahead the inodes `inos` (as [`Self::read_ahead_entries`]).
