@@ -229,6 +229,9 @@ pub(crate) struct MetaReport {
     pub enospc: Option<String>,
     pub steps: Vec<Step>,
     pub create_per_sec: f64,
+    /// The process's CPU time (user and system, every thread: the creating threads and
+    /// the checkpointer applying their records) per file created, in microseconds.
+    pub create_cpu_us: f64,
     pub fsync: Quantiles,
     pub stat_per_sec: f64,
     pub readdir_entries_per_sec: f64,
@@ -250,6 +253,18 @@ pub(crate) struct MetaReport {
 }
 
 /// `VmRSS` and `VmHWM` of this process, in bytes (0 when unreadable).
+/// The process's CPU time so far (user and system, every thread), in seconds.
+pub(crate) fn cpu_secs() -> f64 {
+    // SAFETY: `getrusage` only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a `rusage` owned by this frame.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
 pub(crate) fn memory() -> (u64, u64) {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
@@ -567,14 +582,18 @@ fn create_phase(
     let mut created = 0u64;
     let mut rng = Rng::new(11);
     let mut create_secs = 0.0;
+    let mut create_cpu = 0.0;
     let ckpt_start = fs.status().ckpt_bytes_written;
     for k in 1..=p.steps {
         let range = p.files * (k - 1) / p.steps..p.files * k / p.steps;
         let before = fs.status();
         let t = Instant::now();
+        let cpu = cpu_secs();
         let done = on_threads(p.threads, |th| work.worker(th, range.clone(), &files))?;
         let secs = t.elapsed().as_secs_f64();
+        let cpu = cpu_secs() - cpu;
         create_secs += secs;
+        create_cpu += cpu;
         let made: u64 = done.iter().map(|c| c.files).sum();
         created += made;
         let mut lat = Vec::new();
@@ -603,9 +622,10 @@ fn create_phase(
         let st = &r.steps[r.steps.len() - 1];
         // Progress on stderr: long runs show where they are.
         eprintln!(
-            "meta: {} files, {:.0} creates/s, fsync max {} ms, VmRSS {} MiB",
+            "meta: {} files, {:.0} creates/s, {:.1} us CPU per create, fsync max {} ms, VmRSS {} MiB",
             st.files,
             st.create_per_sec,
+            cpu * 1e6 / made.max(1) as f64,
             q_ms(&st.fsync, st.fsync.max),
             mib(st.vm_rss)
         );
@@ -616,6 +636,7 @@ fn create_phase(
     let all = fs.status();
     r.files_created = created;
     r.create_per_sec = created as f64 / create_secs;
+    r.create_cpu_us = create_cpu * 1e6 / created.max(1) as f64;
     r.ckpt_bytes_per_file = (all.ckpt_bytes_written - ckpt_start) as f64 / created.max(1) as f64;
     let lat: Vec<f64> = r.fsyncs.iter().map(|f| f.1).collect();
     r.fsync = Quantiles::of(&lat);
@@ -1007,9 +1028,10 @@ pub(crate) fn table(r: &MetaReport) -> String {
     };
     let _ = writeln!(
         s,
-        "at {} files: creates/s {:.0}, fsync p50/p99/max {}/{}/{} ms, stat/s {:.0}{}, readdir entries/s {:.0}, unlink/s {:.0}{}, checkpoint bytes per file created {:.0}",
+        "at {} files: creates/s {:.0} ({:.1} us CPU per create), fsync p50/p99/max {}/{}/{} ms, stat/s {:.0}{}, readdir entries/s {:.0}, unlink/s {:.0}{}, checkpoint bytes per file created {:.0}",
         r.files_created,
         r.create_per_sec,
+        r.create_cpu_us,
         ms(r.fsync.p50),
         ms(r.fsync.p99),
         ms(r.fsync.max),
@@ -1157,7 +1179,7 @@ pub(crate) fn to_json(r: &MetaReport) -> String {
         .map(|(n, v)| format!("[{n},{}]", json_f(*v)))
         .collect();
     format!(
-        "{{\"workload\":\"meta\",\"files\":{},\"dirs\":{},\"threads\":{},\"file_size\":{},\"targets\":{},\"target_size\":{},\"files_created\":{},\"final_files\":{},\"enospc\":{},\"create_per_sec\":{},\"fsync\":{},\"stat_per_sec\":{},\"readdir_entries_per_sec\":{},\"unlink_per_sec\":{},\"mount_clean\":{},\"mount_crash\":{},\"ckpt_bytes_per_file\":{},\"vm_hwm_bytes\":{},\"tree_levels\":[{}],\"tree_pages\":{},\"phases\":[{}],\"steps\":[{}],\"fsyncs\":[{}]}}",
+        "{{\"workload\":\"meta\",\"files\":{},\"dirs\":{},\"threads\":{},\"file_size\":{},\"targets\":{},\"target_size\":{},\"files_created\":{},\"final_files\":{},\"enospc\":{},\"create_per_sec\":{},\"create_cpu_us\":{},\"fsync\":{},\"stat_per_sec\":{},\"readdir_entries_per_sec\":{},\"unlink_per_sec\":{},\"mount_clean\":{},\"mount_crash\":{},\"ckpt_bytes_per_file\":{},\"vm_hwm_bytes\":{},\"tree_levels\":[{}],\"tree_pages\":{},\"phases\":[{}],\"steps\":[{}],\"fsyncs\":[{}]}}",
         r.params_files,
         r.dirs,
         r.threads,
@@ -1168,6 +1190,7 @@ pub(crate) fn to_json(r: &MetaReport) -> String {
         r.final_files,
         r.enospc.as_deref().map_or_else(|| "null".into(), json_str),
         json_f(r.create_per_sec),
+        json_f(r.create_cpu_us),
         json_q(&r.fsync),
         json_f(r.stat_per_sec),
         json_f(r.readdir_entries_per_sec),
@@ -1225,6 +1248,7 @@ mod tests {
                 vm_rss: 6,
             }],
             create_per_sec: 1000.0,
+            create_cpu_us: 19.5,
             fsync: q,
             stat_per_sec: 7.0,
             readdir_entries_per_sec: 8.0,
@@ -1265,7 +1289,7 @@ mod tests {
             j,
             "{\"workload\":\"meta\",\"files\":2000,\"dirs\":10,\"threads\":2,\"file_size\":0,\
              \"targets\":4,\"target_size\":1073741824,\"files_created\":1500,\"final_files\":1500,\
-             \"enospc\":\"file 1500: \\\"full\\\"\",\"create_per_sec\":1000.000000,\
+             \"enospc\":\"file 1500: \\\"full\\\"\",\"create_per_sec\":1000.000000,\"create_cpu_us\":19.500000,\
              \"fsync\":{\"count\":2,\"p50_s\":0.001000,\"p99_s\":0.002000,\"max_s\":0.003000},\
              \"stat_per_sec\":7.000000,\"readdir_entries_per_sec\":8.000000,\"unlink_per_sec\":null,\
              \"mount_clean\":{\"secs\":0.500000,\"replayed_txns\":0,\"journal_fill\":0.000000},\
