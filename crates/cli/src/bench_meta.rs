@@ -252,7 +252,6 @@ pub(crate) struct MetaReport {
     pub fsyncs: Vec<(u64, f64)>,
 }
 
-/// `VmRSS` and `VmHWM` of this process, in bytes (0 when unreadable).
 /// The process's CPU time so far (user and system, every thread), in seconds.
 pub(crate) fn cpu_secs() -> f64 {
     // SAFETY: `getrusage` only writes the struct it is given.
@@ -265,6 +264,7 @@ pub(crate) fn cpu_secs() -> f64 {
     secs(u.ru_utime) + secs(u.ru_stime)
 }
 
+/// `VmRSS` and `VmHWM` of this process, in bytes (0 when unreadable).
 pub(crate) fn memory() -> (u64, u64) {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {

@@ -17,7 +17,8 @@
 //! when pacing says the journal would be full within two recent checkpoint writes at the
 //! recent append rate ([`Pace`]), when the queue holds enough records to apply, or on
 //! request: they take the queued transactions (in journal order), apply their records to
-//! the metadata trees (`stripefs_meta::items::apply_records`), and when the journal is
+//! the metadata trees (`stripefs_meta::items::apply_records_with`, remembering what
+//! the next transactions read: `ApplyMemo`), and when the journal is
 //! half full, pacing says so, the trees' dirty pages pass half the cache budget or half
 //! the metadata reserve, or a caller asks,
 //! write the dirty pages and the root record naming the journal position of the last

@@ -118,6 +118,8 @@ const LOOKED_SLOTS: usize = 64;
 #[derive(Debug)]
 struct LookedUp {
     slots: std::cell::RefCell<Vec<Option<Looked>>>,
+    /// Names are the callers' (seeded, as every map keyed by names).
+    hasher: std::collections::hash_map::RandomState,
 }
 
 #[derive(Debug)]
@@ -132,28 +134,27 @@ impl Default for LookedUp {
     fn default() -> Self {
         Self {
             slots: std::cell::RefCell::new((0..LOOKED_SLOTS).map(|_| None).collect()),
+            hasher: std::collections::hash_map::RandomState::new(),
         }
     }
 }
 
-fn looked_slot(dir: Ino, name: &[u8]) -> usize {
-    use std::hash::Hasher;
-    let mut h = stripefs_core::idhash::IdHasher::default();
-    h.write_u64(dir.0);
-    h.write(name);
-    (h.finish() % LOOKED_SLOTS as u64) as usize
-}
-
 impl LookedUp {
+    fn slot(&self, dir: Ino, name: &[u8]) -> usize {
+        use std::hash::BuildHasher;
+        (self.hasher.hash_one((dir.0, name)) % LOOKED_SLOTS as u64) as usize
+    }
+
     /// The kept answer for `name` in `dir`, if its epoch is still `epoch`.
     fn get(&self, dir: Ino, name: &[u8], epoch: u64) -> Option<Option<Placed>> {
         let slots = self.slots.borrow();
-        let l = slots[looked_slot(dir, name)].as_ref()?;
+        let l = slots[self.slot(dir, name)].as_ref()?;
         (l.dir == dir && l.epoch == epoch && *l.name == *name).then_some(l.found)
     }
 
     fn put(&self, dir: Ino, name: &[u8], found: Option<Placed>, epoch: u64) {
-        self.slots.borrow_mut()[looked_slot(dir, name)] = Some(Looked {
+        let at = self.slot(dir, name);
+        self.slots.borrow_mut()[at] = Some(Looked {
             dir,
             name: name.into(),
             found,

@@ -69,13 +69,6 @@ fn entry(m: &MetaCore, parent: Ino, name: &[u8]) -> Result<stripefs_core::inode:
     Ok(e.entry)
 }
 
-/// Directory `ino` if it is one in core (what [`dir`] would answer without reading).
-fn dir_of(m: &MetaCore, ino: Ino) -> Option<&Inode> {
-    m.state
-        .resident(ino)
-        .filter(|d| d.attrs.kind == FileKind::Directory)
-}
-
 fn dir(m: &MetaCore, ino: Ino) -> Result<&Inode> {
     let d = inode(m, ino)?;
     if d.attrs.kind != FileKind::Directory {
@@ -472,13 +465,20 @@ impl Fs {
         Option<stripefs_meta::Prefetched<'a>>,
     )> {
         let m = self.inner.meta_with(&[dir])?;
-        if dir_of(&m, dir).is_none() {
-            return Ok((m, None));
-        }
-        let (m, _) = self.inner.dir_entry(m, dir, name)?;
-        if m.state.remembers_next_cookie(dir) {
-            return Ok((m, None));
-        }
+        let m = match m.state.resident(dir) {
+            // Not a directory: the caller's check fails at once.
+            Some(d) if d.attrs.kind != FileKind::Directory => return Ok((m, None)),
+            Some(_) => {
+                let (m, e) = self.inner.dir_entry(m, dir, name)?;
+                // The name exists (the caller fails), or nothing is left to read.
+                if e.is_some() || m.state.remembers_next_cookie(dir) {
+                    return Ok((m, None));
+                }
+                m
+            }
+            // Still not in core after `meta_with`'s retries: read everything ahead.
+            None => m,
+        };
         drop(m);
         let ahead = self.read_ahead_entries(&[(dir, name)]);
         Ok((self.inner.meta.lock(), ahead))

@@ -22,7 +22,7 @@ use stripefs_core::layout::StripeLayout;
 use stripefs_core::meta::MetaState;
 use stripefs_core::record::Record;
 use stripefs_core::{Ino, TargetId};
-use stripefs_meta::items::{apply_records, load_state};
+use stripefs_meta::items::{apply_records_with, load_state, ApplyMemo};
 use stripefs_meta::region::RegionAlloc;
 use stripefs_meta::Store;
 use stripefs_target::{Rng, SimTarget, Target};
@@ -53,6 +53,8 @@ struct Run {
     /// Size of the next batch, from its own generator (the records do not depend on it).
     batch: usize,
     batch_rng: Rng,
+    /// What the applier remembers between calls (`ApplyMemo`).
+    memo: ApplyMemo,
 }
 
 fn alloc() -> Arc<RegionAlloc> {
@@ -121,6 +123,7 @@ impl Run {
             pending: Vec::new(),
             batch: 1,
             batch_rng: Rng::new(seed ^ 0x0ba7_c4e5),
+            memo: ApplyMemo::default(),
         };
         let root = attrs(Ino::ROOT, FileKind::Directory, &mut r.rng);
         r.apply(Record::InodeSet(root));
@@ -150,7 +153,10 @@ impl Run {
     /// Applies the pending records to the store in one call.
     fn flush(&mut self) {
         let recs = std::mem::take(&mut self.pending);
-        if let Err(e) = apply_records(&self.store, &recs) {
+        // One memo for the whole run, as the journal's applier keeps one (debug builds
+        // check every remembered value against the trees), across reopens too: the
+        // reopened trees hold what was applied.
+        if let Err(e) = apply_records_with(&self.store, &recs, &mut self.memo) {
             let first = self.applied - recs.len();
             panic!(
                 "seed {} records {first}..{}: {recs:?}: {e}",
