@@ -74,8 +74,9 @@ pub fn apply_records(store: &Store, recs: &[Record]) -> Result<(), MetaError> {
 /// entries, files taking extents), and per directory the cookie of its next new entry.
 /// Valid only while every change of those items goes through the applier that owns it:
 /// one applier at a time, and one memo per applier (the journal keeps its applier's
-/// under its applying lock). Bounded: emptied when it passes [`ApplyMemo::BOUND`]
-/// inodes, or after a record fails.
+/// under its applying lock). Bounded: past [`ApplyMemo::BOUND`] inodes it keeps only
+/// the directories (emptied if they alone pass it), and it is emptied after a record
+/// fails.
 #[derive(Debug, Default)]
 pub struct ApplyMemo {
     /// Inodes' attributes as the tree holds them (`None`: no such inode).
