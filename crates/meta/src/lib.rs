@@ -130,6 +130,11 @@ pub struct Store {
     targets: TargetSet,
     alloc: Arc<dyn PageAlloc>,
     trees: Vec<RwLock<Tree>>,
+    /// Per tree (as `trees`), its page counts as its last change under the write lock
+    /// left them: what [`Store::pinned`] and the page log's sizing read on every
+    /// admission check and page fill, without taking the tree locks the applier's
+    /// inserts hold (a profile of creates found the creating threads spinning on them).
+    counts: Vec<TreeCounts>,
     cache: PageCache,
     /// Serialises checkpoints.
     checkpoint: Mutex<()>,
@@ -143,6 +148,34 @@ pub struct Store {
     /// of reading it again.
     ahead: Mutex<IdMap<PageAddr, AheadPage>>,
     poisoned: AtomicBool,
+}
+
+/// One tree's page counts, kept by whoever changes the tree under its write lock.
+#[derive(Debug)]
+struct TreeCounts {
+    /// Dirty and frozen pages.
+    pinned: std::sync::atomic::AtomicUsize,
+    /// Dirty and superseded pages.
+    changed: std::sync::atomic::AtomicUsize,
+}
+
+impl TreeCounts {
+    fn of(t: &Tree) -> Self {
+        let c = TreeCounts {
+            pinned: std::sync::atomic::AtomicUsize::new(0),
+            changed: std::sync::atomic::AtomicUsize::new(0),
+        };
+        c.note(t);
+        c
+    }
+
+    /// Records `t`'s counts (call holding its write lock, after a change).
+    fn note(&self, t: &Tree) {
+        self.pinned
+            .store(t.dirty_count() + t.frozen_count(), Ordering::Release);
+        self.changed
+            .store(t.dirty_count() + t.superseded_count(), Ordering::Release);
+    }
 }
 
 /// A page read ahead, and how many live [`Prefetched`] hold it.
@@ -280,6 +313,7 @@ impl Store {
             cfg,
             targets,
             alloc,
+            counts: trees.iter().map(|t| TreeCounts::of(&t.read())).collect(),
             trees,
             checkpoint: Mutex::new(()),
             mark: Mutex::new(mark),
@@ -420,10 +454,14 @@ impl Store {
     }
 
     fn tree(&self, t: TreeId) -> &RwLock<Tree> {
-        &self.trees[TreeId::ALL
+        &self.trees[Self::tree_index(t)]
+    }
+
+    fn tree_index(t: TreeId) -> usize {
+        TreeId::ALL
             .iter()
             .position(|x| *x == t)
-            .expect("every tree")]
+            .expect("every tree")
     }
 
     fn live(&self) -> Result<(), MetaError> {
@@ -434,8 +472,8 @@ impl Store {
     }
 
     /// Bytes of pages pinned in memory (dirty and frozen): what the next checkpoint
-    /// will write, plus what a running one is writing. Takes each tree's read lock for a
-    /// moment.
+    /// will write, plus what a running one is writing. Takes no lock (the counts the
+    /// trees' writers keep, `TreeCounts`).
     #[must_use]
     pub fn dirty_bytes(&self) -> usize {
         self.pinned()
@@ -464,14 +502,20 @@ impl Store {
 
     fn pinned(&self) -> usize {
         let pages: usize = self
-            .trees
+            .counts
             .iter()
-            .map(|t| {
-                let t = t.read();
-                t.dirty_count() + t.frozen_count()
-            })
+            .map(|c| c.pinned.load(Ordering::Acquire))
             .sum();
         pages * self.cfg.page_size.bytes()
+    }
+
+    /// Pages the open generations changed so far: dirty, or superseded (their page logs
+    /// free them), over every tree.
+    fn changed_pages(&self) -> usize {
+        self.counts
+            .iter()
+            .map(|c| c.changed.load(Ordering::Acquire))
+            .sum()
     }
 
     /// The target a page address (read from disk) names, or `Corrupted`.
@@ -620,9 +664,15 @@ impl Store {
         mut op: impl FnMut(&mut Tree, &Held<'_>) -> Result<T, Miss>,
     ) -> Result<T, MetaError> {
         let mut held = Held::new(&self.cache);
+        let i = Self::tree_index(t);
         loop {
             self.live()?;
-            let r = op(&mut self.tree(t).write(), &held);
+            let r = {
+                let mut tree = self.trees[i].write();
+                let r = op(&mut tree, &held);
+                self.counts[i].note(&tree);
+                r
+            };
             match r {
                 Ok(v) => return Ok(v),
                 Err(m) => held.take(self, m)?,
@@ -796,7 +846,14 @@ impl Store {
             }
         };
         // Freeze: each tree's lock for a moment; nothing is copied.
-        let frozen: Vec<_> = self.trees.iter().map(|t| t.write().freeze()).collect();
+        let frozen: Vec<_> = (self.trees.iter().zip(&self.counts))
+            .map(|(t, c)| {
+                let mut t = t.write();
+                let f = t.freeze();
+                c.note(&t);
+                f
+            })
+            .collect();
         let generation = frozen[0].generation;
         let result = self.fit_pages(&frozen, &mut addrs).and_then(|()| {
             let log = self.log_of(&frozen, &addrs, &mut log_addrs)?;
@@ -812,8 +869,13 @@ impl Store {
         };
         *self.mark.lock() = mark;
         // Publish: each tree's lock for a moment.
-        for (t, plan) in self.trees.iter().zip(&plans) {
-            let out = t.write().publish(plan);
+        for ((t, c), plan) in self.trees.iter().zip(&self.counts).zip(&plans) {
+            let out = {
+                let mut t = t.write();
+                let out = t.publish(plan);
+                c.note(&t);
+                out
+            };
             for a in &out.freed {
                 self.cache.remove(*a);
             }

@@ -99,14 +99,7 @@ impl Store {
         if self.cfg.space == SpaceBooks::Off {
             return 0;
         }
-        let changes: usize = self
-            .trees
-            .iter()
-            .map(|t| {
-                let t = t.read();
-                t.dirty_count() + t.superseded_count()
-            })
-            .sum();
+        let changes = self.changed_pages();
         let (blocks, members) = {
             let d = self.log.lock();
             (d.blocks.len(), d.pages.len())
