@@ -252,13 +252,14 @@ pub(crate) struct MetaReport {
     pub fsyncs: Vec<(u64, f64)>,
 }
 
-/// The process's CPU time so far (user and system, every thread), in seconds.
+/// The process's CPU time so far (user and system, every thread), in seconds; NaN if it
+/// cannot be read (reported as such, never as a zero cost).
 pub(crate) fn cpu_secs() -> f64 {
     // SAFETY: `getrusage` only writes the struct it is given.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: a valid pointer to a `rusage` owned by this frame.
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return 0.0;
+        return f64::NAN;
     }
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     secs(u.ru_utime) + secs(u.ru_stime)

@@ -650,7 +650,7 @@ impl MetaView {
         if let Some(now) = self.overlay_entry(dir, name) {
             return Ok(now);
         }
-        let epoch = self.overlay.drops[drop_bucket(dir)];
+        let epoch = self.bucket_epoch(dir);
         if let Some(found) = self.looked.get(dir, name, epoch) {
             if cfg!(debug_assertions) {
                 // A read error here is the trees' to report elsewhere.
@@ -674,10 +674,8 @@ impl MetaView {
     /// What is known of entry `name` in `dir` without reading the trees: the overlay's
     /// change of it, or a kept tree answer still valid ([`LookedUp`]); `None` if neither.
     pub fn known_entry(&self, dir: Ino, name: &[u8]) -> Option<Option<Placed>> {
-        self.overlay_entry(dir, name).or_else(|| {
-            self.looked
-                .get(dir, name, self.overlay.drops[drop_bucket(dir)])
-        })
+        self.overlay_entry(dir, name)
+            .or_else(|| self.looked.get(dir, name, self.bucket_epoch(dir)))
     }
 
     /// Whether the cookie of `dir`'s next new entry is remembered (a `DirAdd` in it then
@@ -758,7 +756,7 @@ impl MetaView {
     pub fn dir_ticket(&self, dir: Ino) -> EntriesTicket {
         EntriesTicket {
             dir,
-            epoch: self.overlay.drops[drop_bucket(dir)],
+            epoch: self.bucket_epoch(dir),
         }
     }
 
@@ -770,7 +768,12 @@ impl MetaView {
     /// the name had during the read). A change that left would break this: the read may
     /// have seen the trees before they applied it (metadata.md, "Directory entries").
     pub fn dir_ticket_valid(&self, t: EntriesTicket) -> bool {
-        self.overlay.drops[drop_bucket(t.dir)] == t.epoch
+        self.bucket_epoch(t.dir) == t.epoch
+    }
+
+    /// The overlay's removal epoch of `dir`'s bucket ([`DirOverlay::drops`]).
+    fn bucket_epoch(&self, dir: Ino) -> u64 {
+        self.overlay.drops[drop_bucket(dir)]
     }
 
     /// Counts a readdir read discarded as possibly stale.

@@ -657,6 +657,15 @@ impl Store {
         }
     }
 
+    /// Runs `change` on the tree at index `i` under its write lock, then records the
+    /// tree's page counts ([`TreeCounts`]): the one way the store changes a tree.
+    fn change_tree<R>(&self, i: usize, change: impl FnOnce(&mut Tree) -> R) -> R {
+        let mut tree = self.trees[i].write();
+        let r = change(&mut tree);
+        self.counts[i].note(&tree);
+        r
+    }
+
     /// Runs `op` on tree `t` under its write lock, filling misses without any lock.
     fn write_op<T>(
         &self,
@@ -667,12 +676,7 @@ impl Store {
         let i = Self::tree_index(t);
         loop {
             self.live()?;
-            let r = {
-                let mut tree = self.trees[i].write();
-                let r = op(&mut tree, &held);
-                self.counts[i].note(&tree);
-                r
-            };
+            let r = self.change_tree(i, |tree| op(tree, &held));
             match r {
                 Ok(v) => return Ok(v),
                 Err(m) => held.take(self, m)?,
@@ -846,13 +850,8 @@ impl Store {
             }
         };
         // Freeze: each tree's lock for a moment; nothing is copied.
-        let frozen: Vec<_> = (self.trees.iter().zip(&self.counts))
-            .map(|(t, c)| {
-                let mut t = t.write();
-                let f = t.freeze();
-                c.note(&t);
-                f
-            })
+        let frozen: Vec<_> = (0..self.trees.len())
+            .map(|i| self.change_tree(i, Tree::freeze))
             .collect();
         let generation = frozen[0].generation;
         let result = self.fit_pages(&frozen, &mut addrs).and_then(|()| {
@@ -869,13 +868,8 @@ impl Store {
         };
         *self.mark.lock() = mark;
         // Publish: each tree's lock for a moment.
-        for ((t, c), plan) in self.trees.iter().zip(&self.counts).zip(&plans) {
-            let out = {
-                let mut t = t.write();
-                let out = t.publish(plan);
-                c.note(&t);
-                out
-            };
+        for (i, plan) in plans.iter().enumerate() {
+            let out = self.change_tree(i, |t| t.publish(plan));
             for a in &out.freed {
                 self.cache.remove(*a);
             }
