@@ -387,6 +387,29 @@ impl FileCache {
         out
     }
 
+    /// The cached folios overlapping `[from, to)`, ascending, as many as hold at most
+    /// `limit` bytes together (at least one, if any overlaps): one writeback batch. The
+    /// caller holds only these while they are written, so a folio written early in a
+    /// long pass is evictable as soon as its batch completes.
+    #[must_use]
+    pub fn overlapping_within(&self, from: u64, to: u64, limit: u64) -> Vec<Arc<FolioCell>> {
+        if from >= to {
+            return Vec::new();
+        }
+        let map = self.folios.read();
+        let start = containing(&map, from).map_or(from, |c| c.pos);
+        let mut bytes = 0;
+        let mut out = Vec::new();
+        for c in map.range(start..to).map(|(_, c)| c) {
+            bytes += c.len();
+            if bytes > limit && !out.is_empty() {
+                break;
+            }
+            out.push(Arc::clone(c));
+        }
+        out
+    }
+
     /// Every cached folio, ascending, if together they hold at most `limit` bytes
     /// (`None` otherwise; stops counting at the limit, so a large file costs little).
     #[must_use]

@@ -85,15 +85,21 @@ pub fn writeback<O: CacheIo>(
     to: u64,
     wait: WbWait,
 ) -> Result<WbStats, O::Error> {
-    let folios = fc.overlapping(from, to);
     let depth = cache.config().writeback_depth.0.max(1) as usize;
     let mut stats = WbStats::default();
     let mut first_err = None;
     let mut flight: VecDeque<InFlight<O>> = VecDeque::new();
-    for chunk in chunks(&folios) {
-        if let Some(b) = submit_chunk(cache, ops, chunk, wait) {
+    let mut pos = from;
+    // One batch's folios at a time: holding every folio of the range for the whole pass
+    // kept the ones already written from being evicted until the pass ended.
+    while pos < to {
+        let chunk = fc.overlapping_within(pos, to, BATCH_BYTES);
+        let Some(last) = chunk.last() else { break };
+        pos = last.end();
+        if let Some(b) = submit_chunk(cache, ops, &chunk, wait) {
             flight.push_back(b);
         }
+        drop(chunk);
         while flight.len() >= depth {
             let b = flight.pop_front().expect("a batch in flight");
             if let Err(e) = complete(cache, ops, fc, b, &mut stats) {
@@ -191,28 +197,6 @@ pub fn writeback_finish<O: CacheIo>(
     let mut stats = WbStats::default();
     settle(cache, ops, fc, started.sub, io, &mut stats)?;
     Ok(stats)
-}
-
-/// Splits folios into groups of at most `BATCH_BYTES` (or one folio).
-fn chunks(folios: &[Arc<FolioCell>]) -> impl Iterator<Item = &[Arc<FolioCell>]> {
-    let mut rest = folios;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let mut bytes = 0;
-        let n = rest
-            .iter()
-            .take_while(|c| {
-                bytes += c.len();
-                bytes <= BATCH_BYTES
-            })
-            .count()
-            .max(1);
-        let (head, tail) = rest.split_at(n);
-        rest = tail;
-        Some(head)
-    })
 }
 
 /// A submitted writeback batch, completed by [`complete`].
