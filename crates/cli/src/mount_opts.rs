@@ -13,6 +13,7 @@ use crate::size::parse_size;
 pub const KEYS: &str = "folio_size=SIZE (largest folio), folio_sizing=file|fixed, cache_size=SIZE, dirty_limit=SIZE, meta_cache=SIZE (metadata page cache, default 64m), inode_cache=N (decoded inodes in core, default one per 512 bytes of meta_cache), checkpoint=background|inline, readahead=SIZE, readahead_mode=async|sync (sync: wait for the window inside the read), writeback_depth=N (batches in flight, 1: wait for each), \
 writeback_copy=lend|stage (stage: copy written bytes into staging buffers), \
 read_copy=swap|bounce (bounce: copy read bytes from a bounce buffer into the folios), \
+dirty_throttle=wait|write (write: a writer over the dirty limit writes its file back itself), \
 wb_batch=files|single (single: write dirty files back one at a time), \
 dirty_tracking=block|folio, eof_zeroing=cache|flush, prealloc=on|off, \
 datacow=on|off (new files copy on write; default off), \
@@ -122,6 +123,13 @@ pub fn parse(list: &[String]) -> Result<MountOptions, String> {
                     "lend" => stripefs::WbCopy::Lend,
                     "stage" => stripefs::WbCopy::Stage,
                     _ => return Err(format!("writeback_copy must be lend or stage, not {v:?}")),
+                }
+            }
+            "dirty_throttle" => {
+                o.cache.dirty_throttle = match v {
+                    "wait" => stripefs::DirtyThrottle::Wait,
+                    "write" => stripefs::DirtyThrottle::Write,
+                    _ => return Err(format!("dirty_throttle must be wait or write, not {v:?}")),
                 }
             }
             "read_copy" => {
@@ -243,6 +251,20 @@ mod tests {
         assert!(parse(&["read_copy=move".into()])
             .unwrap_err()
             .contains("swap or bounce"));
+        assert_eq!(
+            parse(&[]).unwrap().cache.dirty_throttle,
+            stripefs::DirtyThrottle::Wait
+        );
+        assert_eq!(
+            parse(&["dirty_throttle=write".into()])
+                .unwrap()
+                .cache
+                .dirty_throttle,
+            stripefs::DirtyThrottle::Write
+        );
+        assert!(parse(&["dirty_throttle=sleep".into()])
+            .unwrap_err()
+            .contains("wait or write"));
         assert_eq!(
             parse(&["wb_batch=single".into()]).unwrap().wb_batch,
             stripefs::WbBatch::Single

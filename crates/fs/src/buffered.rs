@@ -5,12 +5,14 @@
 //! (the in-core inode's `isize`) and the on-disk size follows at writeback completion, in the same
 //! transaction as the extents that hold the data (ordered data, like ext4's `i_disksize`).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use stripefs_core::extent::ExtentState;
 use stripefs_core::record::Record;
 use stripefs_core::{CoreError, Ino};
+use stripefs_iomap::cache::Flusher;
 use stripefs_iomap::{
     self as iomap, CacheIo, FileIo, IoDir, Iomap, IomapFlags, IomapKind, IomapOp, WbEnd, WbOutcome,
     WbWait,
@@ -215,6 +217,15 @@ impl Fs {
         Ok(done)
     }
 
+    /// Whether a flusher thread runs for throttled writers to wait for.
+    fn flusher(&self) -> Flusher {
+        if self.inner.bg.flusher_running.load(Ordering::Acquire) {
+            Flusher::Running
+        } else {
+            Flusher::Absent
+        }
+    }
+
     fn write_chunk(&self, ino: Ino, off: u64, data: &[u8]) -> Result<usize> {
         let end = off + data.len() as u64;
         let lock = self.inner.io_lock(ino);
@@ -255,7 +266,7 @@ impl Fs {
         if self.inner.cache.over_background_threshold() {
             self.inner.bg.flush_kick.notify_one();
         }
-        let _ = iomap::balance_dirty(&self.inner.cache, &mapper, &fc);
+        let _ = iomap::balance_dirty(&self.inner.cache, &mapper, &fc, self.flusher());
         Ok(n)
     }
 
@@ -590,9 +601,15 @@ pub(crate) fn flusher(
 ) {
     let mut last_full = Instant::now();
     loop {
+        // A kick that came during the last pass found nobody waiting: while the cache is
+        // still over the background threshold, the next pass starts at once (a writer
+        // throttled under `DirtyThrottle::Wait` is waiting for it).
+        let behind = weak
+            .upgrade()
+            .is_some_and(|i| i.cache.over_background_threshold());
         {
             let mut stop = bg.stop.lock();
-            if !*stop {
+            if !*stop && !behind {
                 bg.flush_kick
                     .wait_for(&mut stop, Duration::from_millis(200));
             }

@@ -319,7 +319,10 @@ impl Fs {
             .name("stripefs-flush".into())
             .spawn(move || crate::buffered::flusher(weak, bg, every));
         match spawned {
-            Ok(h) => self.inner.bg_thread.lock().push(h),
+            Ok(h) => {
+                self.inner.bg.flusher_running.store(true, Ordering::Release);
+                self.inner.bg_thread.lock().push(h);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "no flusher thread; writeback happens on fsync and pressure only")
             }
@@ -355,6 +358,10 @@ impl Fs {
     fn stop_background(&self) {
         self.inner.journal.control().stop();
         *self.inner.bg.stop.lock() = true;
+        self.inner
+            .bg
+            .flusher_running
+            .store(false, Ordering::Release);
         self.inner.bg.wake.notify_all();
         self.inner.bg.flush_kick.notify_all();
         let threads = std::mem::take(&mut *self.inner.bg_thread.lock());

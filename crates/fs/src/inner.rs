@@ -409,6 +409,8 @@ pub(crate) struct BgControl {
     pub wake: Condvar,
     /// Wakes the flusher (writers over the background threshold).
     pub flush_kick: Condvar,
+    /// A flusher thread runs: throttled writers may wait for it (`DirtyThrottle::Wait`).
+    pub flusher_running: AtomicBool,
 }
 
 /// The shared state of a mounted file system.

@@ -86,7 +86,7 @@ pub use stripefs_core::TargetId;
 /// The page-cache options `MountOptions` takes (the generic I/O layer's types), so a
 /// library user needs no other crate to set them.
 pub use stripefs_iomap::cache::{
-    CacheConfig, FolioSizing, ReadCopy, ReadaheadMode, WbCopy, WbDepth,
+    CacheConfig, DirtyThrottle, FolioSizing, ReadCopy, ReadaheadMode, WbCopy, WbDepth,
 };
 pub use stripefs_iomap::folio::DirtyTracking;
 pub use stripefs_iomap::ZeroMode;

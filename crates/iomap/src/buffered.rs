@@ -9,10 +9,14 @@
 //! file system in `begin` (delayed allocation), so ENOSPC surfaces here, not in writeback.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use stripefs_target::{Batch, IoBuf};
 
-use crate::cache::{FileCache, Folio, FolioCell, PageCache, ReadaheadMode};
+use crate::cache::{
+    DirtyThrottle, FileCache, Flusher, Folio, FolioCell, PageCache, ReadaheadMode,
+    THROTTLE_WAIT_BOUND,
+};
 use crate::folio::DirtyTracking;
 use crate::readahead::{self, ReadSpan};
 use crate::zero::{zero_range, ZeroMode};
@@ -362,8 +366,11 @@ fn copy_in<O: FileIo>(
     Ok(())
 }
 
-/// Throttles a writer while dirty bytes exceed the limit: writes back `fc` itself, then
-/// waits (bounded) for background writeback to bring the total down.
+/// Throttles a writer while dirty bytes exceed the limit, as the cache's
+/// [`DirtyThrottle`] says: under `Wait`, with a flusher `Running` (which the caller has
+/// kicked), it sleeps while background writeback brings the total down and writes `fc`
+/// back itself only after [`THROTTLE_WAIT_BOUND`]; under `Write`, or with no flusher, it
+/// writes `fc` back at once, then waits (bounded) for the total to fall.
 ///
 /// # Errors
 /// Writeback errors of `fc` (also recorded for fsync).
@@ -371,16 +378,30 @@ pub fn balance_dirty<O: CacheIo>(
     cache: &PageCache,
     ops: &O,
     fc: &FileCache,
+    flusher: Flusher,
 ) -> Result<(), O::Error> {
+    const PAUSE: Duration = Duration::from_millis(25);
     if !cache.over_dirty_limit() {
         return Ok(());
+    }
+    if cache.config().dirty_throttle == DirtyThrottle::Wait && flusher == Flusher::Running {
+        let deadline = Instant::now() + THROTTLE_WAIT_BOUND;
+        while cache.over_dirty_limit() {
+            if Instant::now() >= deadline {
+                break;
+            }
+            cache.wait_dirty_fell(PAUSE);
+        }
+        if !cache.over_dirty_limit() {
+            return Ok(());
+        }
     }
     crate::writeback(cache, ops, fc, 0, u64::MAX, crate::WbWait::SkipBusy)?;
     for _ in 0..40 {
         if !cache.over_dirty_limit() {
             break;
         }
-        cache.wait_dirty_fell(std::time::Duration::from_millis(25));
+        cache.wait_dirty_fell(PAUSE);
     }
     Ok(())
 }

@@ -65,7 +65,39 @@ pub struct CacheConfig {
     pub writeback_copy: WbCopy,
     /// Whether a read of whole folios becomes their memory or is copied into them.
     pub read_copy: ReadCopy,
+    /// How a writer over the dirty limit is throttled.
+    pub dirty_throttle: DirtyThrottle,
 }
+
+/// How a writer over the dirty limit is throttled (`docs/design/cache.md`, "Dirty
+/// throttling").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirtyThrottle {
+    /// The writer sleeps while background writeback brings dirty bytes under the limit
+    /// (Linux's I/O-less throttling), so its copying overlaps the device writing; it
+    /// writes its own file back only if that has not happened within
+    /// [`THROTTLE_WAIT_BOUND`]. With no flusher ([`Flusher::Absent`]) it behaves as
+    /// `Write`.
+    #[default]
+    Wait,
+    /// The writer writes its own file back first, then waits (the behaviour before, kept
+    /// as the benchmark switch; what a caller without a flusher needs).
+    Write,
+}
+
+/// Whether a background flusher writes dirty files back (what [`DirtyThrottle::Wait`]
+/// waits for; the file system knows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flusher {
+    /// A flusher thread runs and is kicked past half the dirty limit.
+    Running,
+    /// None: only the writers themselves write back.
+    Absent,
+}
+
+/// Longest a writer waits for background writeback under [`DirtyThrottle::Wait`] before
+/// writing its own file back.
+pub const THROTTLE_WAIT_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How a device read of folio blocks (a readahead window, a cold read) reaches the folios
 /// (`docs/design/cache.md`, "Reads without the bounce copy").
@@ -113,6 +145,7 @@ impl Default for CacheConfig {
             writeback_depth: WbDepth(2),
             writeback_copy: WbCopy::Lend,
             read_copy: ReadCopy::Swap,
+            dirty_throttle: DirtyThrottle::Wait,
         }
     }
 }

@@ -8,7 +8,8 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use stripefs_iomap::cache::{
-    CacheConfig, FolioSizing, PageCache, ReadCopy, ReadaheadMode, WbCopy, WbDepth,
+    CacheConfig, DirtyThrottle, Flusher, FolioSizing, PageCache, ReadCopy, ReadaheadMode, WbCopy,
+    WbDepth,
 };
 use stripefs_iomap::folio::DirtyTracking;
 use stripefs_iomap::{
@@ -254,6 +255,11 @@ fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32, folio_sizing: Folio
         } else {
             ReadCopy::Bounce
         },
+        dirty_throttle: if seed % 16 < 8 {
+            DirtyThrottle::Wait
+        } else {
+            DirtyThrottle::Write
+        },
     };
     let cache = PageCache::new(cfg, BS as u32);
     let fc = cache.file(1);
@@ -287,6 +293,8 @@ fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32, folio_sizing: Folio
                     model.resize((off + len) as usize, 0);
                 }
                 model[off as usize..(off + len) as usize].copy_from_slice(&data);
+                // Over the dirty limit the writer writes back itself (no flusher here).
+                iomap::balance_dirty(&cache, &fake, &fc, Flusher::Absent).unwrap();
             }
             4..=5 => {
                 let off = if rng.one_in(2) {
