@@ -264,7 +264,7 @@ impl Fs {
         // at the limit the writer is throttled. A writeback error is recorded for fsync:
         // the write itself succeeded.
         if self.inner.cache.over_background_threshold() {
-            self.inner.bg.flush_kick.notify_one();
+            self.inner.bg.kick_flusher();
         }
         let _ = iomap::balance_dirty(&self.inner.cache, &mapper, &fc, self.flusher());
         Ok(n)
@@ -594,28 +594,26 @@ impl Fs {
 
 /// The background flusher: writes back dirty files every `interval` or when the cache is
 /// over its background threshold, and trims speculative preallocation of idle files.
+/// Clears `BgControl::flusher_running` when the flusher thread ends, however it ends
+/// (a throttled writer must not wait for a flusher that is gone).
+struct FlusherRunning<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for FlusherRunning<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 pub(crate) fn flusher(
     weak: std::sync::Weak<FsInner>,
     bg: Arc<crate::inner::BgControl>,
     interval: Duration,
 ) {
+    let _running = FlusherRunning(&bg.flusher_running);
     let mut last_full = Instant::now();
     loop {
-        // A kick that came during the last pass found nobody waiting: while the cache is
-        // still over the background threshold, the next pass starts at once (a writer
-        // throttled under `DirtyThrottle::Wait` is waiting for it).
-        let behind = weak
-            .upgrade()
-            .is_some_and(|i| i.cache.over_background_threshold());
-        {
-            let mut stop = bg.stop.lock();
-            if !*stop && !behind {
-                bg.flush_kick
-                    .wait_for(&mut stop, Duration::from_millis(200));
-            }
-            if *stop {
-                return;
-            }
+        if bg.wait_for_flush_kick(Duration::from_millis(200)) {
+            return;
         }
         let Some(inner) = weak.upgrade() else { return };
         if inner.is_poisoned() {

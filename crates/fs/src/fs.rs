@@ -315,15 +315,18 @@ impl Fs {
     fn start_flusher(&self, every: std::time::Duration) {
         let weak: Weak<FsInner> = Arc::downgrade(&self.inner);
         let bg = Arc::clone(&self.inner.bg);
+        // Set before the thread starts, which clears it when it ends.
+        self.inner.bg.flusher_running.store(true, Ordering::Release);
         let spawned = std::thread::Builder::new()
             .name("stripefs-flush".into())
             .spawn(move || crate::buffered::flusher(weak, bg, every));
         match spawned {
-            Ok(h) => {
-                self.inner.bg.flusher_running.store(true, Ordering::Release);
-                self.inner.bg_thread.lock().push(h);
-            }
+            Ok(h) => self.inner.bg_thread.lock().push(h),
             Err(e) => {
+                self.inner
+                    .bg
+                    .flusher_running
+                    .store(false, Ordering::Release);
                 tracing::warn!(error = %e, "no flusher thread; writeback happens on fsync and pressure only")
             }
         }

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 use stripefs_core::alloc::Allocator;
@@ -409,8 +410,30 @@ pub(crate) struct BgControl {
     pub wake: Condvar,
     /// Wakes the flusher (writers over the background threshold).
     pub flush_kick: Condvar,
+    /// A kick the flusher has not yet seen: set and cleared under `stop`'s lock, so one
+    /// sent while it is in a pass starts the next pass at once instead of being lost.
+    pub flush_kicked: AtomicBool,
     /// A flusher thread runs: throttled writers may wait for it (`DirtyThrottle::Wait`).
     pub flusher_running: AtomicBool,
+}
+
+impl BgControl {
+    /// Asks the flusher for a pass (remembered if it is in one).
+    pub fn kick_flusher(&self) {
+        let _stop = self.stop.lock();
+        self.flush_kicked.store(true, Ordering::Relaxed);
+        self.flush_kick.notify_one();
+    }
+
+    /// Waits until a kick, the tick or stop; clears the kick. Returns whether to stop.
+    pub fn wait_for_flush_kick(&self, tick: Duration) -> bool {
+        let mut stop = self.stop.lock();
+        if !*stop && !self.flush_kicked.load(Ordering::Relaxed) {
+            self.flush_kick.wait_for(&mut stop, tick);
+        }
+        self.flush_kicked.store(false, Ordering::Relaxed);
+        *stop
+    }
 }
 
 /// The shared state of a mounted file system.
@@ -880,5 +903,42 @@ impl FsInner {
                 "allocation on target {target} (injected)"
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    const TICK: Duration = Duration::from_millis(100);
+
+    #[test]
+    fn the_flusher_sleeps_for_its_tick_without_a_kick() {
+        let bg = BgControl::default();
+        let t = Instant::now();
+        assert!(!bg.wait_for_flush_kick(TICK));
+        assert!(t.elapsed() >= TICK, "it woke without a kick");
+    }
+
+    #[test]
+    fn a_kick_sent_while_the_flusher_is_busy_is_not_lost() {
+        let bg = BgControl::default();
+        // Sent while nobody waits (the flusher is in a pass): the next wait returns at once.
+        bg.kick_flusher();
+        let t = Instant::now();
+        assert!(!bg.wait_for_flush_kick(Duration::from_secs(30)));
+        assert!(t.elapsed() < Duration::from_secs(10), "the kick was lost");
+        // Seen once: the wait after it sleeps again.
+        let t = Instant::now();
+        assert!(!bg.wait_for_flush_kick(TICK));
+        assert!(t.elapsed() >= TICK);
+    }
+
+    #[test]
+    fn stop_ends_the_wait() {
+        let bg = BgControl::default();
+        *bg.stop.lock() = true;
+        assert!(bg.wait_for_flush_kick(Duration::from_secs(30)));
     }
 }

@@ -460,6 +460,15 @@ impl FileCache {
         Some(out)
     }
 
+    /// One past the last cached byte position (the end of the last folio); 0 if none.
+    #[must_use]
+    pub fn cached_end(&self) -> u64 {
+        self.folios
+            .read()
+            .last_key_value()
+            .map_or(0, |(_, c)| c.end())
+    }
+
     /// File position of the first cached folio starting after `pos`.
     #[must_use]
     pub fn next_folio_after(&self, pos: u64) -> Option<u64> {

@@ -66,7 +66,9 @@ pub enum WbWait {
     SkipBusy,
 }
 
-/// Writes back the dirty blocks of `fc` in `[from, to)`.
+/// Writes back the dirty blocks of `fc` in `[from, to)`, up to where the cache ended when
+/// the call began (a folio created below that during the pass is written too; one past it
+/// is left to the next pass).
 ///
 /// Pipelined: up to `writeback_depth` batches are in flight; batch k+1 is collected,
 /// mapped and submitted while batch k is on the device, and batches complete in
@@ -90,6 +92,9 @@ pub fn writeback<O: CacheIo>(
     let mut first_err = None;
     let mut flight: VecDeque<InFlight<O>> = VecDeque::new();
     let mut pos = from;
+    // The pass ends where the cache ended when it began: everything dirty then lies below,
+    // and a writer appending as fast as the pass writes cannot keep it going forever.
+    let to = to.min(fc.cached_end());
     // One batch's folios at a time: holding every folio of the range for the whole pass
     // kept the ones already written from being evicted until the pass ended.
     while pos < to {

@@ -8,8 +8,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use stripefs_iomap::cache::{
-    CacheConfig, DirtyThrottle, Flusher, FolioSizing, PageCache, ReadCopy, ReadaheadMode, WbCopy,
-    WbDepth,
+    CacheConfig, Flusher, FolioSizing, PageCache, ReadCopy, ReadaheadMode, WbCopy, WbDepth,
 };
 use stripefs_iomap::folio::DirtyTracking;
 use stripefs_iomap::{
@@ -255,11 +254,7 @@ fn run(seed: u64, tracking: DirtyTracking, folio_bytes: u32, folio_sizing: Folio
         } else {
             ReadCopy::Bounce
         },
-        dirty_throttle: if seed % 16 < 8 {
-            DirtyThrottle::Wait
-        } else {
-            DirtyThrottle::Write
-        },
+        ..CacheConfig::default()
     };
     let cache = PageCache::new(cfg, BS as u32);
     let fc = cache.file(1);

@@ -116,3 +116,56 @@ fn folios_of_a_completed_batch_are_evictable_during_the_pass() {
         "the device holds what was written"
     );
 }
+
+/// A writer appending as fast as the pass writes must not keep it going: the pass ends
+/// where the cache ended when it began (the reviewer's reproducer: an appender kept a
+/// `Busy` writeback of 256 KiB running until it had written 1 GiB).
+#[test]
+fn a_pass_ends_where_the_cache_ended_when_it_began() {
+    const APPENDS: u64 = 1000;
+    let cache = Arc::new(PageCache::new(
+        CacheConfig {
+            folio_bytes: FOLIO as u32,
+            writeback_depth: WbDepth(1),
+            ..CacheConfig::default()
+        },
+        BS as u32,
+    ));
+    let fc = cache.file(1);
+    let dev = 4 << 20;
+    let mut fs = Linear::new(SimTarget::new("dev", dev, 512), BS, FOLIO);
+    let maps = Arc::new(Mutex::new(0u64));
+    let (c, f, n) = (Arc::clone(&cache), Arc::clone(&fc), Arc::clone(&maps));
+    // Every mapping the pass makes, an appender dirties one more folio past the end.
+    fs.before_map = Some(Box::new(move |_, op| {
+        if op != IomapOp::Writeback {
+            return;
+        }
+        let mut n = n.lock().unwrap();
+        *n += 1;
+        if *n <= APPENDS {
+            let at = (*n * FOLIO) % dev;
+            let cell = c.folio(&f, at, FOLIO);
+            let mut g = cell.lock();
+            g.set_uptodate(0, (FOLIO / BS) as u32);
+            c.set_dirty(&mut g, 0, (FOLIO / BS) as u32);
+        }
+    }));
+    fs.size.store(dev, std::sync::atomic::Ordering::SeqCst);
+    let data = vec![b'a'; FOLIO as usize];
+    assert_eq!(
+        iomap::write(&cache, &fs, &fc, 0, &data, ZeroMode::Cache).unwrap(),
+        data.len()
+    );
+    iomap::writeback(&cache, &fs, &fc, 0, u64::MAX, WbWait::Busy).unwrap();
+    let n = *maps.lock().unwrap();
+    assert_eq!(
+        n, 1,
+        "the pass mapped {n} times: it chased folios appended after it began"
+    );
+    assert!(!fc.block_dirty(&cache, 0), "what was dirty is written");
+    assert!(
+        fc.block_dirty(&cache, FOLIO),
+        "the appended folio waits for the next pass"
+    );
+}
