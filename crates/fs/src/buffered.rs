@@ -592,8 +592,6 @@ impl Fs {
     }
 }
 
-/// The background flusher: writes back dirty files every `interval` or when the cache is
-/// over its background threshold, and trims speculative preallocation of idle files.
 /// Clears `BgControl::flusher_running` when the flusher thread ends, however it ends
 /// (a throttled writer must not wait for a flusher that is gone).
 struct FlusherRunning<'a>(&'a std::sync::atomic::AtomicBool);
@@ -604,6 +602,9 @@ impl Drop for FlusherRunning<'_> {
     }
 }
 
+/// The background flusher: writes back dirty files every `interval` or when the cache is
+/// over its background threshold (a writer kicks it there), and trims speculative
+/// preallocation of idle files.
 pub(crate) fn flusher(
     weak: std::sync::Weak<FsInner>,
     bg: Arc<crate::inner::BgControl>,
