@@ -361,6 +361,8 @@ impl Fs {
     fn stop_background(&self) {
         self.inner.journal.control().stop();
         *self.inner.bg.stop.lock() = true;
+        // At once, not when the flusher thread ends: writers throttled meanwhile write
+        // back themselves instead of waiting for a flusher that is stopping.
         self.inner
             .bg
             .flusher_running

@@ -9,7 +9,6 @@
 //! file system in `begin` (delayed allocation), so ENOSPC surfaces here, not in writeback.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use stripefs_target::{Batch, IoBuf};
 
@@ -380,28 +379,14 @@ pub fn balance_dirty<O: CacheIo>(
     fc: &FileCache,
     flusher: Flusher,
 ) -> Result<(), O::Error> {
-    const PAUSE: Duration = Duration::from_millis(25);
     if !cache.over_dirty_limit() {
         return Ok(());
     }
-    if cache.config().dirty_throttle == DirtyThrottle::Wait && flusher == Flusher::Running {
-        let deadline = Instant::now() + THROTTLE_WAIT_BOUND;
-        while cache.over_dirty_limit() {
-            if Instant::now() >= deadline {
-                break;
-            }
-            cache.wait_dirty_fell(PAUSE);
-        }
-        if !cache.over_dirty_limit() {
-            return Ok(());
-        }
+    let waits = cache.config().dirty_throttle == DirtyThrottle::Wait && flusher == Flusher::Running;
+    if waits && cache.wait_under_dirty_limit(THROTTLE_WAIT_BOUND) {
+        return Ok(());
     }
     crate::writeback(cache, ops, fc, 0, u64::MAX, crate::WbWait::SkipBusy)?;
-    for _ in 0..40 {
-        if !cache.over_dirty_limit() {
-            break;
-        }
-        cache.wait_dirty_fell(PAUSE);
-    }
+    cache.wait_under_dirty_limit(THROTTLE_WAIT_BOUND);
     Ok(())
 }

@@ -402,22 +402,7 @@ impl FileCache {
     /// Cached folios overlapping `[from, to)`, ascending.
     #[must_use]
     pub fn overlapping(&self, from: u64, to: u64) -> Vec<Arc<FolioCell>> {
-        if from >= to {
-            return Vec::new();
-        }
-        let map = self.folios.read();
-        let first = containing(&map, from).map(|c| c.pos);
-        let mut out: Vec<Arc<FolioCell>> = first
-            .and_then(|p| map.get(&p))
-            .into_iter()
-            .cloned()
-            .collect();
-        out.extend(
-            map.range(from..to)
-                .filter(|(&p, _)| Some(p) != first)
-                .map(|(_, c)| Arc::clone(c)),
-        );
-        out
+        self.overlapping_within(from, to, u64::MAX)
     }
 
     /// The cached folios overlapping `[from, to)`, ascending, as many as hold at most
@@ -1005,6 +990,17 @@ impl PageCache {
     #[must_use]
     pub fn over_background_threshold(&self) -> bool {
         self.dirty.load(Ordering::Relaxed) > self.cfg.dirty_limit_bytes / 2
+    }
+
+    /// Waits, up to `bound` in all, until dirty bytes are under the limit; returns whether
+    /// they are.
+    pub fn wait_under_dirty_limit(&self, bound: std::time::Duration) -> bool {
+        const PAUSE: std::time::Duration = std::time::Duration::from_millis(25);
+        let deadline = std::time::Instant::now() + bound;
+        while self.over_dirty_limit() && std::time::Instant::now() < deadline {
+            self.wait_dirty_fell(PAUSE);
+        }
+        !self.over_dirty_limit()
     }
 
     /// Waits up to `timeout` for dirty bytes to drop.
