@@ -63,8 +63,12 @@ pub struct MountReport {
     /// Records in them.
     pub replayed_records: u64,
     /// The most inodes replay held in memory at once to check the records (bounded by
-    /// its read-ahead window, not by the journal: decisions.md, 121).
+    /// the in-core inode bound plus its read-ahead window, not by the journal:
+    /// decisions.md, 121 and 135).
     pub replay_peak_inodes: u64,
+    /// Inodes replay read from the trees for its checks (a file named again after the
+    /// checks let it go is read again).
+    pub replay_inode_reads: u64,
     /// Unlinked-but-open inodes freed (orphans left by a crash).
     pub orphans_freed: u64,
     /// Targets given that are not members: formatted for this file system by an
@@ -148,7 +152,7 @@ impl Fs {
     /// A clear error naming the target or structure when superblocks, checkpoint or
     /// journal fail verification, or targets are missing, duplicated or foreign.
     pub fn mount(targets: Vec<Arc<dyn Target>>, opts: MountOptions) -> Result<(Fs, MountReport)> {
-        let mut l = recovery::load(targets, opts.meta_cache)?;
+        let mut l = recovery::load(targets, opts.meta_cache, opts.inode_bound())?;
         let replayed_records = l.replayed_records;
         let states = std::mem::take(&mut l.states);
         opts.cache
@@ -253,6 +257,7 @@ impl Fs {
             replayed_txns: l.replayed_txns,
             replayed_records,
             replay_peak_inodes: l.replay_peak_inodes,
+            replay_inode_reads: l.replay_inode_reads,
             orphans_freed: orphans,
             ignored_targets: l.ignored,
         };

@@ -22,7 +22,7 @@ use stripefs_target::{AbsentTarget, Target};
 
 use crate::error::{FsError, Result};
 use crate::metapages::MetaPages;
-use crate::options::MetaCacheBytes;
+use crate::options::{InodeBound, MetaCacheBytes};
 use crate::replay::Replayer;
 
 /// What loading found.
@@ -50,6 +50,8 @@ pub(crate) struct Loaded {
     pub replayed_records: u64,
     /// The most inodes the replay's checks held at once.
     pub replay_peak_inodes: u64,
+    /// Inodes the replay's checks read from the trees.
+    pub replay_inode_reads: u64,
     /// Each member's state (read-only and retired ones are persisted, decision 106).
     pub states: Vec<TargetState>,
 }
@@ -457,7 +459,11 @@ pub(crate) fn open(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
 /// # Errors
 /// As [`read_superblocks`]; `Corrupted` for damaged root records, tree pages or journal
 /// records.
-pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Result<Loaded> {
+pub(crate) fn load(
+    targets: Vec<Arc<dyn Target>>,
+    cache: MetaCacheBytes,
+    inodes: InodeBound,
+) -> Result<Loaded> {
     let Opened {
         geo,
         mut targets,
@@ -471,13 +477,14 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
     let mark = store.journal_mark();
     let t0 = Arc::clone(&targets[0]);
     let window = replay_window_keys(&geo, cache);
-    let mut r = Replayer::new(&store, geo.clone(), candidates, window);
+    let mut r = Replayer::new(&store, geo.clone(), candidates, window, inodes.0);
     let end = read_journal(t0.as_ref(), &geo, mark, &mut |at, recs| r.push(at, recs));
     // The window's transactions come before whatever ended the read: their errors first.
     r.finish()?;
     let end = end?;
     let replayed_records = r.records;
     let replay_peak_inodes = r.peak_inodes;
+    let replay_inode_reads = r.inode_reads;
     let crate::replay::Members {
         mut geo,
         added,
@@ -524,6 +531,7 @@ pub(crate) fn load(targets: Vec<Arc<dyn Target>>, cache: MetaCacheBytes) -> Resu
         replayed_txns: end.txns,
         replayed_records,
         replay_peak_inodes,
+        replay_inode_reads,
         states,
     })
 }

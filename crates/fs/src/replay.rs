@@ -65,6 +65,8 @@ pub(crate) struct Replayer<'a> {
     existed: BTreeSet<Ino>,
     /// The most inodes `partial` held at once.
     pub peak_inodes: u64,
+    /// Inodes read from the trees into `partial`.
+    pub inode_reads: u64,
     /// Inodes the replay created, with the entries naming them (by the replay).
     created: BTreeMap<Ino, u32>,
     /// A scratch map for the data-area check of extents (each claim is given back).
@@ -77,6 +79,10 @@ pub(crate) struct Replayer<'a> {
     keys: Vec<Key>,
     /// Distinct keys a window gathers before it is read ahead and applied.
     window_keys: usize,
+    /// Inodes the partial model keeps from one window to the next: past this many it is
+    /// let go after a window (the mount's in-core inode bound, the memory the mounted file
+    /// system gives decoded inodes anyway).
+    keep_inodes: usize,
     /// What applying the records remembers from one to the next (`items::ApplyMemo`:
     /// the replay is the trees' only applier while it runs).
     memo: items::ApplyMemo,
@@ -103,12 +109,13 @@ struct Touched {
 
 impl<'a> Replayer<'a> {
     /// A replayer that reads ahead the pages of up to `window_keys` distinct keys at a
-    /// time (at least 1).
+    /// time (at least 1) and keeps up to `keep_inodes` decoded inodes across windows.
     pub fn new(
         store: &'a Store,
         geo: Geometry,
         candidates: Candidates,
         window_keys: usize,
+        keep_inodes: usize,
     ) -> Self {
         Self {
             store,
@@ -121,10 +128,12 @@ impl<'a> Replayer<'a> {
             existed: BTreeSet::new(),
             created: BTreeMap::new(),
             peak_inodes: 0,
+            inode_reads: 0,
             records: 0,
             window: Vec::new(),
             keys: Vec::new(),
             window_keys: window_keys.max(1),
+            keep_inodes,
             memo: items::ApplyMemo::default(),
         }
     }
@@ -199,11 +208,14 @@ impl<'a> Replayer<'a> {
         }
         drop(ahead);
         // The trees hold everything the window's records did, and the checks' partial
-        // model is a copy of what they say about the inodes it holds; the next window
-        // reads again what it names. `existed` and `created` stay: they are about the
-        // replay as a whole.
-        self.partial = MetaState::new();
-        self.seen.clear();
+        // model is a copy of what they say about the inodes it holds: kept while it is
+        // within its bound (a journal that changes the same files again and again reads
+        // each once), else let go, and the next window reads again what it names.
+        // `existed` and `created` stay: they are about the replay as a whole.
+        if self.partial.inodes.len() > self.keep_inodes {
+            self.partial = MetaState::new();
+            self.seen.clear();
+        }
         Ok(())
     }
 
@@ -211,6 +223,7 @@ impl<'a> Replayer<'a> {
     /// its directory entries (a directory of any size costs its attributes).
     fn touch(&mut self, ino: Ino) -> Result<()> {
         if self.seen.insert(ino) {
+            self.inode_reads += 1;
             if let Some(i) = items::load_inode_without_entries(self.store, ino)? {
                 self.partial.inodes.insert(ino, i);
                 // One the replay created is in the trees from its window on.

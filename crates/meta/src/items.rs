@@ -71,7 +71,8 @@ pub fn apply_records(store: &Store, recs: &[Record]) -> Result<(), MetaError> {
 /// What an applier remembers of the items from one transaction to the next, so that a
 /// run of creates does not read its directory's inode and search for its highest cookie
 /// once per entry: the attributes of inodes records had to read (directories taking
-/// entries, files taking extents), and per directory the cookie of its next new entry.
+/// entries, files taking extents), per directory the cookie of its next new entry, and
+/// the counter item.
 /// Valid only while every change of those items goes through the applier that owns it:
 /// one applier at a time, and one memo per applier (the journal keeps its applier's
 /// under its applying lock). Bounded: past [`ApplyMemo::BOUND`] inodes it keeps only
@@ -85,6 +86,9 @@ pub struct ApplyMemo {
     /// forgotten when the directory loses an entry, whose cookie may have been the
     /// highest.
     cookies: IdMap<Ino, u64>,
+    /// The counter item as the tree holds it (replay applies one record per call, and
+    /// read it from the tree for each).
+    counter: Option<Counter>,
 }
 
 impl ApplyMemo {
@@ -100,7 +104,10 @@ impl ApplyMemo {
                 .retain(|_, a| a.as_ref().is_some_and(|a| a.kind == FileKind::Directory));
         }
         if self.attrs.len() > Self::BOUND || self.cookies.len() > Self::BOUND {
-            *self = Self::default();
+            *self = Self {
+                counter: self.counter,
+                ..Self::default()
+            };
         }
     }
 }
@@ -120,7 +127,9 @@ pub fn apply_records_with(
     let res = recs.iter().try_for_each(|r| items.apply(r));
     let res = items.write_counter().and(res);
     if res.is_ok() {
+        let counter = items.counter.get().map(|(now, _)| now);
         *memo = items.memo.into_inner();
+        memo.counter = counter;
         memo.trim();
     }
     res
@@ -511,13 +520,28 @@ impl<'a> Items<'a> {
         if let Some((now, _)) = self.counter.get() {
             return Ok(now);
         }
-        let key = counter_key();
-        let c = match self.store.get(&key)? {
-            Some(v) => decode_counter(&key, &v)?,
-            None => Counter::EMPTY,
+        let remembered = self.memo.borrow().counter;
+        let c = match remembered {
+            Some(c) => {
+                if cfg!(debug_assertions) {
+                    if let Ok(tree) = self.read_counter() {
+                        assert_eq!(c, tree, "the remembered counter item");
+                    }
+                }
+                c
+            }
+            None => self.read_counter()?,
         };
         self.counter.set(Some((c, c)));
         Ok(c)
+    }
+
+    fn read_counter(&self) -> Result<Counter, MetaError> {
+        let key = counter_key();
+        Ok(match self.store.get(&key)? {
+            Some(v) => decode_counter(&key, &v)?,
+            None => Counter::EMPTY,
+        })
     }
 
     /// Sets the counter for the records after this one; the tree gets it from
