@@ -148,10 +148,11 @@ fn replay_reads_each_page_once_with_many_in_flight() {
             one + ahead
         );
         // The targets saw no more than the pages plus the journal and the mount's own
-        // reads (superblocks, root slots, page log, journal transactions and the search
-        // for later ones).
+        // reads (superblocks, root slots, page log): 8 here, the journal in one read of
+        // its window (decisions.md, 136; 33 when each transaction's header and body were
+        // read apart and the search for later ones read 1 MiB at a time).
         assert!(
-            target_reads <= one + ahead + 64 + 2 * (FILES / 500 + 2),
+            target_reads <= one + ahead + 16,
             "cache {cache}: {target_reads} target reads for {} page reads",
             one + ahead
         );
