@@ -14,8 +14,8 @@
 //! The crash: the file system is mounted again with `checkpoint=inline` (no checkpointer
 //! thread: with one, a checkpoint started above half a journal would empty it before the
 //! crash, and the mount would measure whatever it left), the journal is filled with
-//! `chmod`s, 1000 per `sync`, until one more such commit would reach 75% (where a commit
-//! checkpoints first), then a journal-write fault is injected so the next commit fails,
+//! `chmod`s of a working set of 4,096 files picked at random, in turn, 1000 per `sync`,
+//! until one more such commit would reach 75% (where a commit checkpoints first), then a journal-write fault is injected so the next commit fails,
 //! which poisons the file system; a poisoned file system is dropped without unmounting
 //! (no checkpoint, no further writes), leaving on the file targets exactly what the last
 //! durable commit left, as a power cut after it would. The mount after the crash uses
@@ -38,6 +38,10 @@ use crate::targets::open_one;
 pub(crate) const FSYNC_EVERY: u64 = 1000;
 /// A bound on the `chmod`s the crash phase commits to fill the journal.
 const CRASH_MAX_CHMODS: u64 = 2_000_000;
+/// Files the crash phase's `chmod`s cycle over: their leaves, scattered through the tree,
+/// stay well under the pages a checkpoint is due at (half the default 64 MiB
+/// `meta_cache`, 8,192 pages).
+const CRASH_WORKING_SET: u64 = 4096;
 /// Lookups and directory reads sampled after each step.
 const STAT_SAMPLE: u64 = 5000;
 const READDIR_SAMPLE: u64 = 50;
@@ -645,38 +649,53 @@ fn create_phase(
     Ok(files)
 }
 
-/// Commits `chmod`s of `files`, [`FSYNC_EVERY`] per commit, until one more commit would
-/// make the journal write a checkpoint instead (it does at [`log_limit`]), then makes the
-/// next commit fail and drops the poisoned file system without unmounting it. Returns
-/// the journal fill it went down with.
+/// Commits `chmod`s of a working set of [`CRASH_WORKING_SET`] files picked at random,
+/// [`FSYNC_EVERY`] per commit, in turn, until one more commit would make the journal write a
+/// checkpoint instead (it does at [`log_limit`]), then makes the next commit fail and
+/// drops the poisoned file system without unmounting it. Returns the journal fill it went
+/// down with.
+///
+/// Why a working set: the changes applied to the trees but not yet checkpointed pin
+/// their pages, and past the memory bound a change writes a checkpoint first
+/// (`Journal::throttle_apply`), which moves the journal's tail. `chmod`s spread over
+/// every file dirty a leaf each and reach that bound with the journal under half full
+/// (43% at 100,000 files), so the crash never found the full journal the goal names. A
+/// working set keeps the dirty pages few while the records fill the journal: the mount
+/// then replays the most records a journal holds, over pages scattered through the
+/// tree. The inode numbers are looked up once, before the fill, not once per `chmod` (at
+/// 10 million files 2 million lookups took most of the phase).
 ///
 /// [`log_limit`]: stripefs_core::journal::log_limit
 fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &FileSet) -> Result<f64, String> {
     let used = |fs: &Fs| {
-        let s = fs.status();
-        (s.journal.head - s.journal.tail, s.journal_units)
+        let p = fs.journal_position();
+        (p.head - p.tail, fs.journal_units())
     };
     let ino = |n: u64| {
         fs.lookup(dirs[(n % dirs.len() as u64) as usize], &name(n))
             .map(|a| a.ino)
+            .map_err(|e| format!("lookup f{n}: {e}"))
     };
+    let set: Vec<Ino> = files
+        .sample(CRASH_WORKING_SET, &mut Rng::new(29))
+        .into_iter()
+        .map(ino)
+        .collect::<Result<_, _>>()?;
     let (mut before, cap) = used(&fs);
     let limit = stripefs_core::journal::log_limit(cap);
     let mut i = 0u64;
-    let mut cycle = files.iter().cycle();
-    let empty = files.len() == 0;
-    while !empty && i < CRASH_MAX_CHMODS {
-        for _ in 0..FSYNC_EVERY {
-            let Some(n) = cycle.next() else { break };
+    let mut cycle = set.iter().cycle();
+    while !set.is_empty() && i < CRASH_MAX_CHMODS {
+        for &f in cycle.by_ref().take(FSYNC_EVERY as usize) {
             let set = SetAttr {
                 mode: Some(if i.is_multiple_of(2) { 0o600 } else { 0o644 }),
                 ..SetAttr::default()
             };
             i += 1;
-            match ino(n).and_then(|ino| fs.setattr(ino, &set)) {
+            match fs.setattr(f, &set) {
                 Ok(_) => {}
                 Err(FsError::NoSpace(_)) => break,
-                Err(e) => return Err(format!("chmod f{n}: {e}")),
+                Err(e) => return Err(format!("chmod of inode {}: {e}", f.0)),
             }
         }
         fs.sync().map_err(err)?;
@@ -698,12 +717,12 @@ fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &FileSet) -> Resul
         FaultKind::Eio,
         Persistence::Sticky,
     );
-    if let Some(n) = files.iter().next() {
+    if let Some(&f) = set.first() {
         let set = SetAttr {
             mode: Some(0o640),
             ..SetAttr::default()
         };
-        let _ = ino(n).and_then(|ino| fs.setattr(ino, &set));
+        let _ = fs.setattr(f, &set);
     }
     if fs.sync().is_ok() || !fs.is_poisoned() {
         return Err("the injected journal-write fault did not take the file system down".into());
@@ -711,6 +730,16 @@ fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &FileSet) -> Resul
     drop(fs);
     faults.disarm();
     Ok(went_down_at)
+}
+
+/// The in-core inode bound of the mount the crash phase fills: one whose apply queue
+/// (a quarter of the bound) holds every record a journal of `journal_bytes` can (none
+/// encodes in under 32 bytes), so no change applies records and checkpoints at half the
+/// journal (`Journal::throttle_apply`) before the fill reaches the limit. The bound
+/// costs nothing until inodes are decoded: the fill touches a working set of
+/// [`CRASH_WORKING_SET`].
+fn crash_inode_bound(journal_bytes: u64) -> usize {
+    usize::try_from(journal_bytes / 32 * 4).unwrap_or(usize::MAX)
 }
 
 /// Runs `-w meta`.
@@ -816,15 +845,17 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
     r.readdir_entries_per_sec = readdir_all(&fs, &dirs, p.threads)?;
     r.phases.push(PhaseMemory::end("stat, readdir", Some(&fs)));
     PhaseMemory::start();
-    // The crash phase fills the journal with no checkpointer running, so what the
-    // crash leaves is a full journal whatever `--checkpoint` says (see the module doc).
+    // The crash phase fills the journal with no checkpointer running and an apply queue
+    // long enough for the whole journal, so what the crash leaves is a full journal
+    // whatever `--checkpoint` says (see the module doc).
+    let queue_room = crash_inode_bound(fs.journal_bytes());
     fs.unmount().map_err(err)?;
     drop(fs);
     let (fs, _) = timed_mount(
         paths,
         Some(Arc::clone(&faults)),
         stripefs::Checkpoints::Inline,
-        p.inode_cache,
+        Some(queue_room),
     )?;
     let fill = crash(fs, &faults, &dirs, &files)?;
     r.phases.push(PhaseMemory::end("chmod, crash", None));

@@ -316,7 +316,9 @@ fn json_field<'a>(j: &'a str, key: &str) -> &'a str {
 }
 
 /// `bench -w meta` at a tiny size, so the workload cannot rot: every phase runs, the
-/// crash is recovered by replaying the journal, the plot is drawn; a run past version 1's
+/// crash finds the journal at its limit and is recovered by replaying it (with an
+/// in-core inode bound small enough that, before the crash phase had its own, a
+/// change applied the queue and checkpointed at half the journal), the plot is drawn; a run past version 1's
 /// checkpoint-area limit creates every file; and a run that fills the data area stops
 /// with the count reached instead of failing.
 #[test]
@@ -325,7 +327,14 @@ fn bench_meta_runs_and_reports_enospc() {
     let svg = d.join("p.svg");
     let (code, out, err) = run(bin()
         .args(["bench", "-w", "meta", "--files", "2000", "--dirs", "10"])
-        .args(["--target-size", "32m", "--json", "--dir"])
+        .args([
+            "--target-size",
+            "32m",
+            "--inode-cache",
+            "256",
+            "--json",
+            "--dir",
+        ])
         .arg(&d)
         .arg("--plot")
         .arg(&svg));
@@ -342,7 +351,10 @@ fn bench_meta_runs_and_reports_enospc() {
     let replayed: u64 = json_field(crash, "replayed_txns").parse().unwrap();
     assert!(replayed > 0, "the crash left transactions to replay: {out}");
     let fill: f64 = json_field(crash, "journal_fill").parse().unwrap();
-    assert!((0.3..0.75).contains(&fill), "journal fill {fill}: {out}");
+    assert!(
+        (0.5..0.75).contains(&fill),
+        "journal fill {fill}, not at its limit (75%): {out}"
+    );
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert_eq!(plot.matches("<circle").count(), 2 + 1, "{plot}");
     assert!(!d.join("meta-t0").exists(), "targets removed");

@@ -727,6 +727,26 @@ impl Fs {
         })
     }
 
+    /// The journal's head and tail now, in journal units (what [`Fs::status`] reports,
+    /// without its walk of the whole metadata model).
+    #[must_use]
+    pub fn journal_position(&self) -> JournalPosition {
+        self.inner.journal.position()
+    }
+
+    /// The journal's size in units (those of [`Fs::journal_position`]).
+    #[must_use]
+    pub fn journal_units(&self) -> u64 {
+        self.inner.geo.journal_units()
+    }
+
+    /// The journal's size in bytes.
+    #[must_use]
+    pub fn journal_bytes(&self) -> u64 {
+        let g = &self.inner.geo;
+        g.journal_units() * u64::from(g.journal_unit)
+    }
+
     /// Counters for `inspect` and tests.
     #[must_use]
     pub fn status(&self) -> FsStatus {
