@@ -69,6 +69,9 @@ pub struct MountReport {
     /// Inodes replay read from the trees for its checks (a file named again after the
     /// checks let it go is read again).
     pub replay_inode_reads: u64,
+    /// Keys replay gave the store to read ahead (a key an earlier window read ahead is
+    /// not given again: decisions.md, 138).
+    pub replay_keys_read_ahead: u64,
     /// Unlinked-but-open inodes freed (orphans left by a crash).
     pub orphans_freed: u64,
     /// Targets given that are not members: formatted for this file system by an
@@ -258,6 +261,7 @@ impl Fs {
             replayed_records,
             replay_peak_inodes: l.replay_peak_inodes,
             replay_inode_reads: l.replay_inode_reads,
+            replay_keys_read_ahead: l.replay_keys_read_ahead,
             orphans_freed: orphans,
             ignored_targets: l.ignored,
         };

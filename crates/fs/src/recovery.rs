@@ -52,6 +52,8 @@ pub(crate) struct Loaded {
     pub replay_peak_inodes: u64,
     /// Inodes the replay's checks read from the trees.
     pub replay_inode_reads: u64,
+    /// Keys the replay gave the store to read ahead.
+    pub replay_keys_read_ahead: u64,
     /// Each member's state (read-only and retired ones are persisted, decision 106).
     pub states: Vec<TargetState>,
 }
@@ -485,6 +487,7 @@ pub(crate) fn load(
     let replayed_records = r.records;
     let replay_peak_inodes = r.peak_inodes;
     let replay_inode_reads = r.inode_reads;
+    let replay_keys_read_ahead = r.keys_read_ahead;
     let crate::replay::Members {
         mut geo,
         added,
@@ -532,6 +535,7 @@ pub(crate) fn load(
         replayed_records,
         replay_peak_inodes,
         replay_inode_reads,
+        replay_keys_read_ahead,
         states,
     })
 }

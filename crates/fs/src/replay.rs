@@ -29,7 +29,7 @@
 //! is the window checked and applied, record by record in journal order, from memory.
 //! The order of application never changes; the read-ahead only moves the reads earlier.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use stripefs_core::alloc::Allocator;
@@ -67,6 +67,8 @@ pub(crate) struct Replayer<'a> {
     pub peak_inodes: u64,
     /// Inodes read from the trees into `partial`.
     pub inode_reads: u64,
+    /// Keys given to the store to read ahead.
+    pub keys_read_ahead: u64,
     /// Inodes the replay created, with the entries naming them (by the replay).
     created: BTreeMap<Ino, u32>,
     /// A scratch map for the data-area check of extents (each claim is given back).
@@ -77,6 +79,9 @@ pub(crate) struct Replayer<'a> {
     window: Vec<(TxnAt, Vec<Record>)>,
     /// The keys the window's records will read.
     keys: Vec<Key>,
+    /// The keys earlier windows read ahead: at most two per inode the partial model may
+    /// keep plus one window's (an inode's item and orphan key), emptied past it.
+    recent: HashSet<Key>,
     /// Distinct keys a window gathers before it is read ahead and applied.
     window_keys: usize,
     /// Inodes the partial model keeps from one window to the next: past this many it is
@@ -129,9 +134,11 @@ impl<'a> Replayer<'a> {
             created: BTreeMap::new(),
             peak_inodes: 0,
             inode_reads: 0,
+            keys_read_ahead: 0,
             records: 0,
             window: Vec::new(),
             keys: Vec::new(),
+            recent: HashSet::new(),
             window_keys: window_keys.max(1),
             keep_inodes,
             memo: items::ApplyMemo::default(),
@@ -199,10 +206,21 @@ impl<'a> Replayer<'a> {
     /// Reads the window's pages ahead (many in flight, each once), then checks and
     /// applies its transactions in journal order.
     fn flush(&mut self) -> Result<()> {
-        let keys = std::mem::take(&mut self.keys);
+        let mut keys = std::mem::take(&mut self.keys);
         let window = std::mem::take(&mut self.window);
+        // A key an earlier window read ahead is on a page replay has since read and most
+        // likely dirtied (dirty pages stay until the mount's checkpoint), so its path
+        // is in memory: walking it again to find that out was a fifth of a replay that
+        // changes the same files again and again. A hint either way: a page not in
+        // memory is read by the record that needs it.
+        keys.retain(|k| !self.recent.contains(k));
+        self.keys_read_ahead += keys.len() as u64;
         // Counted in the cache's statistics (`read_ahead`).
         let ahead = self.store.prefetch(&keys)?;
+        if self.recent.len() + keys.len() > 2 * self.keep_inodes + self.window_keys {
+            self.recent.clear();
+        }
+        self.recent.extend(keys);
         for (at, recs) in window {
             self.apply_txn(at, &recs)?;
         }

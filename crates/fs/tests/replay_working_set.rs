@@ -1,7 +1,8 @@
 //! Replay of a journal that changes the same files again and again (decisions.md, 135):
 //! the checks' partial model is kept from one read-ahead window to the next while it is
 //! within the in-core inode bound, so each file is read from the trees once, not once
-//! per window; past the bound it is let go after each window, as before.
+//! per window; past the bound it is let go after each window, as before. And the keys
+//! an earlier window read ahead are not read ahead again.
 mod common;
 
 use std::sync::Arc;
@@ -98,6 +99,14 @@ fn a_working_set_within_the_inode_bound_is_read_once() {
         report.replay_inode_reads <= FILES + 2,
         "replay read {} inodes for {FILES} files changed in {ROUNDS} windows",
         report.replay_inode_reads
+    );
+    // Their keys read ahead once too (an inode item and an orphan key each, the
+    // counter): the first window's; later windows name no new key (decisions.md, 138).
+    let keys = 2 * FILES + 1;
+    assert!(
+        report.replay_keys_read_ahead <= keys + 4,
+        "replay read ahead {} keys for {ROUNDS} windows of the same {keys}",
+        report.replay_keys_read_ahead
     );
 }
 
