@@ -13,10 +13,11 @@
 //!
 //! The crash: the file system is mounted again with `checkpoint=inline` (no checkpointer
 //! thread: with one, a checkpoint started above half a journal would empty it before the
-//! crash, and the mount would measure whatever it left), the journal is filled with
-//! `chmod`s of a working set of 4,096 files picked at random, in turn, 1000 per `sync`,
-//! until one more such commit would reach 75% (where a commit checkpoints first), then a journal-write fault is injected so the next commit fails,
-//! which poisons the file system; a poisoned file system is dropped without unmounting
+//! crash, and the mount would measure whatever it left; and an apply queue that holds the
+//! whole journal), the journal is filled with `chmod`s of a working set of 4,096
+//! distinct files picked at random, in turn, 1000 per `sync`, until one more such commit
+//! would reach 75% (where a commit checkpoints first), then a journal-write fault is
+//! injected so the next commit fails, which poisons the file system; a poisoned file system is dropped without unmounting
 //! (no checkpoint, no further writes), leaving on the file targets exactly what the last
 //! durable commit left, as a power cut after it would. The mount after the crash uses
 //! `--checkpoint` again.
@@ -38,6 +39,8 @@ use crate::targets::open_one;
 pub(crate) const FSYNC_EVERY: u64 = 1000;
 /// A bound on the `chmod`s the crash phase commits to fill the journal.
 const CRASH_MAX_CHMODS: u64 = 2_000_000;
+/// The crash fill's phase in the memory table.
+const CRASH_FILL_PHASE: &str = "chmod, crash";
 /// Files the crash phase's `chmod`s cycle over: their leaves, scattered through the tree,
 /// stay well under the pages a checkpoint is due at (half the default 64 MiB
 /// `meta_cache`, 8,192 pages).
@@ -677,8 +680,8 @@ fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &FileSet) -> Resul
             .map_err(|e| format!("lookup f{n}: {e}"))
     };
     let set: Vec<Ino> = files
-        .sample(CRASH_WORKING_SET, &mut Rng::new(29))
-        .into_iter()
+        .subset(CRASH_WORKING_SET, &mut Rng::new(29))
+        .iter()
         .map(ino)
         .collect::<Result<_, _>>()?;
     let (mut before, cap) = used(&fs);
@@ -688,7 +691,12 @@ fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &FileSet) -> Resul
     while !set.is_empty() && i < CRASH_MAX_CHMODS {
         for &f in cycle.by_ref().take(FSYNC_EVERY as usize) {
             let set = SetAttr {
-                mode: Some(if i.is_multiple_of(2) { 0o600 } else { 0o644 }),
+                // Each pass over the set changes every file's mode.
+                mode: Some(if (i / set.len() as u64).is_multiple_of(2) {
+                    0o600
+                } else {
+                    0o644
+                }),
                 ..SetAttr::default()
             };
             i += 1;
@@ -733,8 +741,9 @@ fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &FileSet) -> Resul
 }
 
 /// The in-core inode bound of the mount the crash phase fills: one whose apply queue
-/// (a quarter of the bound) holds every record a journal of `journal_bytes` can (none
-/// encodes in under 32 bytes), so no change applies records and checkpoints at half the
+/// (a quarter of the bound) holds every record a journal of `journal_bytes` can hold of
+/// the fill's (its `chmod` records encode in about 100 bytes; 32 leaves room), so no
+/// change applies records and checkpoints at half the
 /// journal (`Journal::throttle_apply`) before the fill reaches the limit. The bound
 /// costs nothing until inodes are decoded: the fill touches a working set of
 /// [`CRASH_WORKING_SET`].
@@ -858,7 +867,7 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
         Some(queue_room),
     )?;
     let fill = crash(fs, &faults, &dirs, &files)?;
-    r.phases.push(PhaseMemory::end("chmod, crash", None));
+    r.phases.push(PhaseMemory::end(CRASH_FILL_PHASE, None));
     PhaseMemory::start();
     let (fs, mut crashed) = timed_mount(paths, None, p.checkpoints, p.inode_cache)?;
     crashed.journal_fill = fill;
@@ -879,8 +888,17 @@ fn measure(paths: &[PathBuf], p: &MetaParams) -> Result<MetaReport, String> {
     PhaseMemory::start();
     fs.unmount().map_err(err)?;
     r.phases.push(PhaseMemory::end("unmount", None));
-    // Each phase's peak was reset at its start: the run's peak is the largest.
-    r.vm_hwm = r.phases.iter().map(|m| m.vm_hwm).max().unwrap_or(0);
+    // Each phase's peak was reset at its start: the run's peak is the largest, but for
+    // the crash fill's, whose apply queue holds a whole journal's records (about 100
+    // bytes each decoded), a state the mounted file system's bound never lets it reach;
+    // the phase table reports it.
+    r.vm_hwm = r
+        .phases
+        .iter()
+        .filter(|m| m.phase != CRASH_FILL_PHASE)
+        .map(|m| m.vm_hwm)
+        .max()
+        .unwrap_or(0);
     Ok(r)
 }
 

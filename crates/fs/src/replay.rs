@@ -7,10 +7,13 @@
 //! only what the replay touches: the inodes its records name (without their directory
 //! entries) and the entries its records add or remove, read from the trees as they stand
 //! before each record and kept, changed, in a partial `MetaState`; so mount reads what the
-//! journal names, not the file system, nor a whole directory. The partial model is let go
-//! after each window (below): every record is in the trees by then, so a later window
-//! reads again what it names, and the replay holds one window's inodes, not every inode
-//! a full journal names (decisions.md, 121).
+//! journal names, not the file system, nor a whole directory. The partial model is kept
+//! from one window (below) to the next while what it holds (the inodes looked up and the
+//! names added) is within the mount's in-core inode bound, so a journal that changes the
+//! same files again and again decodes each once; past the bound it is let go after the
+//! window: every record is in the trees by then, so a later window reads again what it
+//! names, and the replay holds the bound plus one window's worth, not every inode a full
+//! journal names (decisions.md, 121 and 135).
 //!
 //! Rules checked per record (as `ReplayCheck` does): the record fits (`MetaState::apply`:
 //! existing inode, object in range, entry in a directory, no change of type), entry
@@ -56,11 +59,14 @@ pub(crate) struct Replayer<'a> {
     candidates: Candidates,
     /// Targets replayed `TargetAdd`s made members, in index order.
     added: Vec<Arc<dyn Target>>,
-    /// Every inode a record of the current window named, as the replay left it (absent:
-    /// freed, or not in the trees).
+    /// Every inode a record named since the model was last let go, as the replay left it
+    /// (absent: freed, or not in the trees).
     partial: MetaState,
-    /// Inodes looked up in the current window (present in `partial` or known absent).
+    /// Inodes looked up since then (present in `partial` or known absent).
     seen: BTreeSet<Ino>,
+    /// Names added to `partial`'s directories since then (read from the trees or by
+    /// records): with `seen`, what the model's size is judged by.
+    names_held: usize,
     /// Inodes the trees held when the replay first named them.
     existed: BTreeSet<Ino>,
     /// The most inodes `partial` held at once.
@@ -130,6 +136,7 @@ impl<'a> Replayer<'a> {
             added: Vec::new(),
             partial: MetaState::new(),
             seen: BTreeSet::new(),
+            names_held: 0,
             existed: BTreeSet::new(),
             created: BTreeMap::new(),
             peak_inodes: 0,
@@ -217,7 +224,11 @@ impl<'a> Replayer<'a> {
         self.keys_read_ahead += keys.len() as u64;
         // Counted in the cache's statistics (`read_ahead`).
         let ahead = self.store.prefetch(&keys)?;
-        if self.recent.len() + keys.len() > 2 * self.keep_inodes + self.window_keys {
+        let recent_bound = self
+            .keep_inodes
+            .saturating_mul(2)
+            .saturating_add(self.window_keys);
+        if self.recent.len() + keys.len() > recent_bound {
             self.recent.clear();
         }
         self.recent.extend(keys);
@@ -228,11 +239,14 @@ impl<'a> Replayer<'a> {
         // The trees hold everything the window's records did, and the checks' partial
         // model is a copy of what they say about the inodes it holds: kept while it is
         // within its bound (a journal that changes the same files again and again reads
-        // each once), else let go, and the next window reads again what it names.
-        // `existed` and `created` stay: they are about the replay as a whole.
-        if self.partial.inodes.len() > self.keep_inodes {
+        // each once), else let go, and the next window reads again what it names. The
+        // bound counts the inodes looked up, present or absent, and the names added, so
+        // a journal of short-lived files or of many names in one directory is let go
+        // too. `existed` and `created` stay: they are about the replay as a whole.
+        if self.seen.len().saturating_add(self.names_held) > self.keep_inodes {
             self.partial = MetaState::new();
             self.seen.clear();
+            self.names_held = 0;
         }
         Ok(())
     }
@@ -269,6 +283,7 @@ impl<'a> Replayer<'a> {
                 kind: e.kind,
             };
             d.entries.insert(name.to_vec(), e);
+            self.names_held += 1;
         }
         Ok(())
     }
@@ -297,11 +312,18 @@ impl<'a> Replayer<'a> {
             }
             self.before(rec).map_err(named)?;
             self.unlinked(rec, &mut t);
-            // Checksums are about blocks, not the inodes this partial model checks: the
-            // trees get them, the model does not keep them (it would hold every block a
-            // replayed journal wrote).
-            if !matches!(rec, Record::CsumSet { .. } | Record::CsumClear { .. }) {
+            // Checksums and reference counts are about blocks, not the inodes this
+            // partial model checks, and no check reads them: the trees get them, the
+            // model does not keep them (it would hold every block a replayed journal
+            // wrote or shared).
+            if !matches!(
+                rec,
+                Record::CsumSet { .. } | Record::CsumClear { .. } | Record::RefcountSet { .. }
+            ) {
                 self.partial.apply(rec).map_err(|e| named(e.to_string()))?;
+            }
+            if let Record::DirAdd { .. } = rec {
+                self.names_held += 1;
             }
             self.after(rec, &mut t);
             items::apply_records_with(self.store, std::slice::from_ref(rec), &mut self.memo)

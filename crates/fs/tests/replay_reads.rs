@@ -101,7 +101,8 @@ fn replay(images: &[Vec<u8>], meta_cache: u64) -> (u64, u64, u64, u64) {
     // (decisions.md, 121 and 135), plus one window's inodes (a quarter of the cache's
     // pages in keys, at least 256, past which the transaction that crossed it still
     // joins: at most the 500 chmods between two syncs), not every inode the journal
-    // names: with the smallest cache, 512 + 256 + 500 of the 6,000.
+    // names: with the smallest cache, 1,024 (the derived bound's floor) + 256 + 500 of
+    // the 6,000.
     let window = (meta_cache / 4096 / 4).max(256);
     let keep = opts.inode_bound().0 as u64;
     assert!(

@@ -126,3 +126,12 @@ fn past_the_inode_bound_the_checks_let_go_after_each_window() {
         "{report:?}"
     );
 }
+
+/// The largest bound `-o inode_cache` takes: the replay's bounds on what it keeps
+/// saturate instead of overflowing (a reviewer's reproducer: a debug build panicked).
+#[test]
+fn the_largest_inode_bound_replays() {
+    let images = crashed();
+    let report = replay(&images, usize::MAX);
+    assert!(report.replay_inode_reads <= FILES + 2, "{report:?}");
+}

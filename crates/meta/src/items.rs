@@ -76,8 +76,8 @@ pub fn apply_records(store: &Store, recs: &[Record]) -> Result<(), MetaError> {
 /// Valid only while every change of those items goes through the applier that owns it:
 /// one applier at a time, and one memo per applier (the journal keeps its applier's
 /// under its applying lock). Bounded: past [`ApplyMemo::BOUND`] inodes it keeps only
-/// the directories (emptied if they alone pass it), and it is emptied after a record
-/// fails.
+/// the directories (and only the counter if they alone pass it), and it is emptied after
+/// a record fails.
 #[derive(Debug, Default)]
 pub struct ApplyMemo {
     /// Inodes' attributes as the tree holds them (`None`: no such inode).
@@ -129,7 +129,10 @@ pub fn apply_records_with(
     if res.is_ok() {
         let counter = items.counter.get().map(|(now, _)| now);
         *memo = items.memo.into_inner();
-        memo.counter = counter;
+        // A call whose records did not read the counter left it as the memo had it.
+        if counter.is_some() {
+            memo.counter = counter;
+        }
         memo.trim();
     }
     res
