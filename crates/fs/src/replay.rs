@@ -90,9 +90,9 @@ pub(crate) struct Replayer<'a> {
     recent: HashSet<Key>,
     /// Distinct keys a window gathers before it is read ahead and applied.
     window_keys: usize,
-    /// Inodes the partial model keeps from one window to the next: past this many it is
-    /// let go after a window (the mount's in-core inode bound, the memory the mounted file
-    /// system gives decoded inodes anyway).
+    /// What the partial model keeps from one window to the next, in inodes looked up plus
+    /// names added: past it the model is let go after a window (the mount's in-core inode
+    /// bound, the memory the mounted file system gives decoded inodes anyway).
     keep_inodes: usize,
     /// What applying the records remembers from one to the next (`items::ApplyMemo`:
     /// the replay is the trees' only applier while it runs).
