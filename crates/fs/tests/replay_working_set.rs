@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use stripefs::{
-    CreateParams, FileKind, Fs, Ino, InodeBound, MetaCacheBytes, MkfsOptions, MountOptions, SetAttr,
+    CreateParams, FileKind, Fs, Ino, InodeBound, MetaCacheBytes, MountOptions, SetAttr,
 };
 use stripefs_target::SimTarget;
 
@@ -31,13 +31,7 @@ fn mode(round: u32) -> u32 {
 /// files were created.
 fn crashed() -> Vec<Vec<u8>> {
     let s = sims(2, TARGET_BYTES);
-    let opts = MkfsOptions {
-        block_size: 4096,
-        stripe_unit: 4096,
-        ..MkfsOptions::default()
-    };
-    Fs::mkfs(&dyns(&s), &opts).unwrap();
-    let fs = Fs::mount(dyns(&s), quiet()).unwrap().0;
+    let fs = fresh(&s, 4096, 4096);
     let d = fs
         .mkdir(Ino::ROOT, "d".as_ref(), CreateParams::with_perm(0o755))
         .unwrap()
