@@ -17,10 +17,10 @@
 //! whole journal), the journal is filled with `chmod`s of a working set of 4,096
 //! distinct files picked at random, in turn, 1000 per `sync`, until one more such commit
 //! would reach 75% (where a commit checkpoints first), then a journal-write fault is
-//! injected so the next commit fails, which poisons the file system; a poisoned file system is dropped without unmounting
-//! (no checkpoint, no further writes), leaving on the file targets exactly what the last
-//! durable commit left, as a power cut after it would. The mount after the crash uses
-//! `--checkpoint` again.
+//! injected so the next commit fails, which poisons the file system; a poisoned file
+//! system is dropped without unmounting (no checkpoint, no further writes), leaving on the
+//! file targets exactly what the last durable commit left, as a power cut after it would.
+//! The mount after the crash uses `--checkpoint` again.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -653,8 +653,8 @@ fn create_phase(
 }
 
 /// Commits `chmod`s of a working set of [`CRASH_WORKING_SET`] files picked at random,
-/// [`FSYNC_EVERY`] per commit, in turn, until one more commit would make the journal write a
-/// checkpoint instead (it does at [`log_limit`]), then makes the next commit fail and
+/// [`FSYNC_EVERY`] per commit, in turn, until one more commit would make the journal
+/// write a checkpoint instead (it does at [`log_limit`]), then makes the next commit fail and
 /// drops the poisoned file system without unmounting it. Returns the journal fill it went
 /// down with.
 ///
@@ -690,7 +690,7 @@ fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &FileSet) -> Resul
     let mut cycle = set.iter().cycle();
     while !set.is_empty() && i < CRASH_MAX_CHMODS {
         for &f in cycle.by_ref().take(FSYNC_EVERY as usize) {
-            let set = SetAttr {
+            let attr = SetAttr {
                 // Each pass over the set changes every file's mode.
                 mode: Some(if (i / set.len() as u64).is_multiple_of(2) {
                     0o600
@@ -700,7 +700,7 @@ fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &FileSet) -> Resul
                 ..SetAttr::default()
             };
             i += 1;
-            match fs.setattr(f, &set) {
+            match fs.setattr(f, &attr) {
                 Ok(_) => {}
                 Err(FsError::NoSpace(_)) => break,
                 Err(e) => return Err(format!("chmod of inode {}: {e}", f.0)),
@@ -743,8 +743,8 @@ fn crash(fs: Fs, faults: &FaultInjector, dirs: &[Ino], files: &FileSet) -> Resul
 /// The in-core inode bound of the mount the crash phase fills: one whose apply queue
 /// (a quarter of the bound) holds every record a journal of `journal_bytes` can hold of
 /// the fill's (its `chmod` records encode in about 100 bytes; 32 leaves room), so no
-/// change applies records and checkpoints at half the
-/// journal (`Journal::throttle_apply`) before the fill reaches the limit. The bound
+/// change applies records and checkpoints at half the journal (`Journal::throttle_apply`)
+/// before the fill reaches the limit. The bound
 /// costs nothing until inodes are decoded: the fill touches a working set of
 /// [`CRASH_WORKING_SET`].
 fn crash_inode_bound(journal_bytes: u64) -> usize {

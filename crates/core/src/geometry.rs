@@ -236,6 +236,12 @@ impl Geometry {
         self.targets.len() as u32
     }
 
+    /// Bytes of the journal region that hold whole units.
+    #[must_use]
+    pub fn journal_bytes(&self) -> u64 {
+        self.journal_units() * u64::from(self.journal_unit)
+    }
+
     /// Journal units in the journal region.
     #[must_use]
     pub fn journal_units(&self) -> u64 {

@@ -45,7 +45,7 @@ const JOURNAL_ZERO_CHUNK: u64 = 8 << 20;
 /// own journal (hundreds of milliseconds on a busy disk: decisions.md, 81).
 fn zero_journal(t0: &dyn Target, geo: &Geometry) -> Result<()> {
     let start = geo.journal_unit_offset(0);
-    let len = geo.journal_units() * u64::from(geo.journal_unit);
+    let len = geo.journal_bytes();
     let mut at = 0;
     while at < len {
         let n = JOURNAL_ZERO_CHUNK.min(len - at);
@@ -586,8 +586,7 @@ impl Fs {
     /// checkpoint's pages) until it commits, and which a checkpoint must then commit
     /// whole.
     fn txn_limit(&self) -> usize {
-        let g = &self.inner.geo;
-        ((g.journal_units() * u64::from(g.journal_unit) / 8) as usize).min(TXN_LIMIT_MAX)
+        ((self.inner.geo.journal_bytes() / 8) as usize).min(TXN_LIMIT_MAX)
     }
 
     /// Commits the running transaction if it is past [`Fs::txn_limit`], or if it holds
@@ -747,8 +746,7 @@ impl Fs {
     /// The journal's size in bytes.
     #[must_use]
     pub fn journal_bytes(&self) -> u64 {
-        let g = &self.inner.geo;
-        g.journal_units() * u64::from(g.journal_unit)
+        self.inner.geo.journal_bytes()
     }
 
     /// Counters for `inspect` and tests.

@@ -11,7 +11,7 @@ fn mkfs_writes_zeros_over_the_whole_journal() {
     let s = sims(2, 32 << 20);
     let geo = Fs::mkfs(&dyns(&s), &MkfsOptions::default()).unwrap();
     let start = geo.journal_unit_offset(0) as usize;
-    let len = (geo.journal_units() * u64::from(geo.journal_unit)) as usize;
+    let len = geo.journal_bytes() as usize;
     // Durable: mkfs flushed it.
     let image = s[0].durable_image();
     let journal = &image[start..start + len];
