@@ -24,7 +24,7 @@ use crate::fs::Fs;
 use crate::inner::FsInner;
 use crate::mapping::piece_record;
 use crate::mapping::{DevAddr, FileMapper, Settle};
-use crate::namespace::{data_changed, inode};
+use crate::namespace::{data_times, inode};
 use crate::wbgroup::WbBatch;
 
 pub(crate) use stripefs_core::inode::FLAG_PREALLOC;
@@ -293,8 +293,10 @@ impl Fs {
         if added > 0 || c.last_write.is_some() {
             c.last_write = Some(Instant::now());
         }
-        let a = data_changed(&m, ino)?;
-        self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
+        match data_times(&mut m, ino)? {
+            Some(a) => self.inner.log_all(&mut m, vec![Record::InodeSet(a)]),
+            None => Ok(()),
+        }
     }
 
     /// Writes back the dirty cache of `ino` and waits for it.

@@ -48,7 +48,7 @@ use crate::error::{FsError, Result};
 use crate::fs::Fs;
 use crate::icache::InodeIo;
 use crate::mapping::{piece_record, DevAddr, FileMapper, Reservation};
-use crate::namespace::{data_changed, inode};
+use crate::namespace::{data_times, inode};
 use crate::options::UnalignedPolicy;
 
 /// The inode lock a direct write needs.
@@ -650,8 +650,10 @@ impl Fs {
 
     pub(crate) fn touch_mtime(&self, ino: Ino) -> Result<()> {
         let mut m = self.inner.meta.lock();
-        let a = data_changed(&m, ino)?;
-        self.inner.log_all(&mut m, vec![Record::InodeSet(a)])
+        match data_times(&mut m, ino)? {
+            Some(a) => self.inner.log_all(&mut m, vec![Record::InodeSet(a)]),
+            None => Ok(()),
+        }
     }
 
     /// EOF zeroing before the size grows to `to` (a write starting past EOF, an extending

@@ -37,15 +37,22 @@ impl DirtyTargets {
     /// # Errors
     /// The first flush error (the caller decides whether it poisons).
     pub fn flush(&self, targets: &TargetSet) -> Result<(), TargetError> {
+        // Read before the flush is submitted: the flush covers every write counted.
+        let due: Vec<(usize, u64)> = (0..targets.len())
+            .map(|i| (i, self.marked[i].load(Ordering::Acquire)))
+            .filter(|&(i, upto)| upto > self.flushed[i].load(Ordering::Acquire))
+            .collect();
+        if let [(i, upto)] = due[..] {
+            // One flush, waited for here: the target may run it on this thread.
+            targets[i].flush_sync()?;
+            self.flushed[i].fetch_max(upto, Ordering::AcqRel);
+            return Ok(());
+        }
         let batch = Batch::new();
         let mut issued = Vec::new();
-        for (i, t) in targets.iter().enumerate() {
-            // Read before the flush is submitted: the flush covers every write counted.
-            let upto = self.marked[i].load(Ordering::Acquire);
-            if upto > self.flushed[i].load(Ordering::Acquire) {
-                batch.submit(t.as_ref(), IoOp::Flush);
-                issued.push((i, upto));
-            }
+        for (i, upto) in due {
+            batch.submit(targets[i].as_ref(), IoOp::Flush);
+            issued.push((i, upto));
         }
         let mut first = None;
         for ((i, upto), d) in issued.into_iter().zip(batch.wait()) {

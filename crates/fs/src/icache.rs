@@ -21,6 +21,7 @@
 //! afterwards starts from, so `fsync` of an inode whose in-core state was evicted before
 //! its last change was durable still commits (conservatively: up to the floor).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -31,6 +32,7 @@ use stripefs_core::Ino;
 use stripefs_iomap::cache::{FileCache, PageCache};
 use stripefs_iomap::direct::DioCount;
 
+use crate::clock::StampSeen;
 use crate::delalloc::DelallocMap;
 
 /// The table is swept when it holds more than this many inodes and has doubled since the
@@ -50,6 +52,9 @@ pub(crate) struct InodeIo {
     /// page cache's index holds this same `FileCache` under the inode's number; both go
     /// when the inode is evicted or freed.
     cache: OnceLock<Arc<FileCache>>,
+    /// Set when a data change stamped the times, cleared when the attributes are
+    /// returned to anyone (`clock::data_stamp`): whether the next write may keep them.
+    stamp_unseen: AtomicBool,
 }
 
 impl InodeIo {
@@ -59,7 +64,27 @@ impl InodeIo {
             lock: RwLock::new(()),
             dio: DioCount::default(),
             cache: OnceLock::new(),
+            stamp_unseen: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the times may have been seen since the last data-change stamp.
+    pub fn stamp_seen(&self) -> StampSeen {
+        if self.stamp_unseen.load(Ordering::Acquire) {
+            StampSeen::No
+        } else {
+            StampSeen::Maybe
+        }
+    }
+
+    /// A data change stamped the times just now.
+    pub fn stamped(&self) {
+        self.stamp_unseen.store(true, Ordering::Release);
+    }
+
+    /// The attributes are being returned: the next data change must show.
+    pub fn times_seen(&self) {
+        self.stamp_unseen.store(false, Ordering::Release);
     }
 
     /// The inode lock, shared.

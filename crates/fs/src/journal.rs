@@ -496,31 +496,27 @@ impl Journal {
         // FUA: each piece is durable when it completes, so no flush follows. The pieces
         // of a wrapping record may land in either order; a crash between them leaves a
         // record whose checksum fails, the torn last record recovery already ends at.
-        let batch = Batch::new();
-        batch.submit(
-            t0,
-            IoOp::WriteFua {
-                offset: geo.journal_unit_offset(*head),
-                bufs: vec![IoBuf::from_slice(a)],
-            },
-        );
-        if !b.is_empty() {
-            let offset = geo.journal_unit_offset(*head + first_units);
-            batch.submit(
-                t0,
-                IoOp::WriteFua {
-                    offset,
-                    bufs: vec![IoBuf::from_slice(b)],
-                },
-            );
+        if b.is_empty() {
+            // One piece, waited for here: the target may run it on this thread.
+            let wrote = t0.write_fua_sync(geo.journal_unit_offset(*head), IoBuf::from_slice(a));
+            // The injected "journal flush" failure stands for the durability step
+            // failing, which is now the FUA write's own completion.
+            let flushed = fs.metadata_fault(crate::faults::JOURNAL_FLUSH);
+            wrote?;
+            flushed?;
+        } else {
+            let batch = Batch::new();
+            for (at, piece) in [(*head, a), (*head + first_units, b)] {
+                let offset = geo.journal_unit_offset(at);
+                let bufs = vec![IoBuf::from_slice(piece)];
+                batch.submit(t0, IoOp::WriteFua { offset, bufs });
+            }
+            let flushed = fs.metadata_fault(crate::faults::JOURNAL_FLUSH);
+            for d in batch.wait() {
+                d.result?;
+            }
+            flushed?;
         }
-        // The injected "journal flush" failure stands for the durability step failing,
-        // which is now the FUA write's own completion.
-        let flushed = fs.metadata_fault(crate::faults::JOURNAL_FLUSH);
-        for d in batch.wait() {
-            d.result?;
-        }
-        flushed?;
         fs.meta_bytes_written
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         *head += w.units;

@@ -202,6 +202,21 @@ pub(crate) fn data_changed(m: &MetaCore, ino: Ino) -> Result<stripefs_core::inod
     Ok(a)
 }
 
+/// The attributes of `ino` after a write of its data, or `None` when its times stay as
+/// they are (`clock::data_stamp`: at the coarse clock's granularity, while nobody has
+/// read them since the last stamp).
+pub(crate) fn data_times(m: &mut MetaCore, ino: Ino) -> Result<Option<InodeAttrs>> {
+    let seen = m.inodes.entry(ino).io.stamp_seen();
+    let mut a = inode(m, ino)?.attrs.clone();
+    let Some(now) = crate::clock::data_stamp(a.mtime, a.ctime, seen) else {
+        return Ok(None);
+    };
+    a.mtime = now;
+    a.ctime = now;
+    m.inodes.entry(ino).io.stamped();
+    Ok(Some(a))
+}
+
 /// Parent attributes after an entry change: new times, link count adjusted by `dlink`.
 fn touched_dir(d: &Inode, now: Timespec, dlink: i32) -> Record {
     let mut a = d.attrs.clone();
@@ -230,6 +245,9 @@ impl Fs {
 
     pub(crate) fn attr_of(&self, m: &MetaCore, ino: Ino) -> Result<Attr> {
         let i = inode(m, ino)?;
+        if let Some(c) = m.inodes.get(ino) {
+            c.io.times_seen();
+        }
         let mut a = Attr::of(i, self.block_size());
         a.atime = m.atime_of(&i.attrs);
         a.size = m.size_of(ino).unwrap_or(a.size);

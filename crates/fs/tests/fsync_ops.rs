@@ -130,3 +130,47 @@ fn fsync_after_append_flushes_the_data_target_then_one_fua_write() {
     assert_eq!(t.fua_writes, 1);
     fs.unmount().unwrap();
 }
+
+/// Overwrites whose times nobody read since the last stamp keep the times of that stamp
+/// within the clock's tick (`clock::data_stamp`, as Linux's multigrain timestamps), so
+/// their `fsync` is the data write and its flush alone, with no journal record; one
+/// after a `stat` is stamped anew, later than what the `stat` showed, and commits.
+#[test]
+fn overwrites_nobody_looked_at_commit_no_new_times() {
+    let (s, fs, ino) = setup();
+    let n = 200;
+    let before = counts(&s);
+    for i in 0..n {
+        fs.write_at(ino, 20480, &pattern(4 + i, 20480, 4096))
+            .unwrap();
+        fs.fsync(ino, stripefs::SyncScope::All).unwrap();
+    }
+    let t = total(&delta(&before, &counts(&s)));
+    eprintln!(
+        "{n} overwrites + fsync, nobody looking: {} journal records",
+        t.fua_writes
+    );
+    assert_eq!(
+        (t.writes, t.flushes),
+        (n, n),
+        "each fsync writes its block back"
+    );
+    assert!(
+        t.fua_writes < n,
+        "some overwrites in one tick share a stamp"
+    );
+    for i in 0..20 {
+        let seen = fs.getattr(ino).unwrap().mtime;
+        let d = fsync_cost(&s, &fs, ino, || {
+            fs.write_at(ino, 20480, &pattern(300 + i, 20480, 4096))
+                .unwrap();
+        });
+        assert_eq!(
+            total(&d).fua_writes,
+            1,
+            "a write after a stat commits new times"
+        );
+        assert!(fs.getattr(ino).unwrap().mtime > seen, "and they show");
+    }
+    fs.unmount().unwrap();
+}

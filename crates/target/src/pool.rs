@@ -113,7 +113,7 @@ fn worker(s: &Shared) {
     }
 }
 
-fn execute(fd: RawFd, op: &mut IoOp) -> Result<(), (u64, TargetErrorKind)> {
+pub(crate) fn execute(fd: RawFd, op: &mut IoOp) -> Result<(), (u64, TargetErrorKind)> {
     match op {
         IoOp::Read { offset, bufs } => each_buf(fd, *offset, bufs, Transfer::Read),
         IoOp::Write { offset, bufs } => each_buf(fd, *offset, bufs, Transfer::Write),
