@@ -243,11 +243,28 @@ impl Fs {
         self.attr_of(&m, ino)
     }
 
+    /// The attributes of `ino` for a server's own checks (the set-ID rules of a write,
+    /// truncate or ACL change): given to nobody, so reading them does not count as its
+    /// times being seen (`clock::data_stamp`), as [`Fs::getattr`] does.
+    ///
+    /// # Errors
+    /// As [`Fs::getattr`].
+    pub fn peek_attr(&self, ino: Ino) -> Result<Attr> {
+        self.inner.check()?;
+        let m = self.inner.meta_with(&[ino])?;
+        self.attr_unseen(&m, ino)
+    }
+
+    /// The attributes of `ino` as given to a caller: its times count as seen.
     pub(crate) fn attr_of(&self, m: &MetaCore, ino: Ino) -> Result<Attr> {
-        let i = inode(m, ino)?;
         if let Some(c) = m.inodes.get(ino) {
             c.io.times_seen();
         }
+        self.attr_unseen(m, ino)
+    }
+
+    fn attr_unseen(&self, m: &MetaCore, ino: Ino) -> Result<Attr> {
+        let i = inode(m, ino)?;
         let mut a = Attr::of(i, self.block_size());
         a.atime = m.atime_of(&i.attrs);
         a.size = m.size_of(ino).unwrap_or(a.size);

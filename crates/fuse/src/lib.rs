@@ -189,7 +189,7 @@ impl StripeFuse {
     ) -> stripefs::Result<CreateParams> {
         let mut p = params(req, mode, umask);
         if p.perm & 0o2000 != 0 {
-            let dir = self.fs.getattr(parent)?;
+            let dir = self.fs.peek_attr(parent)?;
             let dir_perm = (dir.mode & 0o7777) as u16;
             p.perm = privs::new_file_perm(p.perm, dir_perm, || {
                 privs::in_group_or_capable(req.pid(), req.gid(), dir.gid)
@@ -202,7 +202,7 @@ impl StripeFuse {
     /// group nor privileged, as `chmod` would (`posix_acl_update_mode`); the kernel
     /// says so only under `FUSE_SETXATTR_EXT`, which we do not ask for.
     fn acl_kill_sgid(&self, req: &Request, i: Ino) -> stripefs::Result<()> {
-        let a = self.fs.getattr(i)?;
+        let a = self.fs.peek_attr(i)?;
         if a.mode & 0o2000 == 0 || privs::in_group_or_capable(req.pid(), req.gid(), a.gid) {
             return Ok(());
         }
@@ -403,7 +403,7 @@ impl StripeFuse {
     /// The file's group when it has a set-ID bit some change could drop (no `/proc`
     /// read otherwise: most files have none).
     fn setid_group(&self, ino: Ino) -> stripefs::Result<Option<u32>> {
-        let a = self.fs.getattr(ino)?;
+        let a = self.fs.peek_attr(ino)?;
         let perm = (a.mode & 0o7777) as u16;
         Ok((stripefs::setid_dropped(a.kind, perm, SgidDrop::Always) != perm).then_some(a.gid))
     }

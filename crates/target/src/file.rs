@@ -1,10 +1,11 @@
 //! `FileTarget`: a regular file or block device opened with `O_DIRECT`.
 //!
 //! The logical sector size comes from the device (`BLKSSZGET`) or, for regular files, from
-//! `statx(STATX_DIOALIGN)`. Operations are served asynchronously by an io_uring thread per
-//! target ([`EngineKind::Uring`]); where io_uring cannot be set up (old kernel, seccomp,
-//! `io_uring_disabled`) a pool of threads issuing `preadv`/`pwritev` takes over
-//! ([`EngineKind::Threads`]). File systems that refuse `O_DIRECT` (tmpfs) are opened buffered
+//! `statx(STATX_DIOALIGN)`. Submitted operations are served asynchronously by an io_uring
+//! thread per target ([`EngineKind::Uring`]); where io_uring cannot be set up (old kernel,
+//! seccomp, `io_uring_disabled`) a pool of threads issuing `preadv`/`pwritev` takes over
+//! ([`EngineKind::Threads`]). The synchronous methods (`read_sync`, `flush_sync`, ...) run
+//! their system call on the calling thread instead (`FileTarget::run_here`). File systems that refuse `O_DIRECT` (tmpfs) are opened buffered
 //! and say so in the log; flush still means `fdatasync`.
 
 use std::fs::{File, OpenOptions};
@@ -66,6 +67,8 @@ pub struct FileTarget {
     direct: bool,
     block_device: bool,
     counters: OpCounters,
+    /// Slow synchronous operations are logged (debug logging was on at open).
+    timed: bool,
 }
 
 const STATX_DIOALIGN: u32 = 0x2000;
@@ -147,6 +150,7 @@ impl FileTarget {
             direct,
             block_device,
             counters: OpCounters::default(),
+            timed: tracing::enabled!(tracing::Level::DEBUG),
         })
     }
 
@@ -191,8 +195,24 @@ impl FileTarget {
         if let IoOp::Discard { offset, len } = op {
             return self.discard(offset, len).map(|()| Vec::new());
         }
-        crate::pool::execute(self.fd.as_raw_fd(), &mut op)
-            .map_err(|(at, kind)| TargetError::new(self.info.name.clone(), op.kind(), at, kind))?;
+        // Timed only with this module's debug log on, as the io_uring engine's operations.
+        let start = self.timed.then(std::time::Instant::now);
+        let res = crate::pool::execute(self.fd.as_raw_fd(), &mut op)
+            .map_err(|(at, kind)| TargetError::new(self.info.name.clone(), op.kind(), at, kind));
+        if let Some(took) = start
+            .map(|t| t.elapsed())
+            .filter(|d| *d >= crate::uring::SLOW_OP)
+        {
+            tracing::debug!(
+                target = %self.info.name,
+                op = ?op.kind(),
+                offset = op.offset(),
+                len = op.len(),
+                total_ms = took.as_secs_f64() * 1e3,
+                "slow operation (on the caller's thread)"
+            );
+        }
+        res?;
         Ok(op.into_bufs())
     }
 

@@ -30,7 +30,7 @@ const EAGAIN_RETRIES: u8 = 8;
 /// An operation slower than this, from its submission to its completion, logs where its
 /// time went (`STRIPEFS_LOG=stripefs_target=debug`): queued here or in the kernel. Only
 /// then are operations timed: without that log the I/O path reads no clock.
-const SLOW_OP: Duration = Duration::from_millis(50);
+pub(crate) const SLOW_OP: Duration = Duration::from_millis(50);
 
 #[derive(Debug)]
 pub(crate) struct UringEngine {
