@@ -5,6 +5,7 @@
 //! (the in-core inode's `isize`) and the on-disk size follows at writeback completion, in the same
 //! transaction as the extents that hold the data (ordered data, like ext4's `i_disksize`).
 
+use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +38,15 @@ const PREALLOC_MIN_SIZE: u64 = 64 << 10;
 /// How long a file must go without writes before the flusher trims its speculative
 /// preallocation.
 const IDLE_TRIM: Duration = Duration::from_secs(30);
+
+/// Where each writeback batch's last data write runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LastWrite {
+    /// Through the target's engine, as every other.
+    Engine,
+    /// On the calling thread, which waits for the batch next.
+    Here,
+}
 
 impl FileIo for FileMapper<'_> {
     fn size(&self) -> u64 {
@@ -83,11 +93,20 @@ impl FileIo for FileMapper<'_> {
             plug.push(map.addr.target, offset, bufs);
             return 0;
         }
-        let op = match dir {
-            IoDir::Write => IoOp::Write { offset, bufs },
-            IoDir::Read => IoOp::Read { offset, bufs },
-        };
-        batch.submit(target, op)
+        match (dir, self.held_write()) {
+            (IoDir::Write, Some(held)) => {
+                // Only the batch's last write runs on this thread (`writeback_submitted`):
+                // the one it replaces goes to its engine now, in parallel with the rest.
+                let op = IoOp::Write { offset, bufs };
+                if let Some((t, prev)) = held.replace(Some((map.addr.target.index(), op))) {
+                    batch.submit(self.fs.inner.targets[t].as_ref(), prev);
+                }
+                // Like a plugged write, its slot is not known yet (writeback ignores it).
+                0
+            }
+            (IoDir::Write, None) => batch.submit(target, IoOp::Write { offset, bufs }),
+            (IoDir::Read, _) => batch.submit(target, IoOp::Read { offset, bufs }),
+        }
     }
 
     fn buffers(&self) -> &BufPool {
@@ -139,7 +158,10 @@ impl CacheIo for FileMapper<'_> {
         }
     }
 
-    fn writeback_submitted(&self) {
+    fn writeback_submitted(&self, batch: &Batch) {
+        if let Some((t, op)) = self.held_write().and_then(RefCell::take) {
+            batch.submit_here(self.fs.inner.targets[t].as_ref(), op);
+        }
         self.allocated.close_batch();
     }
 
@@ -304,15 +326,31 @@ impl Fs {
     /// # Errors
     /// The writeback error (also recorded for every open handle).
     pub(crate) fn writeback_file(&self, ino: Ino, wait: WbWait) -> Result<()> {
+        self.writeback_file_by(ino, wait, LastWrite::Engine)
+    }
+
+    /// [`Fs::writeback_file`] for `fsync`, which waits for it at once: each batch's last
+    /// data write runs on this thread (decision 141).
+    pub(crate) fn writeback_file_for_sync(&self, ino: Ino) -> Result<()> {
+        self.writeback_file_by(ino, WbWait::Busy, LastWrite::Here)
+    }
+
+    fn writeback_file_by(&self, ino: Ino, wait: WbWait, last: LastWrite) -> Result<()> {
         let Some(fc) = self.inner.cache.existing(ino.0) else {
             return Ok(());
         };
         let mapper = match FileMapper::new(self, ino) {
+            Ok(m) if last == LastWrite::Here => m.last_write_here(),
             Ok(m) => m,
             Err(FsError::Stale(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
-        iomap::writeback(&self.inner.cache, &mapper, &fc, 0, u64::MAX, wait)?;
+        let wb = iomap::writeback(&self.inner.cache, &mapper, &fc, 0, u64::MAX, wait);
+        debug_assert!(
+            mapper.held_write().is_none_or(|h| h.borrow().is_none()),
+            "every held write was submitted with its batch"
+        );
+        wb?;
         self.settle_size(ino, &fc)
     }
 

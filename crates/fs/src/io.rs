@@ -469,7 +469,7 @@ impl Fs {
     pub(crate) fn sync_file(&self, ino: Ino, scope: SyncScope, seen: &mut u64) -> Result<()> {
         let t0 = Instant::now();
         self.inner.check()?;
-        let wb = self.writeback_file(ino, stripefs_iomap::WbWait::Busy);
+        let wb = self.writeback_file_for_sync(ino);
         let t_wb = Instant::now();
         let need = {
             let mut m = self.inner.meta.lock();

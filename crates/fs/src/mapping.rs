@@ -24,6 +24,7 @@ use stripefs_core::layout::StripeLayout;
 use stripefs_core::record::Record;
 use stripefs_core::{BlockSize, Ino, TargetId};
 use stripefs_iomap::{Iomap, IomapFlags, IomapKind, IomapOp, IomapOps};
+use stripefs_target::IoOp;
 
 use crate::direct::DioLock;
 use crate::error::{FsError, Result};
@@ -259,6 +260,10 @@ enum Funding {
     Reserved,
 }
 
+/// A data write held back by an `fsync`'s writeback mapper: the target's index and the
+/// operation.
+pub(crate) type HeldWrite = Option<(usize, IoOp)>;
+
 /// Maps one file for one operation.
 #[derive(Debug)]
 pub(crate) struct FileMapper<'a> {
@@ -280,6 +285,12 @@ pub(crate) struct FileMapper<'a> {
     /// The multi-file writeback group this mapper serves, if any: its writes are queued
     /// there, and its allocations follow the group's cursor.
     plug: Option<&'a WbPlug>,
+    /// Under `fsync` ([`FileMapper::last_write_here`]): the writeback batch's latest
+    /// data write (target index, operation), held back until the next one comes (then
+    /// it goes to its engine) or the batch is complete (then it runs on this thread,
+    /// which waits for the batch next; decision 141). `None`: writes are not held.
+    /// (Boxed, as `dio_reserved`: only `fsync`'s writeback has one.)
+    held: Option<Box<RefCell<HeldWrite>>>,
     /// The file is copy on write with data checksums (`stripefs_core::csum::datacow`):
     /// its written blocks are never written in place, its writes' checksums are kept
     /// for their completion, its reads are verified.
@@ -315,8 +326,22 @@ impl<'a> FileMapper<'a> {
             dio_reserved: RefCell::new(None),
             dio_lock: None,
             plug: None,
+            held: None,
             in_place: crate::placement::InPlaceWriters::new(&fs.inner.states),
         })
+    }
+
+    /// Each writeback batch's last data write runs on the calling thread: the caller
+    /// waits for the writeback this mapper serves (`fsync`).
+    #[must_use]
+    pub fn last_write_here(mut self) -> Self {
+        self.held = Some(Box::new(RefCell::new(None)));
+        self
+    }
+
+    /// Where the batch's latest write waits, if this mapper holds one back.
+    pub fn held_write(&self) -> Option<&RefCell<HeldWrite>> {
+        self.held.as_deref()
     }
 
     /// This mapper serves a direct write under `lock`.

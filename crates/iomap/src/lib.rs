@@ -220,13 +220,15 @@ pub trait CacheIo: FileIo {
         ends: &[WbEnd<Self::Addr>],
         outcome: WbOutcome,
     ) -> Result<(), Self::Error>;
-    /// Every mapping of one writeback batch has been made and its I/O submitted; its
+    /// Every mapping of one writeback batch has been made and its I/O submitted into
+    /// `batch` (a file system that held a write back, to run it on this thread,
+    /// submits it now: nothing else joins the batch); its
     /// [`CacheIo::writeback_done`] follows later, after the mappings of up to
     /// `writeback_depth - 1` further batches. Batches complete in the order they were
     /// submitted, so a file system that tracks what `begin` allocated per operation
     /// closes the batch's set here and settles it in `writeback_done`. File systems that
     /// allocate nothing in writeback need not track anything.
-    fn writeback_submitted(&self) {}
+    fn writeback_submitted(&self, _batch: &Batch) {}
     /// An offset `q` in `[pos, end]` such that every block touching `[pos, q)` is a hole or
     /// unwritten: no written data on the device and no delayed allocation, so it reads
     /// zero without the cache's help. `q` is `end` when no such block follows, and may be

@@ -274,7 +274,7 @@ fn submit_into<O: CacheIo>(
             map_err.get_or_insert(iter_err(ops, e).1);
         }
     }
-    ops.writeback_submitted();
+    ops.writeback_submitted(batch);
     Some(Submitted {
         ends,
         busy,

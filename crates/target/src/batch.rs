@@ -146,6 +146,17 @@ impl Batch {
     /// Submits `op` to `target`; returns the slot its completion will occupy in `wait`'s
     /// result.
     pub fn submit<T: Target + ?Sized>(&self, target: &T, op: IoOp) -> usize {
+        self.submit_by(op, |op, done| target.submit(op, done))
+    }
+
+    /// As [`Batch::submit`] through [`Target::submit_here`]: for the batch's last
+    /// operation, submitted just before the caller waits, which the target may run
+    /// before this returns.
+    pub fn submit_here<T: Target + ?Sized>(&self, target: &T, op: IoOp) -> usize {
+        self.submit_by(op, |op, done| target.submit_here(op, done))
+    }
+
+    fn submit_by(&self, op: IoOp, submit: impl FnOnce(IoOp, crate::Completion)) -> usize {
         let slot = {
             let mut st = self.inner.state.lock();
             st.pending += 1;
@@ -153,7 +164,7 @@ impl Batch {
             st.results.len() - 1
         };
         let inner = Arc::clone(&self.inner);
-        target.submit(
+        submit(
             op,
             Box::new(move |done| {
                 let mut st = inner.state.lock();

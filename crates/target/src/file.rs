@@ -190,14 +190,20 @@ impl FileTarget {
     /// The synchronous methods of [`Target`] use this; concurrent batches still go
     /// through the engine, which keeps many in flight.
     fn run_here(&self, mut op: IoOp) -> Result<Vec<IoBuf>, TargetError> {
-        validate(&self.info, &op)?;
-        self.counters.note(&op);
-        if let IoOp::Discard { offset, len } = op {
-            return self.discard(offset, len).map(|()| Vec::new());
+        self.execute_here(&mut op)?;
+        Ok(op.into_bufs())
+    }
+
+    /// [`FileTarget::run_here`]'s work, leaving the buffers in `op`.
+    fn execute_here(&self, op: &mut IoOp) -> Result<(), TargetError> {
+        validate(&self.info, op)?;
+        self.counters.note(op);
+        if let IoOp::Discard { offset, len } = *op {
+            return self.discard(offset, len);
         }
         // Timed only with this module's debug log on, as the io_uring engine's operations.
         let start = self.timed.then(std::time::Instant::now);
-        let res = crate::pool::execute(self.fd.as_raw_fd(), &mut op)
+        let res = crate::pool::execute(self.fd.as_raw_fd(), op)
             .map_err(|(at, kind)| TargetError::new(self.info.name.clone(), op.kind(), at, kind));
         if let Some(took) = start
             .map(|t| t.elapsed())
@@ -212,8 +218,7 @@ impl FileTarget {
                 "slow operation (on the caller's thread)"
             );
         }
-        res?;
-        Ok(op.into_bufs())
+        res
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<(), TargetError> {
@@ -357,6 +362,14 @@ impl Target for FileTarget {
         }
     }
 
+    fn submit_here(&self, mut op: IoOp, done: Completion) {
+        let result = self.execute_here(&mut op);
+        done(IoDone {
+            bufs: op.into_bufs(),
+            result,
+        });
+    }
+
     fn op_counts(&self) -> Option<OpCounts> {
         Some(self.counters.snapshot())
     }
@@ -423,6 +436,37 @@ mod tests {
         assert!(matches!(e.kind, TargetErrorKind::OutOfRange { .. }));
         drop(t);
         std::fs::remove_file(&dir).unwrap();
+    }
+
+    /// `submit_here` completes before it returns, with the buffers back, on success and
+    /// on a refused operation alike.
+    #[test]
+    fn submit_here_completes_before_returning() {
+        let path = std::env::temp_dir().join(format!("stripefs-fth-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let opts = FileTargetOptions {
+            create_size: Some(1 << 20),
+            ..FileTargetOptions::default()
+        };
+        let t = FileTarget::open(&path, opts).unwrap();
+        for (offset, ok) in [(8192, true), (1 << 20, false)] {
+            let got = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+            let g = std::sync::Arc::clone(&got);
+            let bufs = vec![IoBuf::from_slice(&[7; 4096])];
+            t.submit_here(
+                IoOp::Write { offset, bufs },
+                Box::new(move |d| g.lock().push((d.result.is_ok(), d.bufs.len()))),
+            );
+            assert_eq!(*got.lock(), vec![(ok, 1)], "write at {offset}");
+        }
+        assert_eq!(t.read_sync(8192, 4096).unwrap()[0], 7);
+        assert_eq!(
+            t.op_counts().unwrap().writes,
+            1,
+            "the refused write is not counted"
+        );
+        drop(t);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

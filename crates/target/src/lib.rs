@@ -178,6 +178,15 @@ pub trait Target: Send + Sync + std::fmt::Debug {
     /// Queues `op`; `done` is called exactly once with the buffers and the result.
     fn submit(&self, op: IoOp, done: Completion);
 
+    /// As [`Target::submit`], for a caller that submits nothing more before it waits: a
+    /// backend that can run `op` on the calling thread (a file's system call) does, and
+    /// calls `done` before returning, saving the hand-over to its engine and back (the
+    /// caller's other operations, already submitted, run meanwhile). The default queues
+    /// it as `submit` does.
+    fn submit_here(&self, op: IoOp, done: Completion) {
+        self.submit(op, done);
+    }
+
     /// Device operations issued so far (after validation), or `None` for an
     /// implementation that keeps no counters. Every backend of this crate counts; an
     /// emulated FUA write counts as the write and the flush it became.
