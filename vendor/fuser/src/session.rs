@@ -635,6 +635,13 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                     }
                 },
                 Err(nix::errno::Errno::ENODEV) => return Ok(()),
+                // The connection was aborted (its `abort` file in
+                // `/sys/fs/fuse/connections`, or the kernel ending it while this
+                // thread read during an unmount): the session is over, as with ENODEV.
+                Err(nix::errno::Errno::ECONNABORTED) => {
+                    warn!("FUSE connection aborted; the session ends");
+                    return Ok(());
+                }
                 Err(err) => return Err(err.into()),
             }
         }
