@@ -5,7 +5,7 @@
 //! thread per target ([`EngineKind::Uring`]); where io_uring cannot be set up (old kernel,
 //! seccomp, `io_uring_disabled`) a pool of threads issuing `preadv`/`pwritev` takes over
 //! ([`EngineKind::Threads`]). The synchronous methods (`read_sync`, `flush_sync`, ...) run
-//! their system call on the calling thread instead (`FileTarget::run_here`). File systems that refuse `O_DIRECT` (tmpfs) are opened buffered
+//! their system call on the calling thread instead (`Target::submit_here`). File systems that refuse `O_DIRECT` (tmpfs) are opened buffered
 //! and say so in the log; flush still means `fdatasync`.
 
 use std::fs::{File, OpenOptions};
@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::pool::PoolEngine;
 use crate::uring::UringEngine;
-use crate::{fail_now, validate, Completion, IoBuf, IoDone, IoOp, Target, TargetError, TargetInfo};
+use crate::{fail_now, validate, Completion, IoDone, IoOp, Target, TargetError, TargetInfo};
 use crate::{FuaSupport, LockWait, OpCounters, OpCounts, OpKind, TargetErrorKind};
 
 /// Which submission engine serves a [`FileTarget`].
@@ -182,19 +182,14 @@ impl FileTarget {
         }
     }
 
-    /// Runs `op` on the calling thread, with the same system calls as the thread engine.
+    /// Runs `op` on the calling thread, with the same system calls as the thread engine,
+    /// leaving the buffers in `op` ([`Target::submit_here`]).
     ///
     /// A caller that waits for one operation would otherwise hand it to the engine's
     /// thread and sleep until that thread hands the completion back: two wake-ups per
     /// operation, which on a small virtual machine cost as much as a 4 KiB device write.
-    /// The synchronous methods of [`Target`] use this; concurrent batches still go
+    /// The synchronous methods of [`Target`] come here; concurrent batches still go
     /// through the engine, which keeps many in flight.
-    fn run_here(&self, mut op: IoOp) -> Result<Vec<IoBuf>, TargetError> {
-        self.execute_here(&mut op)?;
-        Ok(op.into_bufs())
-    }
-
-    /// [`FileTarget::run_here`]'s work, leaving the buffers in `op`.
     fn execute_here(&self, op: &mut IoOp) -> Result<(), TargetError> {
         validate(&self.info, op)?;
         self.counters.note(op);
@@ -372,26 +367,6 @@ impl Target for FileTarget {
 
     fn op_counts(&self) -> Option<OpCounts> {
         Some(self.counters.snapshot())
-    }
-
-    fn read_sync(&self, offset: u64, len: usize) -> Result<IoBuf, TargetError> {
-        let bufs = vec![IoBuf::zeroed(len)];
-        let mut back = self.run_here(IoOp::Read { offset, bufs })?;
-        Ok(back.pop().expect("a read returns its buffer"))
-    }
-
-    fn write_sync(&self, offset: u64, buf: IoBuf) -> Result<(), TargetError> {
-        let bufs = vec![buf];
-        self.run_here(IoOp::Write { offset, bufs }).map(drop)
-    }
-
-    fn write_fua_sync(&self, offset: u64, buf: IoBuf) -> Result<(), TargetError> {
-        let bufs = vec![buf];
-        self.run_here(IoOp::WriteFua { offset, bufs }).map(drop)
-    }
-
-    fn flush_sync(&self) -> Result<(), TargetError> {
-        self.run_here(IoOp::Flush).map(drop)
     }
 }
 

@@ -200,7 +200,7 @@ pub trait Target: Send + Sync + std::fmt::Debug {
     /// Returns the target's error for the read.
     fn read_sync(&self, offset: u64, len: usize) -> Result<IoBuf, TargetError> {
         let batch = Batch::new();
-        batch.submit(
+        batch.submit_here(
             self,
             IoOp::Read {
                 offset,
@@ -250,9 +250,11 @@ pub trait Target: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// One operation, waited for at once: run on this thread where the target can
+/// ([`Target::submit_here`]).
 fn run_one<T: Target + ?Sized>(target: &T, op: IoOp) -> Result<(), TargetError> {
     let batch = Batch::new();
-    batch.submit(target, op);
+    batch.submit_here(target, op);
     batch
         .wait()
         .pop()
