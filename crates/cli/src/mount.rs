@@ -177,8 +177,12 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
     let daemon = std::env::var_os(DAEMON_ENV).is_some();
     if !daemon && !a.quiet {
         // In the foreground the transport is worth a line: `auto` may have fallen back.
+        let why = mounted
+            .transport_note()
+            .map(|w| format!(" ({w})"))
+            .unwrap_or_default();
         eprintln!(
-            "stripefs: {} mounted; FUSE transport: {}",
+            "stripefs: {} mounted; FUSE transport: {}{why}",
             mp.display(),
             mounted.transport()
         );

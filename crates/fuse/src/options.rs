@@ -9,7 +9,7 @@ use crate::session::{generic_flag, ServeOptions};
 /// The keys of `-o` that the FUSE front end (not the engine) understands, for help texts
 /// and errors.
 pub const FUSE_KEYS: &str = "writeback_cache, fopen_direct_io, allow_other, ro, rw, threads=N, \
-transport=dev|uring|auto, uring_entries=N, \
+transport=auto|uring|dev (default auto), uring_entries=N, \
 the access-time options relatime, strictatime, noatime, nodiratime, lazytime, and the generic \
 flags nodev, nosuid, noexec, sync, dirsync and their opposites";
 

@@ -91,6 +91,7 @@ pub struct Mounted {
     transport: Transport,
     rings: Option<Arc<RingStats>>,
     counts: Arc<RequestCounts>,
+    note: Option<String>,
 }
 
 impl Mounted {
@@ -98,6 +99,13 @@ impl Mounted {
     #[must_use]
     pub fn transport(&self) -> Transport {
         self.transport
+    }
+
+    /// Why `-o transport=auto` stayed on `/dev/fuse`, if it did (`enable_uring` is `N`,
+    /// the kernel lacks FUSE over io_uring, did not offer it...).
+    #[must_use]
+    pub fn transport_note(&self) -> Option<&str> {
+        self.note.as_deref()
     }
 
     /// Requests served through the io_uring rings so far (0 on `/dev/fuse`).
@@ -364,7 +372,7 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
         fs.set_access(Access::ReadOnly).map_err(io::Error::other)?;
     }
     let fs_for_access = Arc::clone(&fs);
-    let offer = uring_offer(opts.transport)?;
+    let (offer, mut note) = uring_offer(opts.transport)?;
     let mut fuse = StripeFuse::new(fs, opts.fuse);
     let counts = fuse.counts();
     if let Some(o) = &offer {
@@ -378,7 +386,9 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
         mountpoint: canonical,
         fuser: Arc::new(Mutex::new(session.unmount_callable())),
     };
-    let negotiated = offer.is_some_and(|o| o.negotiated.load(Ordering::Acquire));
+    let negotiated = offer
+        .as_ref()
+        .is_some_and(|o| o.negotiated.load(Ordering::Acquire));
     let (thread, transport, rings) = if negotiated {
         let entries = opts
             .uring_entries
@@ -404,12 +414,18 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
         }
         (thread, transport, Some(stats))
     } else {
+        if offer.is_some() {
+            note = Some("the kernel did not offer FUSE_OVER_IO_URING at FUSE_INIT".into());
+        }
         let thread = std::thread::Builder::new()
             .name("stripefs-fuse".into())
             .spawn(move || session.run())?;
         (thread, Transport::Dev, None)
     };
-    tracing::info!(%transport, "FUSE transport");
+    match &note {
+        Some(why) => tracing::info!(%transport, why, "FUSE transport"),
+        None => tracing::info!(%transport, "FUSE transport"),
+    }
     follow_kernel_access(fs_for_access, unmounter.mountpoint.clone());
     Ok(Mounted {
         unmounter,
@@ -417,6 +433,7 @@ pub fn serve(fs: Arc<Fs>, mountpoint: &Path, opts: &ServeOptions) -> io::Result<
         transport,
         rings,
         counts,
+        note,
     })
 }
 
@@ -453,28 +470,34 @@ fn offer_payload() -> usize {
 }
 
 /// What to offer at `FUSE_INIT` for `choice`: nothing for `dev`; for `auto` only if the
-/// kernel allows io_uring (else the reason is logged); for `uring` the same, but a
+/// kernel allows io_uring (else nothing, and the reason); for `uring` the same, but a
 /// kernel that does not allow it fails the mount.
-fn uring_offer(choice: TransportChoice) -> io::Result<Option<UringOffer>> {
+fn uring_offer(choice: TransportChoice) -> io::Result<(Option<UringOffer>, Option<String>)> {
+    offer_given(choice, uring::probe)
+}
+
+/// [`uring_offer`] with the kernel's answer from `probe` (run only if `choice` asks).
+fn offer_given(
+    choice: TransportChoice,
+    probe: impl FnOnce() -> io::Result<()>,
+) -> io::Result<(Option<UringOffer>, Option<String>)> {
     let need = match choice {
-        TransportChoice::Dev => return Ok(None),
+        TransportChoice::Dev => return Ok((None, None)),
         TransportChoice::Uring => UringNeed::Required,
         TransportChoice::Auto => UringNeed::IfOffered,
     };
-    if let Err(e) = uring::probe() {
+    if let Err(e) = probe() {
         return match need {
             UringNeed::Required => Err(io::Error::new(e.kind(), format!("transport=uring: {e}"))),
-            UringNeed::IfOffered => {
-                tracing::info!(reason = %e, "FUSE requests stay on /dev/fuse");
-                Ok(None)
-            }
+            UringNeed::IfOffered => Ok((None, Some(e.to_string()))),
         };
     }
-    Ok(Some(UringOffer {
+    let offer = UringOffer {
         max_write: uring::max_write(crate::MAX_WRITE),
         need,
         negotiated: Arc::new(AtomicBool::new(false)),
-    }))
+    };
+    Ok((Some(offer), None))
 }
 
 /// Waits until every queue has registered its entries (or one failed).
@@ -491,7 +514,37 @@ fn wait_registered(rx: &mpsc::Receiver<io::Result<()>>, queues: usize) -> io::Re
 
 #[cfg(test)]
 mod tests {
-    use super::{unescape, unmount};
+    use super::{offer_given, unescape, unmount, ServeOptions, TransportChoice, UringNeed};
+    use std::io;
+
+    fn off() -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "FUSE over io_uring is off",
+        ))
+    }
+
+    /// The default mount takes io_uring where the kernel allows it and says why not
+    /// where it does not; `dev` never asks; `uring` fails without it (decision 142).
+    #[test]
+    fn the_default_transport_offers_io_uring_and_says_why_not() {
+        assert_eq!(ServeOptions::default().transport, TransportChoice::Auto);
+        let (offer, note) = offer_given(TransportChoice::Auto, || Ok(())).unwrap();
+        assert!(offer.is_some_and(|o| o.need == UringNeed::IfOffered));
+        assert_eq!(note, None);
+        let (offer, note) = offer_given(TransportChoice::Auto, off).unwrap();
+        assert!(offer.is_none());
+        assert_eq!(note.as_deref(), Some("FUSE over io_uring is off"));
+        let asked = std::cell::Cell::new(false);
+        let (offer, note) = offer_given(TransportChoice::Dev, || {
+            asked.set(true);
+            Ok(())
+        })
+        .unwrap();
+        assert!(offer.is_none() && note.is_none() && !asked.get());
+        let e = offer_given(TransportChoice::Uring, off).unwrap_err();
+        assert_eq!(e.to_string(), "transport=uring: FUSE over io_uring is off");
+    }
 
     #[test]
     fn unescapes_proc_mounts_fields() {

@@ -19,12 +19,13 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TransportChoice {
     /// `/dev/fuse` only.
-    #[default]
     Dev,
     /// FUSE over io_uring, or the mount fails with the reason.
     Uring,
     /// io_uring where the kernel allows it (`enable_uring=Y`, the ring sets up and
-    /// `FUSE_OVER_IO_URING` is negotiated); `/dev/fuse` otherwise, with the reason logged.
+    /// `FUSE_OVER_IO_URING` is negotiated); `/dev/fuse` otherwise, with the reason logged
+    /// and given by [`crate::Mounted::transport_note`]. The default (decision 142).
+    #[default]
     Auto,
 }
 
