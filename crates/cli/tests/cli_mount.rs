@@ -14,6 +14,14 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_stripefs"))
 }
 
+/// `-o transport=` of the mounts here: `STRIPEFS_FUSE_TRANSPORT`, else `dev`, as in the
+/// fuse crate's mount tests (the default, `auto`, would follow whatever the host's
+/// `enable_uring` is, which other tests switch on).
+fn transport_args() -> [String; 2] {
+    let t = std::env::var("STRIPEFS_FUSE_TRANSPORT").unwrap_or_else(|_| "dev".into());
+    ["-o".into(), format!("transport={t}")]
+}
+
 fn run(cmd: &mut Command) -> (i32, String) {
     let Output {
         status,
@@ -54,7 +62,14 @@ impl Setup {
         self.dir.join("m")
     }
 
+    /// The transport option, the targets and the mount point.
     fn mount_args(&self) -> Vec<String> {
+        let mut a = transport_args().to_vec();
+        a.extend(self.targets_and_mnt());
+        a
+    }
+
+    fn targets_and_mnt(&self) -> Vec<String> {
         let mut a = self.targets.clone();
         a.push(self.mnt().display().to_string());
         a
@@ -122,7 +137,7 @@ fn background_mount_umount_and_a_refused_second_mount() {
     fs::create_dir_all(s.dir.join("m2")).unwrap();
     let mut again = s.targets.clone();
     again.push(s.dir.join("m2").display().to_string());
-    let (rc, out) = run(bin().arg("mount").args(&again));
+    let (rc, out) = run(bin().arg("mount").args(transport_args()).args(&again));
     assert_eq!(rc, 1, "{out}");
     assert!(out.contains("in use by a stripefs mount"), "{out}");
     // So is a second engine through `io`, with the targets named in another order.
@@ -391,7 +406,7 @@ fn mount_returns_serving_and_survives_its_logs() {
         let (rc, out) = run(bin()
             .env("STRIPEFS_LOG", "info")
             .args(["mount", "-o", "transport=auto"])
-            .args(s.mount_args()));
+            .args(s.targets_and_mnt()));
         assert_eq!(rc, 0, "{out}");
         let d = s.mnt().join(format!("d{round}"));
         if let Err(e) = fs::create_dir(&d) {
@@ -781,7 +796,7 @@ fn remove_target_takes_a_disk_out_of_a_mounted_file_system() {
     let two = &s.targets[..2];
     let mut args: Vec<String> = two.to_vec();
     args.push(s.mnt().display().to_string());
-    let (rc, out) = run(bin().arg("mount").args(&args));
+    let (rc, out) = run(bin().arg("mount").args(transport_args()).args(&args));
     assert_eq!(rc, 0, "mount without target 2: {out}");
     for i in 0..6u8 {
         assert_eq!(

@@ -542,6 +542,9 @@ mod tests {
         })
         .unwrap();
         assert!(offer.is_none() && note.is_none() && !asked.get());
+        let (offer, note) = offer_given(TransportChoice::Uring, || Ok(())).unwrap();
+        assert!(offer.is_some_and(|o| o.need == UringNeed::Required));
+        assert_eq!(note, None);
         let e = offer_given(TransportChoice::Uring, off).unwrap_err();
         assert_eq!(e.to_string(), "transport=uring: FUSE over io_uring is off");
     }

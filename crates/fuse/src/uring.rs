@@ -92,7 +92,7 @@ pub fn probe() -> io::Result<()> {
         Ok(_) => {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!("FUSE over io_uring is off ({ENABLE_URING} is N; root may write Y to it)"),
+                format!("FUSE over io_uring is off: {ENABLE_URING} is N; root may write Y to it"),
             ))
         }
         Err(e) => {
