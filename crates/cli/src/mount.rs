@@ -175,8 +175,10 @@ pub fn run(a: &MountArgs) -> Result<i32, String> {
         }
     };
     let daemon = std::env::var_os(DAEMON_ENV).is_some();
-    if !daemon && !a.quiet {
-        // In the foreground the transport is worth a line: `auto` may have fallen back.
+    if !a.quiet {
+        // The transport is worth a line (`auto` may have fallen back, and says why): in the
+        // foreground on the terminal, from the daemon through the starting `mount`, which
+        // prints what the daemon wrote before it detached.
         let why = mounted
             .transport_note()
             .map(|w| format!(" ({w})"))
